@@ -1,0 +1,3 @@
+"""flashinfer_jit."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""flashinfer_layouts."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""flashinfer_schedule."""
+
+__version__ = "0.1.0"
