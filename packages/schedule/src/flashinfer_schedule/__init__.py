@@ -1,3 +1,23 @@
-"""flashinfer_schedule."""
+"""flashinfer_schedule: size helpers and the CTA schedule of the paged MQA logits kernels."""
+
+from flashinfer_schedule.schedule import (
+    DEFAULT_CPU_NUM_SMS,
+    SCHEDULE_TOKENS_PER_UNIT,
+    compute_paged_mqa_logits_schedule,
+    device_num_sms,
+    passes_per_token,
+)
+from flashinfer_schedule.sizes import min_block_table_width, padded_seq_len
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_CPU_NUM_SMS",
+    "SCHEDULE_TOKENS_PER_UNIT",
+    "__version__",
+    "compute_paged_mqa_logits_schedule",
+    "device_num_sms",
+    "min_block_table_width",
+    "padded_seq_len",
+    "passes_per_token",
+]

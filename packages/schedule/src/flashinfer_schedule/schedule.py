@@ -1,0 +1,255 @@
+"""CTA work schedule of the persistent paged MQA logits kernels.
+
+Policy (the SM90 kernels consume exactly this; every constant lives in this module):
+
+* Each request `b` is cut into work units of `SCHEDULE_TOKENS_PER_UNIT` (64) KV tokens, and a
+  unit is visited `passes_per_token(variant, next_n)` times, so the request contributes
+  `units_b = ceil(seq_lens[b] / 64) * passes` units. A zero-length request contributes none.
+* The `total = sum_b units_b` units, taken in request order, are split into `num_sms`
+  contiguous ranges whose sizes differ by at most one (the first `total % num_sms` SMs take
+  one unit more). SM `i` starts at global unit `g_i = (total // num_sms) * i +
+  min(i, total % num_sms)` and stops where SM `i + 1` starts.
+* Row `i` of the schedule is `(request, unit within that request)` of global unit `g_i`. When
+  `g_i` sits on a request boundary the row names the next request that has work (zero-length
+  requests are skipped). A global index equal to `total` is written as `(batch_size, 0)`,
+  which is also the sentinel in the last row `num_sms`.
+
+Picture (`num_sms = 4`, units per request `[2, 0, 5]`, total 7, split 2/2/2/1):
+
+    global unit   0   1 | 2   3 | 4   5 | 6 | end
+    request       0   0 | 2   2 | 2   2 | 2 |
+    rows          (0,0)  (2,0)   (2,2)   (2,4) (3,0)
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "DEFAULT_CPU_NUM_SMS",
+    "SCHEDULE_TOKENS_PER_UNIT",
+    "SCHEDULE_VARIANTS",
+    "compute_paged_mqa_logits_schedule",
+    "device_num_sms",
+    "passes_per_token",
+]
+
+# KV tokens per schedule work unit.
+SCHEDULE_TOKENS_PER_UNIT = 64
+
+# SM count assumed for CPU tensors: an H100 SXM / H200 has 132 SMs. CPU tensors run the
+# reference, which ignores the schedule, so this only fixes the shape a CPU `schedule_meta`
+# must have ([133, 2]) unless the caller passes `num_sms`.
+DEFAULT_CPU_NUM_SMS = 132
+
+SCHEDULE_VARIANTS = ("fp8", "fp4")
+
+# fp4's kernel is specialised for next_n 1..4 only.
+_FP4_MAX_NEXT_N = 4
+
+
+def _check_variant_next_n(variant: object, next_n: object) -> None:
+    if not isinstance(variant, str) or variant not in SCHEDULE_VARIANTS:
+        raise ValueError(f"variant must be one of {SCHEDULE_VARIANTS}, got {variant!r}")
+    if isinstance(next_n, bool) or not isinstance(next_n, int):
+        raise TypeError(f"next_n must be an int, got {type(next_n).__name__} ({next_n!r})")
+    if next_n < 1:
+        raise ValueError(f"next_n must be >= 1, got {next_n}")
+    if variant == "fp4" and next_n > _FP4_MAX_NEXT_N:
+        raise ValueError(f"next_n must be in 1..{_FP4_MAX_NEXT_N} for variant='fp4', got {next_n}")
+
+
+def passes_per_token(variant: str, next_n: int) -> int:
+    """Return how many times the kernel of a configuration visits each KV work unit.
+
+    On SM90 every supported configuration scores all `next_n` draft positions in a single
+    pass over the KV, so this is 1 for every case. It exists so that a future split (for
+    example a two-pass fp4 `next_n=4`) changes the schedule in exactly one place.
+
+    Args:
+        variant: `"fp8"` or `"fp4"`.
+        next_n: Query positions per request (`q.shape[1]`), `>= 1`; `1..4` for fp4.
+
+    Returns:
+        The number of passes, currently always 1.
+
+    Raises:
+        TypeError: `next_n` is not an int.
+        ValueError: `variant` is unknown or `next_n` is out of range for it.
+    """
+    _check_variant_next_n(variant, next_n)
+    return 1
+
+
+def _resolve_device(device: object) -> torch.device:
+    if isinstance(device, torch.device):
+        resolved = device
+    elif isinstance(device, (str, int)) and not isinstance(device, bool):
+        try:
+            resolved = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"device: cannot parse {device!r} as a torch device ({err})") from err
+    else:
+        raise TypeError(
+            f"device must be a torch.device, str or int, got {type(device).__name__} ({device!r})"
+        )
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
+def device_num_sms(device: torch.device | str | int) -> int:
+    """Return the SM count a schedule for `device` is built for.
+
+    Args:
+        device: The target device. For a CUDA device this is the GPU's multiprocessor count;
+            for the CPU it is `DEFAULT_CPU_NUM_SMS` (132, an H100 SXM / H200), since CPU
+            tensors run the reference and only the schedule's shape matters there.
+
+    Returns:
+        The number of SMs (rows of the schedule minus one).
+
+    Raises:
+        TypeError: `device` is not a device, str or int.
+        ValueError: The device type is neither CUDA nor CPU.
+    """
+    dev = _resolve_device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.get_device_properties(dev).multi_processor_count)
+    if dev.type == "cpu":
+        return DEFAULT_CPU_NUM_SMS
+    raise ValueError(f"device: expected a CUDA or CPU device, got {dev}")
+
+
+def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != torch.int32:
+        raise TypeError(f"out must have dtype torch.int32, got {out.dtype}")
+    expected = (num_sms + 1, 2)
+    if tuple(out.shape) != expected:
+        raise ValueError(
+            f"out must have shape [num_sms + 1, 2] = {list(expected)} (num_sms={num_sms}), "
+            f"got {list(out.shape)}"
+        )
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+    if out.device != device:
+        raise ValueError(f"out must be on the target device {device}, got {out.device}")
+    return out
+
+
+def _compute_schedule_torch(
+    seq_lens: torch.Tensor, num_sms: int, next_n: int, variant: str, out: torch.Tensor
+) -> torch.Tensor:
+    """Reference implementation of the policy in the module docstring (vectorised, no sync)."""
+    passes = passes_per_token(variant, next_n)
+    tokens = SCHEDULE_TOKENS_PER_UNIT
+    # Negative lengths are meaningless; treat them as empty requests rather than letting
+    # them cancel other requests' work in the running sum.
+    lens = seq_lens.to(torch.int64).clamp_min(0)
+    units = (lens + (tokens - 1)) // tokens * passes
+    unit_end = torch.cumsum(units, dim=0)  # inclusive prefix sum: end of request b's units
+    total = units.sum()
+    sm = torch.arange(num_sms + 1, dtype=torch.int64, device=lens.device)
+    start = (total // num_sms) * sm + torch.minimum(sm, total % num_sms)
+    # First request whose units end after `start`: skips zero-length requests, and gives
+    # batch_size when `start == total`.
+    request = torch.searchsorted(unit_end, start, right=True)
+    unit_begin = torch.cat([unit_end - units, total.reshape(1)])
+    unit = start - unit_begin[request]
+    out.copy_(torch.stack([request, unit], dim=1))
+    return out
+
+
+def _compute_schedule_cuda(
+    seq_lens: torch.Tensor, num_sms: int, next_n: int, variant: str, out: torch.Tensor
+) -> torch.Tensor:
+    """GPU schedule hook: to be replaced by a single small CUDA kernel.
+
+    Must stay bit-identical to `_compute_schedule_torch`. Until the kernel lands it runs the
+    same torch ops on the GPU tensors (no host synchronisation, so it is graph-capturable).
+    """
+    return _compute_schedule_torch(seq_lens, num_sms, next_n, variant, out)
+
+
+def compute_paged_mqa_logits_schedule(
+    seq_lens: torch.Tensor,
+    device: torch.device | str | int | None = None,
+    *,
+    next_n: int = 1,
+    variant: str = "fp8",
+    out: torch.Tensor | None = None,
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """Compute the CTA schedule tensor for paged MQA logits kernels.
+
+    The persistent logits kernels launch one CTA per SM; this tensor tells CTA `i` at which
+    `(request, KV segment)` its share of the work starts, and row `i + 1` where it stops.
+    Pass the result to `fp8_paged_mqa_logits` / `fp4_paged_mqa_logits` as `schedule_meta` to
+    skip the per-call schedule computation. Treat it as opaque: it depends on the contents of
+    `seq_lens`, on `next_n`, on the variant and on the target device's SM count, so recompute
+    it (into the same buffer under CUDA graphs) whenever any of those change. A stale
+    schedule can hang the kernel.
+
+    On CUDA tensors the computation is a few device ops with no host synchronisation, so it
+    can be captured in a CUDA graph. On the CPU the same policy runs with plain torch ops and
+    gives an identical result for the same `num_sms`.
+
+    Args:
+        seq_lens: `[batch_size]` int32 KV length per request, any stride. Negative entries are
+            treated as 0 (they violate the logits kernels' contract anyway).
+        device: Target device whose SM count sizes the schedule and on which the result is
+            allocated. Defaults to `seq_lens.device`. If it differs from `seq_lens.device`,
+            `seq_lens` is copied there first (a host round-trip, not allowed during CUDA-graph
+            capture).
+        next_n: Query positions per request, the logits call's `q.shape[1]`: `>= 1` for
+            `"fp8"`, `1..4` for `"fp4"`. Must match the call the schedule is for.
+        variant: `"fp8"` or `"fp4"`, matching the logits function the schedule is for.
+        out: Optional `[num_sms + 1, 2]` int32 contiguous tensor on the target device, written
+            in place and returned (for CUDA-graph-stable addresses).
+        num_sms: Override of the SM count. Defaults to the CUDA device's multiprocessor count,
+            or to 132 (`DEFAULT_CPU_NUM_SMS`, an H100 SXM / H200) for the CPU. The logits ops
+            only accept a schedule built for their device's own SM count.
+
+    Returns:
+        `[num_sms + 1, 2]` int32 tensor on the target device: row `i < num_sms` is the
+        `(request index, 64-token unit index within the request)` where SM `i` starts, and the
+        last row is the sentinel `(batch_size, 0)`. SMs left without work (fewer units than
+        SMs, or all lengths zero) start and stop at the same row, `(batch_size, 0)` when
+        nothing is left.
+
+    Raises:
+        TypeError: `seq_lens`/`out` is not a tensor of dtype int32, or `next_n`/`num_sms`/
+            `device` has the wrong type.
+        ValueError: `seq_lens` is not 1-D, `variant` is unknown, `next_n` or `num_sms` is out
+            of range, `out` has the wrong shape, layout or device, or the device type is
+            neither CUDA nor CPU.
+    """
+    if not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"seq_lens must be a torch.Tensor, got {type(seq_lens).__name__}")
+    if seq_lens.dtype != torch.int32:
+        raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
+    if seq_lens.dim() != 1:
+        raise ValueError(
+            f"seq_lens must be 1-D [batch_size], got {seq_lens.dim()}-D shape {list(seq_lens.shape)}"
+        )
+    _check_variant_next_n(variant, next_n)
+    target = seq_lens.device if device is None else _resolve_device(device)
+    if target.type not in ("cuda", "cpu"):
+        raise ValueError(f"device: expected a CUDA or CPU device, got {target}")
+    if num_sms is None:
+        num_sms = device_num_sms(target)
+    elif isinstance(num_sms, bool) or not isinstance(num_sms, int):
+        raise TypeError(f"num_sms must be an int or None, got {type(num_sms).__name__}")
+    elif num_sms < 1:
+        raise ValueError(f"num_sms must be >= 1, got {num_sms}")
+    if out is None:
+        out = torch.empty(num_sms + 1, 2, dtype=torch.int32, device=target)
+    else:
+        _check_out(out, num_sms, target)
+    if seq_lens.device != target:
+        seq_lens = seq_lens.to(target)
+    if target.type == "cuda":
+        return _compute_schedule_cuda(seq_lens, num_sms, next_n, variant, out)
+    return _compute_schedule_torch(seq_lens, num_sms, next_n, variant, out)

@@ -1,0 +1,220 @@
+import pytest
+import torch
+from flashinfer_schedule import (
+    DEFAULT_CPU_NUM_SMS,
+    compute_paged_mqa_logits_schedule,
+    passes_per_token,
+)
+
+TOKENS_PER_UNIT = 64  # the policy's segment size, restated here on purpose
+
+
+def loop_schedule(lens: list[int], num_sms: int, passes: int = 1) -> list[tuple[int, int]]:
+    """Independent reference: walk requests and SM start points with two pointers."""
+    units = [-(-max(n, 0) // TOKENS_PER_UNIT) * passes for n in lens]
+    total = sum(units)
+    base, extra = divmod(total, num_sms)
+    starts, g = [], 0
+    for i in range(num_sms + 1):
+        starts.append(g)
+        g += base + (1 if i < extra else 0)
+    rows, b, begin = [], 0, 0
+    for g in starts:
+        while b < len(units) and begin + units[b] <= g:
+            begin += units[b]
+            b += 1
+        rows.append((b, g - begin) if b < len(units) else (len(units), 0))
+    return rows
+
+
+def schedule_rows(lens, num_sms, **kw):
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    sched = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, **kw)
+    assert sched.dtype == torch.int32 and sched.shape == (num_sms + 1, 2)
+    return [tuple(r) for r in sched.tolist()]
+
+
+def check_covers_every_unit_once(lens, rows, num_sms):
+    """Rows i..i+1 of each SM must tile [0, total) with per-SM sizes differing by <= 1."""
+    units = [-(-n // TOKENS_PER_UNIT) for n in lens]
+    begin = [0]
+    for u in units:
+        begin.append(begin[-1] + u)
+    total = begin[-1]
+    global_starts = []
+    for b, u in rows:
+        if b == len(lens):
+            assert u == 0
+        else:
+            assert 0 <= u < units[b], f"row ({b}, {u}) points outside request {b}'s units"
+        global_starts.append(begin[b] + u)
+    assert global_starts[0] == 0
+    assert global_starts[-1] == total
+    sizes = [global_starts[i + 1] - global_starts[i] for i in range(num_sms)]
+    assert all(s >= 0 for s in sizes)
+    assert sum(sizes) == total
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_hand_computed_small_case():
+    # units: ceil(100/64)=2, 0, ceil(300/64)=5 -> 7 units over 4 SMs: 2, 2, 2, 1.
+    assert schedule_rows([100, 0, 300], 4) == [(0, 0), (2, 0), (2, 2), (2, 4), (3, 0)]
+
+
+def test_hand_computed_zero_lengths_between():
+    # units: 0, 1, 0, 0, 2, 0 -> 3 units over 3 SMs, one each; boundaries skip empty requests.
+    assert schedule_rows([0, 64, 0, 0, 65, 0], 3) == [(1, 0), (4, 0), (4, 1), (6, 0)]
+
+
+def test_hand_computed_fewer_units_than_sms():
+    # 2 units over 4 SMs: SMs 0 and 1 take one each, SMs 2 and 3 start at the sentinel.
+    assert schedule_rows([1, 64], 4) == [(0, 0), (1, 0), (2, 0), (2, 0), (2, 0)]
+
+
+def test_all_zero_lengths_give_sentinel_rows():
+    assert schedule_rows([0, 0, 0], 4) == [(3, 0)] * 5
+
+
+def test_empty_batch_gives_sentinel_rows():
+    assert schedule_rows([], 3) == [(0, 0)] * 4
+
+
+def test_one_huge_request():
+    # ceil((2**31 - 1) / 64) = 2**25 = 33554432 units; 132 SMs -> 254200 each, the first 32
+    # SMs take one more.
+    rows = schedule_rows([2**31 - 1], 132)
+    assert rows[0] == (0, 0)
+    assert rows[1] == (0, 254201)
+    assert rows[32] == (0, 8134432)
+    assert rows[33] == (0, 8388632)
+    assert rows[131] == (0, 33300232)
+    assert rows[132] == (1, 0)
+
+
+def test_negative_lengths_count_as_empty():
+    assert schedule_rows([-5, 64], 2) == schedule_rows([0, 64], 2)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 31, 32, 33, 63, 64, 65, 127, 128, 256, 2048, 12288])
+@pytest.mark.parametrize("num_sms", [1, 5, 132])
+def test_matches_loop_reference(batch_size, num_sms):
+    gen = torch.Generator().manual_seed(1000 * batch_size + num_sms)
+    lens = torch.randint(0, 5000, (batch_size,), generator=gen, dtype=torch.int32)
+    # Make a third of the requests empty so boundaries land on zero-length requests.
+    lens[torch.rand(batch_size, generator=gen) < 0.33] = 0
+    lens_list = lens.tolist()
+    rows = schedule_rows(lens_list, num_sms)
+    assert rows == loop_schedule(lens_list, num_sms)
+    check_covers_every_unit_once(lens_list, rows, num_sms)
+
+
+def test_large_batch_100k():
+    gen = torch.Generator().manual_seed(7)
+    lens = torch.randint(0, 300, (100_000,), generator=gen, dtype=torch.int32).tolist()
+    rows = schedule_rows(lens, 132)
+    assert rows == loop_schedule(lens, 132)
+    check_covers_every_unit_once(lens, rows, 132)
+
+
+@pytest.mark.parametrize(("variant", "next_n"), [("fp8", 1), ("fp8", 2), ("fp4", 4)])
+def test_every_variant_uses_one_pass_today(variant, next_n):
+    lens = [100, 0, 3000, 77]
+    assert passes_per_token(variant, next_n) == 1
+    assert schedule_rows(lens, 8, next_n=next_n, variant=variant) == loop_schedule(lens, 8)
+
+
+def test_strided_seq_lens_match_contiguous_copy():
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randint(0, 3000, (3 * 40,), generator=gen, dtype=torch.int32)
+    strided = base[::3]
+    assert not strided.is_contiguous()
+    got = compute_paged_mqa_logits_schedule(strided, num_sms=16)
+    assert got.tolist() == [list(r) for r in loop_schedule(strided.tolist(), 16)]
+
+
+def test_cpu_default_num_sms():
+    sched = compute_paged_mqa_logits_schedule(torch.tensor([10, 20], dtype=torch.int32))
+    assert DEFAULT_CPU_NUM_SMS == 132
+    assert sched.shape == (133, 2)
+    assert sched.device.type == "cpu"
+
+
+def test_out_is_written_in_place_and_returned():
+    lens = [100, 0, 300]
+    out = torch.full((5, 2), -7, dtype=torch.int32)
+    got = compute_paged_mqa_logits_schedule(
+        torch.tensor(lens, dtype=torch.int32), "cpu", num_sms=4, out=out
+    )
+    assert got is out
+    assert [tuple(r) for r in out.tolist()] == loop_schedule(lens, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"variant": "fp16"}, ValueError, "variant must be one of"),
+        ({"next_n": 0}, ValueError, "next_n must be >= 1, got 0"),
+        ({"next_n": True}, TypeError, "next_n must be an int"),
+        ({"next_n": 5, "variant": "fp4"}, ValueError, r"next_n must be in 1\.\.4"),
+        ({"num_sms": 0}, ValueError, "num_sms must be >= 1"),
+        ({"num_sms": 4.0}, TypeError, "num_sms must be an int"),
+        ({"device": 3.5}, TypeError, "device must be a torch.device"),
+        ({"device": "meta"}, ValueError, "expected a CUDA or CPU device"),
+        ({"out": torch.zeros(5, 2, dtype=torch.int64)}, TypeError, "out must have dtype"),
+        ({"out": torch.zeros(4, 2, dtype=torch.int32)}, ValueError, r"out must have shape"),
+        ({"out": torch.zeros(2, 5, dtype=torch.int32).t()}, ValueError, "contiguous"),
+        ({"out": torch.zeros(5, 2, dtype=torch.int32, device="meta")}, ValueError, "target device"),
+        ({"out": [[0, 0]]}, TypeError, "out must be a torch.Tensor"),
+    ],
+)
+def test_argument_errors(kwargs, error, match):
+    kwargs = {"num_sms": 4, **kwargs}
+    with pytest.raises(error, match=match):
+        compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "error", "match"),
+    [
+        (
+            torch.tensor([1, 2], dtype=torch.int64),
+            TypeError,
+            "seq_lens must have dtype torch.int32",
+        ),
+        (torch.ones(2, 2, dtype=torch.int32), ValueError, "seq_lens must be 1-D"),
+        ([1, 2], TypeError, "seq_lens must be a torch.Tensor"),
+    ],
+)
+def test_seq_lens_errors(seq_lens, error, match):
+    with pytest.raises(error, match=match):
+        compute_paged_mqa_logits_schedule(seq_lens, num_sms=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch_size", [1, 33, 2048, 12288])
+def test_cuda_matches_cpu_bitwise(batch_size):
+    gen = torch.Generator().manual_seed(batch_size)
+    lens = torch.randint(0, 20000, (batch_size,), generator=gen, dtype=torch.int32)
+    lens[::5] = 0
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    got = compute_paged_mqa_logits_schedule(lens.cuda())
+    assert got.device.type == "cuda" and got.shape == (num_sms + 1, 2)
+    expected = compute_paged_mqa_logits_schedule(lens, num_sms=num_sms)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_follows_new_lengths():
+    gen = torch.Generator().manual_seed(11)
+    lens = torch.randint(1, 9000, (64,), generator=gen, dtype=torch.int32).cuda()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.empty(num_sms + 1, 2, dtype=torch.int32, device="cuda")
+    compute_paged_mqa_logits_schedule(lens, out=out)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        compute_paged_mqa_logits_schedule(lens, out=out)
+    new_lens = torch.randint(0, 30000, (64,), generator=gen, dtype=torch.int32)
+    lens.copy_(new_lens.cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), compute_paged_mqa_logits_schedule(new_lens, num_sms=num_sms))

@@ -1,0 +1,45 @@
+import pytest
+from flashinfer_schedule import min_block_table_width, padded_seq_len
+
+
+@pytest.mark.parametrize(
+    ("max_seq_len", "expected"),
+    [(0, 0), (1, 256), (255, 256), (256, 256), (257, 512), (8000, 8192), (8192, 8192)],
+)
+def test_padded_seq_len_rounds_up_to_256(max_seq_len, expected):
+    assert padded_seq_len(max_seq_len) == expected
+
+
+def test_padded_seq_len_rejects_negative():
+    with pytest.raises(ValueError, match=r"max_seq_len must be >= 0, got -1"):
+        padded_seq_len(-1)
+
+
+@pytest.mark.parametrize("bad", [True, 8000.0, "8000", None])
+def test_padded_seq_len_rejects_non_int(bad):
+    with pytest.raises(TypeError, match="max_seq_len must be an int"):
+        padded_seq_len(bad)
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "block_size", "expected"),
+    [(8000, 32, 250), (0, 32, 0), (1, 128, 1), (128, 128, 1), (129, 128, 2), (257, 64, 5)],
+)
+def test_min_block_table_width_is_ceil(seq_len, block_size, expected):
+    assert min_block_table_width(seq_len, block_size) == expected
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "block_size", "error", "match"),
+    [
+        (-1, 32, ValueError, "seq_len must be >= 0"),
+        (10, 0, ValueError, "block_size must be >= 1"),
+        (10, -32, ValueError, "block_size must be >= 1"),
+        (True, 32, TypeError, "seq_len must be an int"),
+        (10, False, TypeError, "block_size must be an int"),
+        (10.0, 32, TypeError, "seq_len must be an int"),
+    ],
+)
+def test_min_block_table_width_rejects(seq_len, block_size, error, match):
+    with pytest.raises(error, match=match):
+        min_block_table_width(seq_len, block_size)
