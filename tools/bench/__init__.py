@@ -1,0 +1,1 @@
+"""The benchmark of the FlashInfer Hopper ops (the main job): `python tools/bench --help`."""

@@ -1,0 +1,133 @@
+"""Check one result against the float64 reference on the valid region, before any timing.
+
+The output buffer is poisoned with NaN before the call, so a valid element the op forgot to
+write shows up as NaN. Errors are measured relative to the largest |reference| of the row's
+valid region: the per-head products are summed with weights of both signs, so an element can be
+far smaller than the terms it was summed from, and an element-wise relative bound would flag
+correct results. Requests are independent, so the check walks the batch in chunks of a bounded
+number of KV tokens and gives the reference a compact copy of just the pages a chunk reads;
+memory stays bounded however large the pool or the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .data import CaseData
+from .ops import reference_logits
+
+# Bound on max |got - ref| / max |ref of the row|, per output dtype.
+#   float32: the MMA accumulates the 128-long FP8 products in reduced precision on Hopper
+#            (about 2^-13 relative to the partial sums), and the epilogue sums 64 heads.
+#   float16: the rounding of the stored element (2^-11 of it, so of the row maximum at most)
+#            on top of the float32 bound.
+#   bfloat16: the rounding of the stored element (2^-9) plus the same, with a 4x margin for
+#            the MXFP4 kernel's dequantise-to-FP8 path.
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 1.6e-2}
+CHUNK_TOKENS = 1 << 16
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one correctness check.
+
+    Attributes:
+        passed: Every valid element was written and within tolerance.
+        max_error: Largest |got - ref| / max |ref| of its row, over the valid region.
+        tolerance: The bound `max_error` was held to.
+        unwritten: Valid elements still NaN after the call (never written).
+        detail: One line for a human when the check fails, else "".
+    """
+
+    passed: bool
+    max_error: float
+    tolerance: float
+    unwritten: int
+    detail: str
+
+
+def _valid_mask(seq_lens: torch.Tensor, next_n: int, width: int) -> torch.Tensor:
+    # Row b*next_n + t is valid for positions 0 .. seq_lens[b] - next_n + t inclusive.
+    slot = torch.arange(next_n, device=seq_lens.device)
+    limit = (seq_lens.long()[:, None] - next_n + slot[None, :]).reshape(-1)
+    cols = torch.arange(width, device=seq_lens.device)
+    return cols[None, :] <= limit[:, None]
+
+
+def _compact_pages(
+    kv_fused: torch.Tensor, block_tables: torch.Tensor, blocks_per_request: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy the pages these requests read into a small pool; return it and its table."""
+    width = max(blocks_per_request)
+    ids = torch.cat([block_tables[b, :nb] for b, nb in enumerate(blocks_per_request)]).long()
+    pages = kv_fused.index_select(0, ids)
+    table = torch.zeros(len(blocks_per_request), width, dtype=torch.int32, device=kv_fused.device)
+    offset = 0
+    for b, nb in enumerate(blocks_per_request):
+        table[b, :nb] = torch.arange(offset, offset + nb, dtype=torch.int32, device=kv_fused.device)
+        offset += nb
+    return pages, table
+
+
+def _chunks(seq_lens: list[int]) -> list[slice]:
+    chunks, start, tokens = [], 0, 0
+    for b, length in enumerate(seq_lens):
+        if b > start and tokens + length > CHUNK_TOKENS:
+            chunks.append(slice(start, b))
+            start, tokens = b, 0
+        tokens += length
+    chunks.append(slice(start, len(seq_lens)))
+    return chunks
+
+
+def check_case(case: CaseData, result: torch.Tensor) -> CheckResult:
+    """Compare `result` (the op's output for rotation set 0) with the float64 reference.
+
+    Args:
+        case: The case; the op must have written set 0's `out`, poisoned with NaN beforehand.
+        result: The view the op returned.
+
+    Returns:
+        The check's outcome; `passed` is False on any shape, dtype, aliasing or value error.
+    """
+    inputs, shape = case.sets[0], case.shape
+    tolerance = TOLERANCE[case.output_dtype]
+    expected_shape = (shape.batch * shape.next_n, case.max_seq_len)
+    if tuple(result.shape) != expected_shape or result.dtype != case.output_dtype:
+        return CheckResult(
+            False,
+            float("inf"),
+            tolerance,
+            0,
+            f"returned {tuple(result.shape)} {result.dtype}, expected {expected_shape} {case.output_dtype}",
+        )
+    if result.data_ptr() != inputs.out.data_ptr():
+        return CheckResult(False, float("inf"), tolerance, 0, "result is not a view of out=")
+
+    n, bs = shape.next_n, shape.block_size
+    worst, unwritten = 0.0, 0
+    for requests in _chunks(case.seq_lens):
+        lens = case.seq_lens[requests]
+        width = max(lens)
+        pages, table = _compact_pages(
+            case.kv_fused, inputs.block_tables[requests], [-(-length // bs) for length in lens]
+        )
+        expected = reference_logits(shape.op, inputs, pages, table, requests, width).double()
+        rows = slice(requests.start * n, requests.stop * n)
+        got = result[rows, :width].double()
+        mask = _valid_mask(inputs.seq_lens[requests], n, width)
+
+        unwritten += int((torch.isnan(got) & mask).sum())
+        row_scale = expected.abs().masked_fill(~mask, 0).amax(dim=1, keepdim=True)
+        error = ((got - expected).abs() / row_scale.clamp_min(1e-30)).masked_fill(~mask, 0)
+        worst = max(worst, float(error.nan_to_num(nan=0.0).amax()))
+
+    passed = unwritten == 0 and worst <= tolerance
+    detail = ""
+    if unwritten:
+        detail = f"{unwritten} valid elements were never written (still NaN)"
+    elif not passed:
+        detail = f"max error {worst:.3g} of the row maximum exceeds {tolerance:.3g}"
+    return CheckResult(passed, worst, tolerance, unwritten, detail)

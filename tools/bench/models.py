@@ -1,0 +1,67 @@
+"""Byte and FLOP models of PERFORMANCE.md: what must move, each input once, each output once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .shapes import IndexerShape
+
+OUTPUT_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+
+# The spec's default output dtype of each op.
+DEFAULT_OUTPUT_DTYPE = {"fp8": torch.float32, "fp4": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class WorkModel:
+    """The work of one call.
+
+    Attributes:
+        kv_tokens: KV tokens read, summed over requests.
+        kv_bytes: Cache bytes read (values and scales).
+        output_bytes: Logits written, `next_n` elements per KV token.
+        small_input_bytes: q (and q_sf), weights, block tables and seq_lens, read once.
+        flops: 2 * H * D * next_n per KV token (the per-head dot products).
+    """
+
+    kv_tokens: int
+    kv_bytes: int
+    output_bytes: int
+    small_input_bytes: int
+    flops: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_bytes + self.output_bytes + self.small_input_bytes
+
+
+def kv_bytes_per_token(op: str, head_dim: int) -> int:
+    """Cache bytes per KV token: fp8 D values + one fp32 scale (132 B at D = 128); fp4 D/2
+    packed bytes + D/32 UE8M0 scales (68 B at D = 128)."""
+    if op == "fp8":
+        return head_dim + 4
+    if op == "fp4":
+        return head_dim // 2 + head_dim // 32
+    raise ValueError(f"op must be 'fp8' or 'fp4', got {op!r}")
+
+
+def work_model(shape: IndexerShape, seq_lens: list[int], output_dtype: torch.dtype) -> WorkModel:
+    """Bytes and FLOPs of one call of `shape.op` with these lengths."""
+    h, d, n, b = shape.num_heads, shape.head_dim, shape.next_n, shape.batch
+    tokens = sum(seq_lens)
+    rows = b * n
+    if shape.op == "fp8":
+        q_bytes = rows * h * d
+    else:
+        q_bytes = rows * h * (d // 2) + rows * h * 4  # packed q + one int32 of scales per head
+    table_width = max(-(-length // shape.block_size) for length in seq_lens)
+    small = q_bytes + rows * h * 4 + b * table_width * 4 + b * 4
+    return WorkModel(
+        kv_tokens=tokens,
+        kv_bytes=tokens * kv_bytes_per_token(shape.op, d),
+        output_bytes=tokens * n * OUTPUT_BYTES[output_dtype],
+        small_input_bytes=small,
+        flops=2 * h * d * n * tokens,
+    )

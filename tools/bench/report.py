@@ -1,0 +1,182 @@
+"""Report: a table on stdout, a JSON file, and plots of the fraction of copy bandwidth."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from .check import CheckResult
+from .models import WorkModel
+from .shapes import IndexerShape
+from .timing import Timing
+
+PASS, FAIL = "PASS", "FAIL"
+KERNEL_NOT_BUILT = "kernel not built"
+TOO_LARGE = "skipped: does not fit in memory"
+ERROR = "error"
+
+PACKAGES = ("flashinfer-layouts", "flashinfer-jit", "flashinfer-schedule", "flashinfer-attn-scores")
+
+
+@dataclass
+class CaseResult:
+    """One row of the report.
+
+    Attributes:
+        shape: The case.
+        status: PASS (checked, then timed), FAIL (wrong result, not timed), "kernel not
+            built", a skip or "error".
+        work: Byte and FLOP model of the call, when the data was built.
+        check: The correctness check, when it ran.
+        timing: The timing, only for checked results.
+        rotations: Rotation sets replayed per sample.
+        pool_bytes: Size of the page pool.
+        detail: Human-readable reason for anything but PASS.
+    """
+
+    shape: IndexerShape
+    status: str
+    work: WorkModel | None = None
+    check: CheckResult | None = None
+    timing: Timing | None = None
+    rotations: int = 0
+    pool_bytes: int = 0
+    detail: str = ""
+    derived: dict[str, float | None] = field(default_factory=dict)
+
+    def derive(self, copy_bw: float | None, gather_bw: float | None) -> None:
+        """Fill GB/s, fractions of the ceilings and TFLOP/s from the timing and the model."""
+        if self.timing is None or self.work is None:
+            return
+        seconds = self.timing.median_us * 1e-6
+        achieved = self.work.total_bytes / seconds
+        self.derived = {
+            "gb_per_s": achieved / 1e9,
+            "copy_fraction": achieved / copy_bw if copy_bw else None,
+            "gather_copy_fraction": achieved / gather_bw if gather_bw else None,
+            "tflop_per_s": self.work.flops / seconds / 1e12,
+        }
+
+
+def environment(mode: str, device: torch.device) -> dict[str, object]:
+    """Date, device and software versions for the JSON header."""
+    info: dict[str, object] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "argv": sys.argv[1:],
+        "packages": {},
+    }
+    for name in PACKAGES:
+        try:
+            info["packages"][name] = metadata.version(name)  # type: ignore[index]
+        except metadata.PackageNotFoundError:
+            info["packages"][name] = None  # type: ignore[index]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["device"] = {
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+            "l2_bytes": props.L2_cache_size,
+        }
+    else:
+        info["device"] = {"name": platform.processor() or platform.machine(), "capability": None}
+    return info
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(results: list[CaseResult]) -> None:
+    header = (
+        f"{'op':<4} {'B':>4} {'L':>6} {'next_n':>6} {'block':>5} {'time us':>10} "
+        f"{'GB/s':>8} {'copy BW':>7} {'TFLOP/s':>8}  status"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        s, t, d = r.shape, r.timing, r.derived
+        status = r.status if not r.detail else f"{r.status}: {r.detail}"
+        print(
+            f"{s.op:<4} {s.batch:>4} {s.avg_len:>6} {s.next_n:>6} {s.block_size:>5} "
+            f"{_fmt(t.median_us if t else None, '10.2f')} {_fmt(d.get('gb_per_s'), '8.1f')} "
+            f"{_fmt(d.get('copy_fraction'), '7.2f')} {_fmt(d.get('tflop_per_s'), '8.2f')}  {status}"
+        )
+
+
+def _record(r: CaseResult) -> dict[str, object]:
+    return {
+        **asdict(r.shape),
+        "status": r.status,
+        "detail": r.detail,
+        "work": None if r.work is None else {**asdict(r.work), "total_bytes": r.work.total_bytes},
+        "check": None if r.check is None else asdict(r.check),
+        "timing": None if r.timing is None else asdict(r.timing),
+        "rotations": r.rotations,
+        "pool_bytes": r.pool_bytes,
+        **r.derived,
+    }
+
+
+def write_json(
+    path: Path, env: dict[str, object], ceilings: dict[str, float | None], results: list[CaseResult]
+) -> None:
+    payload = {**env, "ceilings_bytes_per_s": ceilings, "results": [_record(r) for r in results]}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def write_plots(out_dir: Path, results: list[CaseResult], title_note: str) -> list[Path]:
+    """One PNG per op: fraction of copy bandwidth against average L, a line per (B, next_n),
+    one panel per block size. Returns the files written (none without timed results)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots written (pip install matplotlib)")
+        return []
+
+    written = []
+    for op in sorted({r.shape.op for r in results}):
+        timed = [r for r in results if r.shape.op == op and r.derived.get("copy_fraction")]
+        if not timed:
+            continue
+        blocks = sorted({r.shape.block_size for r in timed})
+        fig, axes = plt.subplots(
+            1, len(blocks), figsize=(5 * len(blocks), 4), sharey=True, squeeze=False
+        )
+        for ax, block in zip(axes[0], blocks):
+            series: dict[tuple[int, int], list[tuple[int, float]]] = {}
+            for r in timed:
+                if r.shape.block_size == block:
+                    key = (r.shape.batch, r.shape.next_n)
+                    series.setdefault(key, []).append((r.shape.avg_len, r.derived["copy_fraction"]))
+            for (batch, next_n), points in sorted(series.items()):
+                points.sort()
+                ax.plot(*zip(*points), marker="o", label=f"B={batch} next_n={next_n}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("average KV length L")
+            ax.set_title(f"block size {block}")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel("fraction of measured copy bandwidth")
+        axes[0][-1].legend(fontsize="small")
+        fig.suptitle(f"{op} paged MQA logits: {title_note}")
+        fig.tight_layout()
+        path = out_dir / f"{op}_copy_fraction.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written

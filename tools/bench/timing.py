@@ -1,0 +1,167 @@
+"""Timing: CUDA events around CUDA-graph replays, and the copy / gather ceilings of the same run.
+
+Every GPU figure is a median over many samples. A sample is one replay of a graph holding
+`calls` back-to-back calls, each on its own rotation set of inputs (see data.py), so the per-call
+time includes what a call costs inside a serving graph (schedule kernel and launch gaps) and no
+call finds its pages in L2 from the previous one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+WARMUP_CALLS = 3
+WARMUP_REPLAYS = 3
+MIN_SAMPLES = 20
+MAX_SAMPLES = 200
+# Stop sampling once this much GPU time has been spent on one case (after MIN_SAMPLES).
+SAMPLE_BUDGET_S = 0.5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median per-call time and the spread of the samples.
+
+    Attributes:
+        median_us: Median time of one call, microseconds.
+        p10_us: 10th percentile, microseconds.
+        p90_us: 90th percentile, microseconds.
+        samples: Number of samples the statistics come from.
+        method: How the time was taken (CUDA graph replays, or host wall clock on CPU).
+    """
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    samples: int
+    method: str
+
+
+def _summarise(per_call_us: list[float], method: str) -> Timing:
+    ordered = sorted(per_call_us)
+    n = len(ordered)
+    return Timing(
+        median_us=statistics.median(ordered),
+        p10_us=ordered[int(0.1 * (n - 1))],
+        p90_us=ordered[int(0.9 * (n - 1))],
+        samples=n,
+        method=method,
+    )
+
+
+def time_graph_replays(calls: list[Callable[[], object]]) -> Timing:
+    """Capture `calls` into one CUDA graph and time its replays with CUDA events.
+
+    Args:
+        calls: Closures, one per rotation set; each launches one op call on the current stream.
+
+    Returns:
+        The median (and spread) of replay time divided by `len(calls)`.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    for _ in range(WARMUP_REPLAYS):
+        graph.replay()
+    torch.cuda.synchronize()
+
+    per_call_us: list[float] = []
+    spent_s = 0.0
+    while len(per_call_us) < MAX_SAMPLES and (
+        len(per_call_us) < MIN_SAMPLES or spent_s < SAMPLE_BUDGET_S
+    ):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        elapsed_ms = start.elapsed_time(end)
+        spent_s += elapsed_ms * 1e-3
+        per_call_us.append(elapsed_ms * 1e3 / len(calls))
+    del graph
+    return _summarise(per_call_us, f"CUDA events over graph replays of {len(calls)} calls")
+
+
+def time_host(call: Callable[[], object], repeats: int = 3) -> Timing:
+    """Host wall-clock time of `call` (the CPU reference path; not a kernel measurement)."""
+    call()
+    per_call_us = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        per_call_us.append((time.perf_counter() - start) * 1e6)
+    return _summarise(per_call_us, "host wall clock (CPU reference path)")
+
+
+def _time_events(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of `fn` measured with CUDA events, after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    seconds = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        seconds.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(seconds)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 20) -> float:
+    """Device copy bandwidth in bytes/s, counting the bytes read plus the bytes written.
+
+    On CUDA this is a device-to-device copy timed with events; on CPU, a host memcpy timed with
+    the wall clock (only there to keep the pipeline's columns filled).
+    """
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
+    dst = torch.empty_like(src)
+    if device.type == "cuda":
+        seconds = _time_events(lambda: dst.copy_(src), repeats)
+    else:
+        dst.copy_(src)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dst.copy_(src)
+            samples.append(time.perf_counter() - start)
+        seconds = statistics.median(samples)
+    return 2 * nbytes / seconds
+
+
+def gather_copy_bandwidth(
+    pool_pages: torch.Tensor, page_ids: torch.Tensor, repeats: int = 20
+) -> float:
+    """Bandwidth of gathering shuffled pages with `torch.index_select`, bytes read plus written.
+
+    This is the access pattern of the paged ops (random pages of a large pool) measured with a
+    stock PyTorch kernel. It copies what it reads, so it is a copy-like ceiling, not the
+    read-only gather ceiling of PERFORMANCE.md (which needs a dedicated read-only kernel).
+
+    Args:
+        pool_pages: `[num_pages, page_bytes]` uint8 CUDA tensor, the page pool.
+        page_ids: int64 CUDA tensor of page ids to gather, in shuffled order.
+        repeats: Samples; the median is returned.
+    """
+    out = torch.empty(
+        page_ids.numel(), pool_pages.shape[1], dtype=torch.uint8, device=pool_pages.device
+    )
+    seconds = _time_events(lambda: torch.index_select(pool_pages, 0, page_ids, out=out), repeats)
+    return 2 * out.numel() / seconds
