@@ -15,7 +15,7 @@ import flashinfer_layouts
 import torch
 from flashinfer_schedule import min_block_table_width, padded_seq_len
 
-from .models import kv_bytes_per_token
+from .models import DEFAULT_OUTPUT_DTYPE, kv_bytes_per_token
 from .shapes import IndexerShape
 
 GIB = 1 << 30
@@ -89,8 +89,7 @@ def _random_kv_blocks(
     if shape.op == "fp8":
         values, scales = flashinfer_layouts.quantize_fp8_per_token(k)
         return flashinfer_layouts.pack_fp8_kv_cache(values, scales)
-    packed, scale_bytes = flashinfer_layouts.quantize_mxfp4(k)
-    return flashinfer_layouts.pack_mxfp4_kv_cache(packed, scale_bytes)
+    return flashinfer_layouts.quantize_mxfp4_kv_cache(k)
 
 
 def _random_q(
@@ -101,8 +100,7 @@ def _random_q(
     )
     if shape.op == "fp8":
         return q.to(torch.float8_e4m3fn), None
-    packed, scale_bytes = flashinfer_layouts.quantize_mxfp4(q)
-    return packed, flashinfer_layouts.pack_mxfp4_q_sf(scale_bytes)
+    return flashinfer_layouts.quantize_mxfp4_q(q)
 
 
 def _fill_pool(
@@ -163,7 +161,7 @@ def build_case(shape: IndexerShape, device: torch.device) -> CaseData:
     blocks_per_request = [min_block_table_width(length, shape.block_size) for length in lens]
     set_blocks = sum(blocks_per_request)
     width = max(blocks_per_request)
-    output_dtype = torch.float32 if shape.op == "fp8" else torch.bfloat16
+    output_dtype = DEFAULT_OUTPUT_DTYPE[shape.op]
     rows = shape.batch * shape.next_n
     out_bytes = rows * padded_seq_len(max_seq_len) * output_dtype.itemsize
 
