@@ -1,0 +1,141 @@
+"""Argument validation shared by every public function of the package.
+
+Every helper raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong rank, shape,
+divisibility, device or value) with a message that names the argument and gives the expected
+and the received value, so a caller can fix the call without reading this code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _dtype_list(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d) for d in dtypes)
+
+
+def tensor(name: str, value: object) -> torch.Tensor:
+    """Return ``value`` if it is a tensor, else raise TypeError naming ``name``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
+    return value
+
+
+def dtype(name: str, t: torch.Tensor, allowed: torch.dtype | Sequence[torch.dtype]) -> None:
+    allowed_seq = (allowed,) if isinstance(allowed, torch.dtype) else tuple(allowed)
+    if t.dtype not in allowed_seq:
+        raise TypeError(f"{name} must have dtype {_dtype_list(allowed_seq)}; got {t.dtype}")
+
+
+def ndim(name: str, t: torch.Tensor, expected: int, layout: str) -> None:
+    if t.dim() != expected:
+        raise ValueError(
+            f"{name} must be {expected}-D {layout}; got {t.dim()}-D shape {tuple(t.shape)}"
+        )
+
+
+def min_ndim(name: str, t: torch.Tensor, minimum: int, layout: str) -> None:
+    if t.dim() < minimum:
+        raise ValueError(
+            f"{name} must have at least {minimum} dimension(s) {layout}; "
+            f"got {t.dim()}-D shape {tuple(t.shape)}"
+        )
+
+
+def dim_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -> None:
+    if t.shape[dim] != expected:
+        raise ValueError(
+            f"{name}.shape[{dim}] ({what}) must be {expected}; got {t.shape[dim]} "
+            f"(shape {tuple(t.shape)})"
+        )
+
+
+def divisible(name: str, value: int, divisor: int, what: str) -> None:
+    if divisor <= 0 or value % divisor != 0:
+        raise ValueError(f"{name}: {what} must be a multiple of {divisor}; got {value}")
+
+
+def same_shape(name: str, t: torch.Tensor, expected: Sequence[int], layout: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)} {layout}; got {tuple(t.shape)}")
+
+
+def same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(
+            f"{name} must be on the same device as {ref_name} ({ref.device}); got {t.device}"
+        )
+
+
+def positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive; got {value}")
+    return value
+
+
+def choice(name: str, value: object, allowed: Sequence[object]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}; got {value!r}")
+
+
+def output_float_dtype(name: str, value: object) -> torch.dtype:
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype; got {type(value).__name__}")
+    if value not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be {_dtype_list(FLOAT_DTYPES)}; got {value}")
+    return value
+
+
+def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor:
+    """Validate an NVFP4 global scale and return it as a 0-d float32 tensor on ``device``.
+
+    Python numbers and CPU tensors are checked to be finite and positive; a CUDA tensor's
+    value is not read (that would synchronise with the device).
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a float or a 1-element floating tensor; got bool")
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if not (number > 0.0 and number != float("inf")):
+            raise ValueError(f"{name} must be a finite positive number; got {value}")
+        return torch.tensor(number, dtype=torch.float32, device=device)
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor; got dtype {value.dtype}")
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name} must hold exactly one element (0-d or 1-element tensor); "
+                f"got shape {tuple(value.shape)}"
+            )
+        if value.device.type == "cpu":
+            number = float(value.reshape(()).item())
+            if not (number > 0.0 and number != float("inf")):
+                raise ValueError(f"{name} must be finite and positive; got {number}")
+        return value.reshape(()).to(device=device, dtype=torch.float32)
+    raise TypeError(
+        f"{name} must be a float or a 1-element floating tensor; got {type(value).__name__}"
+    )
+
+
+def device_data_checks_enabled(t: torch.Tensor) -> bool:
+    """Whether checks that read tensor *contents* should run for ``t``.
+
+    Always on CPU (reading is free there). On other devices only when
+    ``FLASHINFER_VALIDATE_INPUTS=1`` and no CUDA graph is being captured, because reading
+    device data forces a host synchronisation, which is illegal during capture.
+    """
+    if t.device.type == "cpu":
+        return True
+    if os.environ.get("FLASHINFER_VALIDATE_INPUTS", "0") != "1":
+        return False
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    return True

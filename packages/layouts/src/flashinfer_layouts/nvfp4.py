@@ -1,0 +1,331 @@
+"""NVFP4: E2M1 values, one E4M3 block scale per 16 elements, and a float32 global scale.
+
+Global-scale convention (an ENCODE scale, as ``flashinfer.nvfp4_quantize`` takes it)::
+
+    a_global_sf = 448 * 6 / amax(a)
+    block_scale = e4m3(amax(block) / 6 * a_global_sf)          # stored byte
+    value       = e2m1(x * (a_global_sf / float(block_scale)))  # stored nibble
+    x          ~= e2m1_value * float(block_scale) / a_global_sf
+
+Block scales are stored either linearly (``[M, K/16]``) or in the 128x4-swizzled layout the
+tensor-core block-scaled MMAs read. Rows are padded to a multiple of 128 and scale columns to
+a multiple of 4; with ``C`` the padded column count, scale ``(r, c)`` lives at byte::
+
+    ((r // 128) * (C // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+i.e. 512-byte tiles of 128 rows x 4 columns, tiles row-major, and inside a tile row ``r``
+is split into ``r % 32`` (16-byte stride) and ``(r % 128) // 32`` (4-byte stride).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+from ._bits import E2M1_MAX, E4M3_MAX, e2m1_decode, e2m1_encode, pack_nibbles, unpack_nibbles
+
+__all__ = [
+    "NVFP4_SF_VEC_SIZE",
+    "nvfp4_dequantize",
+    "nvfp4_global_scale",
+    "nvfp4_quantize",
+    "swizzle_128x4",
+    "swizzle_128x4_offset",
+    "swizzled_128x4_shape",
+    "unswizzle_128x4",
+]
+
+NVFP4_SF_VEC_SIZE = 16
+_SF_VEC_SIZES = (16, 32)
+_SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+_TILE_ROWS, _TILE_COLS = 128, 4
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def swizzled_128x4_shape(rows: int, cols: int) -> tuple[int, int]:
+    """Padded ``(rows, cols)`` of a 128x4-swizzled scale buffer.
+
+    Args:
+        rows: unpadded scale rows (``M``).
+        cols: unpadded scale columns (``K / sf_vec_size``).
+
+    Returns:
+        ``(ceil(rows / 128) * 128, ceil(cols / 4) * 4)``.
+
+    Raises:
+        ValueError: a negative size.
+    """
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be non-negative; got rows={rows}, cols={cols}")
+    return _round_up(rows, _TILE_ROWS), _round_up(cols, _TILE_COLS)
+
+
+def swizzle_128x4_offset(row, col, num_cols: int):
+    """Byte offset of scale ``(row, col)`` in a 128x4-swizzled buffer.
+
+    ``((row // 128) * (C // 4) + col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
+    + col % 4`` with ``C = ceil(num_cols / 4) * 4``.
+
+    Args:
+        row: scale row, an int or an integer tensor.
+        col: scale column, an int or an integer tensor (broadcast with ``row``).
+        num_cols: unpadded (or padded) scale column count of the buffer.
+
+    Returns:
+        The offset(s), same kind as the inputs.
+
+    Raises:
+        ValueError: ``num_cols`` is not positive.
+    """
+    _checks.positive_int("num_cols", num_cols)
+    padded_cols = _round_up(num_cols, _TILE_COLS)
+    tile = (row // _TILE_ROWS) * (padded_cols // _TILE_COLS) + col // _TILE_COLS
+    return tile * 512 + (row % 32) * 16 + ((row % _TILE_ROWS) // 32) * 4 + col % _TILE_COLS
+
+
+def swizzle_128x4(sf: torch.Tensor) -> torch.Tensor:
+    """Reorder a linear ``[M, C]`` scale matrix into the 128x4-swizzled layout.
+
+    Args:
+        sf: ``[M, C]`` uint8 or ``torch.float8_e4m3fn`` scales, row ``r`` column ``c``.
+
+    Returns:
+        A new ``[ceil(M/128)*128, ceil(C/4)*4]`` tensor of ``sf``'s dtype whose
+        row-major (flattened) bytes are the swizzled buffer: ``out.flatten()[offset(r, c)]
+        == sf[r, c]`` with the offset of `swizzle_128x4_offset`. Padding bytes are 0.
+        Note that ``out[i, j]`` is in general NOT scale ``(i, j)``: the 2-D shape only
+        carries the padded extents.
+
+    Raises:
+        TypeError: ``sf`` has another dtype.
+        ValueError: ``sf`` is not 2-D.
+    """
+    sf = _checks.tensor("sf", sf)
+    _checks.dtype("sf", sf, _SCALE_DTYPES)
+    _checks.ndim("sf", sf, 2, "[rows, scale_cols]")
+    rows, cols = sf.shape
+    prows, pcols = swizzled_128x4_shape(rows, cols)
+    raw = sf.view(torch.uint8)
+    padded = torch.zeros((prows, pcols), dtype=torch.uint8, device=sf.device)
+    padded[:rows, :cols] = raw
+    # [row tile, (r%128)//32, r%32, col tile, c%4] -> [row tile, col tile, r%32, (r%128)//32, c%4]
+    tiles = padded.view(prows // 128, 4, 32, pcols // 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.contiguous().view(prows, pcols).view(sf.dtype)
+
+
+def unswizzle_128x4(sf_swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Recover the linear ``[rows, cols]`` scales from a 128x4-swizzled buffer.
+
+    Args:
+        sf_swizzled: the swizzled buffer, uint8 or ``torch.float8_e4m3fn``, either flat
+            (``ceil(rows/128)*128 * ceil(cols/4)*4`` elements) or 2-D with that padded shape.
+        rows: unpadded scale rows.
+        cols: unpadded scale columns.
+
+    Returns:
+        A new ``[rows, cols]`` tensor of ``sf_swizzled``'s dtype.
+
+    Raises:
+        TypeError: wrong dtype.
+        ValueError: the buffer's size or shape does not match ``rows``/``cols``.
+    """
+    sf_swizzled = _checks.tensor("sf_swizzled", sf_swizzled)
+    _checks.dtype("sf_swizzled", sf_swizzled, _SCALE_DTYPES)
+    prows, pcols = swizzled_128x4_shape(rows, cols)
+    _check_swizzled_buffer("sf_swizzled", sf_swizzled, prows, pcols)
+    raw = sf_swizzled.reshape(prows // 128, pcols // 4, 32, 4, 4).view(torch.uint8)
+    linear = raw.permute(0, 3, 2, 1, 4).reshape(prows, pcols)
+    return linear[:rows, :cols].contiguous().view(sf_swizzled.dtype)
+
+
+def _check_swizzled_buffer(name: str, buf: torch.Tensor, prows: int, pcols: int) -> None:
+    if buf.dim() == 1:
+        if buf.numel() != prows * pcols:
+            raise ValueError(
+                f"{name} (flat swizzled) must hold {prows} * {pcols} = {prows * pcols} "
+                f"elements; got {buf.numel()}"
+            )
+    elif buf.dim() == 2:
+        _checks.same_shape(name, buf, (prows, pcols), "[padded_rows, padded_scale_cols]")
+    else:
+        raise ValueError(
+            f"{name} must be 1-D (flat) or 2-D [padded_rows, padded_scale_cols] "
+            f"({prows}, {pcols}); got shape {tuple(buf.shape)}"
+        )
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The conventional encode global scale ``448 * 6 / amax(x)`` as a 0-d float32 tensor.
+
+    An all-zero ``x`` gets 1.0. The result stays on ``x``'s device (no synchronisation).
+
+    Args:
+        x: floating tensor of any shape.
+
+    Returns:
+        0-d float32 tensor on ``x``'s device.
+
+    Raises:
+        TypeError: ``x`` is not a floating tensor.
+    """
+    x = _checks.tensor("x", x)
+    _checks.dtype("x", x, _checks.FLOAT_DTYPES)
+    amax = x.to(torch.float32).abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    return torch.where(amax > 0, (E4M3_MAX * E2M1_MAX) / amax, one).to(torch.float32)
+
+
+def quantize_rows(
+    x: torch.Tensor, global_sf: torch.Tensor, sf_vec_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4-quantise the last dimension of ``x`` with linear scales (internal helper).
+
+    Returns ``(packed [..., K/2] uint8, scales [..., K/sf_vec_size] uint8 e4m3 bits)``.
+    """
+    lead = x.shape[:-1]
+    groups = x.to(torch.float32).reshape(*lead, -1, sf_vec_size)
+    amax = groups.abs().amax(dim=-1)
+    scale = ((amax / E2M1_MAX) * global_sf).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scale_f32 = scale.to(torch.float32)
+    encode = torch.where(scale_f32 == 0, torch.zeros_like(scale_f32), global_sf / scale_f32)
+    codes = e2m1_encode(groups * encode.unsqueeze(-1)).reshape(*lead, -1)
+    return pack_nibbles(codes), scale.view(torch.uint8)
+
+
+def dequantize_rows(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_sf: torch.Tensor,
+    sf_vec_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Inverse of `quantize_rows`: ``e2m1 * e4m3_scale / global_sf`` (internal helper)."""
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    lead = packed.shape[:-1]
+    values = e2m1_decode(unpack_nibbles(packed), compute).reshape(*lead, -1, sf_vec_size)
+    scale = scales.view(torch.float8_e4m3fn).to(compute).unsqueeze(-1)
+    return (values * scale / global_sf.to(compute)).reshape(*lead, -1).to(dtype)
+
+
+def _check_sf_vec_size(sf_vec_size: object) -> int:
+    if isinstance(sf_vec_size, bool) or not isinstance(sf_vec_size, int):
+        raise TypeError(f"sf_vec_size must be an int; got {type(sf_vec_size).__name__}")
+    _checks.choice("sf_vec_size", sf_vec_size, _SF_VEC_SIZES)
+    return sf_vec_size
+
+
+def nvfp4_quantize(
+    a: torch.Tensor,
+    a_global_sf: float | torch.Tensor,
+    *,
+    sf_vec_size: int = NVFP4_SF_VEC_SIZE,
+    swizzled: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise a matrix to NVFP4 (E2M1 values, E4M3 block scales, encode global scale).
+
+    For each block of ``sf_vec_size`` consecutive elements of a row (float32 arithmetic):
+    ``scale = e4m3(min(amax(block) / 6 * a_global_sf, 448))`` (round to nearest even), and
+    each element becomes ``e2m1(x * (a_global_sf / float(scale)))`` (0 when the scale is 0)
+    with the E2M1 rounding of `quantize_mxfp4`: nearest, ties to the even code, saturating
+    at 6, sign copied from the input. Dequantisation is ``e2m1 * scale / a_global_sf``; per
+    element ``|error| <= max(0.25, |v| / 4) * scale / a_global_sf`` with
+    ``v = x * a_global_sf / scale`` while the scale is an E4M3 normal (``>= 2**-6``).
+
+    Args:
+        a: ``[M, K]`` float16, bfloat16, float32 or float64 matrix, ``K`` a multiple of
+            ``sf_vec_size``.
+        a_global_sf: the ENCODE global scale, conventionally ``448 * 6 / amax(a)`` (see
+            `nvfp4_global_scale`): a positive float or a 0-d / 1-element floating tensor
+            (CPU or ``a``'s device; a CUDA tensor's value is not checked).
+        sf_vec_size: elements per block scale, 16 (NVFP4, default) or 32.
+        swizzled: return the scales in the 128x4-swizzled layout (default) or linear.
+
+    Returns:
+        ``(a_fp4, a_sf)``: ``a_fp4`` is ``[M, K/2]`` uint8 (element ``2j`` in the low
+        nibble of byte ``j``). ``a_sf`` holds the E4M3 scale bytes as uint8: with
+        ``swizzled=True`` a 2-D ``[ceil(M/128)*128, ceil(K/sf_vec_size/4)*4]`` tensor whose
+        flattened bytes are the swizzled buffer (``a_sf.flatten()[offset(r, c)]`` is the
+        scale of row ``r``, block ``c``; padding is 0; ``a_sf[i, j]`` is NOT scale
+        ``(i, j)``); with ``swizzled=False`` the linear ``[M, K/sf_vec_size]`` matrix.
+
+    Raises:
+        TypeError: wrong dtype of ``a`` or ``a_global_sf``, or non-int ``sf_vec_size``.
+        ValueError: ``a`` is not 2-D, ``K`` is not a multiple of ``sf_vec_size``,
+            ``sf_vec_size`` is not 16 or 32, or ``a_global_sf`` is not a finite positive
+            scalar.
+    """
+    a = _checks.tensor("a", a)
+    _checks.dtype("a", a, _checks.FLOAT_DTYPES)
+    _checks.ndim("a", a, 2, "[M, K]")
+    sf_vec_size = _check_sf_vec_size(sf_vec_size)
+    _checks.divisible("a", a.shape[1], sf_vec_size, "K (a.shape[1])")
+    if not isinstance(swizzled, bool):
+        raise TypeError(f"swizzled must be a bool; got {type(swizzled).__name__}")
+    global_sf = _checks.global_scale("a_global_sf", a_global_sf, a.device)
+
+    a_fp4, a_sf = quantize_rows(a, global_sf, sf_vec_size)
+    return a_fp4, swizzle_128x4(a_sf) if swizzled else a_sf
+
+
+def nvfp4_dequantize(
+    a_fp4: torch.Tensor,
+    a_sf: torch.Tensor,
+    a_global_sf: float | torch.Tensor,
+    *,
+    m: int | None = None,
+    k: int | None = None,
+    sf_vec_size: int = NVFP4_SF_VEC_SIZE,
+    swizzled: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Dequantise the output of `nvfp4_quantize`: ``e2m1 * e4m3_scale / a_global_sf``.
+
+    Args:
+        a_fp4: ``[M, K/2]`` uint8 packed E2M1 values.
+        a_sf: E4M3 scale bytes (uint8 or ``torch.float8_e4m3fn``): swizzled, flat or 2-D
+            ``[ceil(M/128)*128, ceil(K/sf_vec_size/4)*4]``; or linear ``[M, K/sf_vec_size]``
+            when ``swizzled=False``.
+        a_global_sf: the same encode global scale that was passed to `nvfp4_quantize`.
+        m: optional ``M``; when given it must equal ``a_fp4.shape[0]``.
+        k: optional ``K``; when given it must equal ``2 * a_fp4.shape[1]``.
+        sf_vec_size: elements per block scale, 16 (default) or 32.
+        swizzled: whether ``a_sf`` is in the 128x4-swizzled layout.
+        dtype: floating output dtype (default float32). The product runs in float32 (float64
+            when ``dtype`` is float64).
+
+    Returns:
+        ``[M, K]`` tensor of ``dtype``.
+
+    Raises:
+        TypeError: a wrong dtype.
+        ValueError: inconsistent shapes, ``m``/``k`` disagreeing with ``a_fp4``, mixed
+            devices, or an invalid ``a_global_sf``.
+    """
+    a_fp4 = _checks.tensor("a_fp4", a_fp4)
+    a_sf = _checks.tensor("a_sf", a_sf)
+    _checks.dtype("a_fp4", a_fp4, torch.uint8)
+    _checks.dtype("a_sf", a_sf, _SCALE_DTYPES)
+    _checks.ndim("a_fp4", a_fp4, 2, "[M, K/2]")
+    dtype = _checks.output_float_dtype("dtype", dtype)
+    sf_vec_size = _check_sf_vec_size(sf_vec_size)
+    rows, cols_k = a_fp4.shape[0], a_fp4.shape[1] * 2
+    if m is not None and m != rows:
+        raise ValueError(f"m must equal a_fp4.shape[0] ({rows}); got {m}")
+    if k is not None and k != cols_k:
+        raise ValueError(f"k must equal 2 * a_fp4.shape[1] ({cols_k}); got {k}")
+    _checks.divisible("a_fp4", cols_k, sf_vec_size, "K (2 * a_fp4.shape[1])")
+    _checks.same_device("a_sf", a_sf, "a_fp4", a_fp4)
+    if not isinstance(swizzled, bool):
+        raise TypeError(f"swizzled must be a bool; got {type(swizzled).__name__}")
+    global_sf = _checks.global_scale("a_global_sf", a_global_sf, a_fp4.device)
+
+    n_sf = cols_k // sf_vec_size
+    if swizzled:
+        scales = unswizzle_128x4(a_sf, rows, n_sf)
+    else:
+        _checks.same_shape("a_sf", a_sf, (rows, n_sf), "[M, K/sf_vec_size] (linear)")
+        scales = a_sf
+    return dequantize_rows(a_fp4, scales.view(torch.uint8), global_sf, sf_vec_size, dtype)
