@@ -1,0 +1,344 @@
+"""Argument checks shared by the attention-score ops.
+
+Two tiers, as DESIGN.md section 3 requires:
+
+* host-side checks (dtype, rank, shape, device, strides, `out=` layout, `schedule_meta`
+  shape, the 2^31 output span) run on every call and never touch device memory;
+* device-data checks (lengths against `max_seq_len`, table width, block ids, schedule
+  freshness) run only when `FLASHINFER_VALIDATE_INPUTS=1` is set at call time, and never
+  while a CUDA graph is being captured, because they copy device data to the host.
+
+Every failure is a `TypeError` (wrong Python type or tensor dtype) or a `ValueError` (wrong
+value, shape, layout or device) whose message names the argument and gives the expected and
+received values.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from flashinfer_schedule import (
+    compute_paged_mqa_logits_schedule,
+    device_num_sms,
+    min_block_table_width,
+)
+
+VALIDATE_ENV_VAR = "FLASHINFER_VALIDATE_INPUTS"
+_ENV_TRUE = frozenset({"1", "true", "yes", "on"})
+
+# The kernels index the output with signed 32-bit element offsets.
+OUTPUT_SPAN_LIMIT = 2**31
+
+SUPPORTED_BLOCK_SIZES = (32, 64, 128)
+HEAD_DIM_MULTIPLE = 32
+NUM_HEADS_MULTIPLE = 4
+ROW_HEADS_MULTIPLE = 8  # next_n * num_heads, the MMA's M extent
+ROW_HEADS_RANGE = (8, 256)
+
+SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
+SUPPORTED_CAPABILITY = (9, 0)
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    """Raise TypeError unless `value` is a tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_dtype(name: str, t: torch.Tensor, expected: torch.dtype) -> None:
+    if t.dtype != expected:
+        raise TypeError(f"{name} must have dtype {expected}, got {t.dtype}")
+
+
+def check_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if t.dim() != ndim:
+        raise ValueError(
+            f"{name} must be {ndim}-D {layout}, got {t.dim()}-D tensor of shape {_shape(t)}"
+        )
+
+
+def check_dim(name: str, t: torch.Tensor, dim: int, expected: int, meaning: str) -> None:
+    """Raise ValueError unless `t.shape[dim] == expected`; `meaning` explains `expected`."""
+    if t.shape[dim] != expected:
+        raise ValueError(
+            f"{name}.shape[{dim}] must be {meaning} = {expected}, "
+            f"got {t.shape[dim]} ({name} shape {_shape(t)})"
+        )
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    # bool is an int subclass, but True as a size is always a caller bug.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def check_dtype_choice(
+    name: str,
+    value: object,
+    allowed: tuple[torch.dtype, ...],
+    refused_because: dict[torch.dtype, str] | None = None,
+) -> torch.dtype:
+    """Check a dtype-valued argument such as `output_dtype` against the supported set."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})")
+    if value not in allowed:
+        why = (refused_because or {}).get(value)
+        names = ", ".join(str(d) for d in allowed)
+        msg = f"{name} must be one of ({names}), got {value}"
+        raise ValueError(f"{msg}: {why}" if why else msg)
+    return value
+
+
+def check_same_device(reference_name: str, reference: torch.Tensor, **tensors: object) -> None:
+    """Every tensor in `tensors` (None entries skipped) must be on `reference`'s device."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != reference.device:
+            raise ValueError(
+                f"{name} must be on {reference_name}'s device {reference.device}, got {t.device}"
+            )
+
+
+def check_supported_device_type(name: str, t: torch.Tensor) -> None:
+    if t.device.type not in SUPPORTED_DEVICE_TYPES:
+        raise RuntimeError(
+            f"{name} is on a {t.device.type!r} device; supported are CUDA tensors on NVIDIA "
+            f"Hopper (SM90) and CPU tensors (which run the float64 reference)"
+        )
+
+
+def check_cuda_arch(op: str, device: torch.device) -> None:
+    """Raise RuntimeError unless the CUDA device is an SM90 (compute capability 9.0) GPU."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != SUPPORTED_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        raise RuntimeError(
+            f"{op}: {device} ({name}) has compute capability {major}.{minor} (sm_{major}{minor}); "
+            f"this build supports NVIDIA Hopper SM90 (compute capability 9.0) only. "
+            f"CPU tensors run the reference implementation."
+        )
+
+
+def check_head_geometry(num_heads: int, head_dim: int, next_n: int) -> None:
+    """The MMA tiling restrictions shared by both logits kernels."""
+    if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE:
+        raise ValueError(
+            f"head_dim must be a positive multiple of {HEAD_DIM_MULTIPLE}, got {head_dim}"
+        )
+    if num_heads <= 0 or num_heads % NUM_HEADS_MULTIPLE:
+        raise ValueError(
+            f"num_heads (q.shape[2]) must be a positive multiple of {NUM_HEADS_MULTIPLE}, "
+            f"got {num_heads}"
+        )
+    rows = next_n * num_heads
+    low, high = ROW_HEADS_RANGE
+    if rows % ROW_HEADS_MULTIPLE or not low <= rows <= high:
+        raise ValueError(
+            f"next_n * num_heads must be a multiple of {ROW_HEADS_MULTIPLE} in [{low}, {high}], "
+            f"got next_n={next_n} * num_heads={num_heads} = {rows}"
+        )
+
+
+def check_block_size(kv_fused: torch.Tensor) -> int:
+    block_size = kv_fused.shape[1]
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(
+            f"block_size (kv_fused.shape[1]) must be one of {SUPPORTED_BLOCK_SIZES}, "
+            f"got {block_size} (kv_fused shape {_shape(kv_fused)})"
+        )
+    return block_size
+
+
+def check_kv_fused_blocks_contiguous(kv_fused: torch.Tensor) -> None:
+    """Each block must be one contiguous byte run; the stride between blocks is free."""
+    expected = 1
+    for dim in (3, 2, 1):
+        size = kv_fused.shape[dim]
+        if size > 1 and kv_fused.stride(dim) != expected:
+            raise ValueError(
+                "kv_fused must store each block's bytes contiguously (the kernel reads a block "
+                "as one flat byte run): strides of dims 1..3 must be "
+                f"({kv_fused.shape[2] * kv_fused.shape[3]}, {kv_fused.shape[3]}, 1), "
+                f"got strides {kv_fused.stride()} for shape {_shape(kv_fused)}"
+            )
+        expected *= size
+
+
+def check_block_tables(block_tables: torch.Tensor, batch_size: int) -> None:
+    check_dtype("block_tables", block_tables, torch.int32)
+    check_ndim("block_tables", block_tables, 2, "[batch_size, max_blocks_per_seq]")
+    check_dim("block_tables", block_tables, 0, batch_size, "batch_size (q.shape[0])")
+    # The row stride is free (block_tables[::next_n] is fine); entries within a row must be
+    # contiguous. A stride is meaningless for a dimension of size <= 1.
+    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+        raise ValueError(
+            "block_tables must have contiguous rows (stride(1) == 1), "
+            f"got strides {block_tables.stride()} for shape {_shape(block_tables)}"
+        )
+
+
+def check_seq_lens(seq_lens: torch.Tensor, batch_size: int) -> None:
+    check_dtype("seq_lens", seq_lens, torch.int32)
+    check_ndim("seq_lens", seq_lens, 1, "[batch_size]")
+    check_dim("seq_lens", seq_lens, 0, batch_size, "batch_size (q.shape[0])")
+
+
+def check_schedule_meta(schedule_meta: object, q: torch.Tensor) -> torch.Tensor:
+    """`schedule_meta` must be `[num_sms + 1, 2]` int32, contiguous, on q's device."""
+    t = check_tensor("schedule_meta", schedule_meta)
+    check_dtype("schedule_meta", t, torch.int32)
+    check_same_device("q", q, schedule_meta=t)
+    num_sms = device_num_sms(q.device)
+    expected = [num_sms + 1, 2]
+    if _shape(t) != expected:
+        raise ValueError(
+            f"schedule_meta must have shape [num_sms + 1, 2] = {expected} for {q.device} "
+            f"(num_sms={num_sms}), got {_shape(t)}; build it with "
+            "compute_paged_mqa_logits_schedule(seq_lens, device=q.device, ...)"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"schedule_meta must be contiguous, got strides {t.stride()}")
+    return t
+
+
+def check_out(
+    out: object,
+    *,
+    rows: int,
+    padded_cols: int,
+    output_dtype: torch.dtype,
+    q: torch.Tensor,
+) -> torch.Tensor:
+    """Check a caller's `out=` storage against the padded output contract."""
+    t = check_tensor("out", out)
+    if t.dtype != output_dtype:
+        raise TypeError(f"out must have dtype output_dtype = {output_dtype}, got {t.dtype}")
+    check_same_device("q", q, out=t)
+    check_ndim("out", t, 2, "[>= batch_size*next_n, >= padded_seq_len(max_seq_len)]")
+    if t.shape[0] < rows:
+        raise ValueError(
+            f"out must have at least batch_size*next_n = {rows} rows, got shape {_shape(t)}"
+        )
+    if t.shape[1] < padded_cols:
+        raise ValueError(
+            f"out must have at least padded_seq_len(max_seq_len) = {padded_cols} columns "
+            f"(the kernel writes whole 256-column tiles), got shape {_shape(t)}"
+        )
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(
+            f"out must have contiguous rows (stride(1) == 1), got strides {t.stride()}"
+        )
+    if t.stride(0) < padded_cols:
+        raise ValueError(
+            f"out rows must not overlap: stride(0) must be >= padded_seq_len(max_seq_len) = "
+            f"{padded_cols}, got strides {t.stride()} for shape {_shape(t)}"
+        )
+    return t
+
+
+def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> None:
+    """The kernels address the output with 32-bit offsets: the span must stay below 2^31."""
+    span = rows * padded_cols
+    if span >= OUTPUT_SPAN_LIMIT:
+        raise ValueError(
+            f"output too large: batch_size*next_n * padded_seq_len(max_seq_len) = "
+            f"{rows} * {padded_cols} = {span} elements must be < 2**31"
+        )
+    if out is not None and rows * out.stride(0) >= OUTPUT_SPAN_LIMIT:
+        raise ValueError(
+            f"out too wide: batch_size*next_n * out.stride(0) = {rows} * {out.stride(0)} = "
+            f"{rows * out.stride(0)} elements must be < 2**31"
+        )
+
+
+def validate_inputs_enabled() -> bool:
+    """True when `FLASHINFER_VALIDATE_INPUTS` is set to 1/true/yes/on (read on every call)."""
+    return os.environ.get(VALIDATE_ENV_VAR, "").strip().lower() in _ENV_TRUE
+
+
+def graph_capture_active() -> bool:
+    """True while the current CUDA stream is capturing a graph (host reads are illegal)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _validate_error(message: str) -> ValueError:
+    return ValueError(f"{message} ({VALIDATE_ENV_VAR}=1 check)")
+
+
+def check_device_data(
+    *,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_blocks: int,
+    block_size: int,
+    max_seq_len: int,
+    schedule_meta: torch.Tensor | None,
+    next_n: int,
+    variant: str,
+) -> None:
+    """The opt-in checks that read device data (one device-to-host copy of each tensor).
+
+    Callers run this only when `validate_inputs_enabled()` and not `graph_capture_active()`.
+    """
+    lens = seq_lens.to("cpu", torch.int64)
+    if lens.numel() == 0:
+        return
+    negative = (lens < 0).nonzero()
+    if negative.numel():
+        b = int(negative[0, 0])
+        raise _validate_error(f"seq_lens[{b}] = {int(lens[b])} is negative")
+    longest = int(lens.max())
+    if longest > max_seq_len:
+        b = int(lens.argmax())
+        raise _validate_error(
+            f"max(seq_lens) = {longest} (request {b}) exceeds max_seq_len = {max_seq_len}; "
+            "the kernel would write past the end of each output row"
+        )
+    width = min_block_table_width(longest, block_size)
+    if block_tables.shape[1] < width:
+        raise _validate_error(
+            f"block_tables has {block_tables.shape[1]} columns but max(seq_lens) = {longest} "
+            f"with block_size {block_size} needs min_block_table_width = {width}"
+        )
+    # Only the first ceil(seq_lens[b] / block_size) entries of row b are ever read.
+    table = block_tables[:, :width].to("cpu", torch.int64)
+    blocks_used = (lens + block_size - 1) // block_size
+    read = torch.arange(width)[None, :] < blocks_used[:, None]
+    bad = read & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise _validate_error(
+            f"block_tables[{b}, {j}] = {int(table[b, j])} is not a block of kv_fused: block ids "
+            f"read for seq_lens[{b}] = {int(lens[b])} must be in [0, num_blocks = {num_blocks})"
+        )
+    if schedule_meta is not None:
+        fresh = compute_paged_mqa_logits_schedule(
+            seq_lens,
+            schedule_meta.device,
+            next_n=next_n,
+            variant=variant,
+            num_sms=schedule_meta.shape[0] - 1,
+        )
+        differs = (fresh != schedule_meta).any(dim=1).nonzero()
+        if differs.numel():
+            i = int(differs[0, 0])
+            raise _validate_error(
+                f"schedule_meta is stale: row {i} is {schedule_meta[i].tolist()} but "
+                f"compute_paged_mqa_logits_schedule(seq_lens, next_n={next_n}, "
+                f"variant={variant!r}) gives {fresh[i].tolist()}; recompute it whenever the "
+                "contents of seq_lens change (a stale schedule can hang the kernel)"
+            )

@@ -1,0 +1,111 @@
+// Thin wrappers over the SM90 PTX this package uses: mbarriers, the TMA / bulk-copy engine,
+// WGMMA shared-memory descriptors and fences, register reallocation.
+#pragma once
+#include <cuda/std/cstdint>
+using cuda::std::int32_t;
+using cuda::std::int64_t;
+using cuda::std::uint32_t;
+using cuda::std::uint64_t;
+using cuda::std::uint8_t;
+using cuda::std::uintptr_t;
+
+namespace fi_sm90 {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- mbarrier
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Arrive once and announce `bytes` of asynchronous (TMA) traffic that completes the phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
+               ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+
+// ---------------------------------------------------------------- TMA / bulk copies
+// Tiled 3-D tensor copy global -> shared, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* tensor_map, uint64_t* bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(smem_addr(dst)), "l"(tensor_map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Contiguous bulk copy global -> shared (16-byte aligned, size a multiple of 16).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(tensor_map) : "memory");
+}
+
+// Generic-proxy writes to shared memory (st.shared) must be fenced before the tensor cores
+// (async proxy) read them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---------------------------------------------------------------- WGMMA
+// Shared-memory matrix descriptor for a K-major operand tile whose rows are `swizzle_bytes`
+// wide (32/64/128) and stored with the matching TMA swizzle; 8-row groups are
+// 8 * swizzle_bytes apart (the stride byte offset). The leading byte offset is unused for
+// swizzled K-major layouts when one instruction's K (32 bytes of FP8) fits in a row.
+template <int kSwizzleBytes>
+__device__ __forceinline__ uint64_t smem_desc(const void* tile) {
+  constexpr uint64_t layout = kSwizzleBytes == 128 ? 1 : kSwizzleBytes == 64 ? 2 : 3;
+  constexpr uint64_t stride_bytes = 8 * kSwizzleBytes;
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_addr(tile) & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>(1) << 16;  // leading byte offset (ignored here)
+  desc |= (stride_bytes >> 4) << 32;
+  desc |= layout << 62;
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Keep the accumulator registers ordered with respect to the asynchronous WGMMA.
+template <typename T>
+__device__ __forceinline__ void reg_fence(T& r) {
+  asm volatile("" : "+r"(*reinterpret_cast<uint32_t*>(&r)) :: "memory");
+}
+
+// ---------------------------------------------------------------- register reallocation
+template <int kRegs>
+__device__ __forceinline__ void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs)); }
+template <int kRegs>
+__device__ __forceinline__ void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs)); }
+
+}  // namespace fi_sm90

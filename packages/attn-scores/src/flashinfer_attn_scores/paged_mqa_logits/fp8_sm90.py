@@ -1,0 +1,244 @@
+"""The SM90 FP8 paged MQA logits kernel: specialisation, compilation and launch.
+
+No validation happens here: `api.py` has checked every argument before calling `launch`.
+The kernel source is `csrc/fp8_paged_mqa_logits.cu`; its shared-memory layout is mirrored
+by `Fp8KernelConfig.shared_memory_bytes` below and must be kept in step with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).with_name("csrc")
+
+TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_UNIT
+NUM_CONSUMERS = 2
+THREADS = 128 * (NUM_CONSUMERS + 1)
+MAX_STAGES = 12
+# Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
+SM90_SHARED_MEMORY_LIMIT = 232_448
+_ALIGNMENT_SLACK = 1024  # the kernel rounds its dynamic shared memory base up to 1024 bytes
+
+_DTYPE_FLAG = {torch.float32: 0, torch.float16: 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8KernelConfig:
+    """One compiled specialisation of the FP8 kernel."""
+
+    block_size: int
+    head_dim: int
+    num_heads: int
+    next_n: int
+    output_dtype: torch.dtype = torch.float32
+    epi_dtype: torch.dtype = torch.float32
+    acc_dtype: torch.dtype = torch.float32
+
+    @property
+    def n(self) -> int:
+        """WGMMA N: every draft slot's heads side by side."""
+        return self.next_n * self.num_heads
+
+    def shared_memory_bytes(self, stages: int) -> int:
+        kv_tile = TOKENS_PER_UNIT * self.head_dim
+        q_slot = self.n * self.head_dim
+        weights = 2 * q_slot + stages * kv_tile
+        scales = weights + 2 * self.n * 4
+        barriers = (scales + stages * TOKENS_PER_UNIT * 4 + 7) // 8 * 8
+        return barriers + (2 * stages + 4) * 8 + _ALIGNMENT_SLACK
+
+    @functools.cached_property
+    def stages(self) -> int:
+        """Deepest KV pipeline (<= MAX_STAGES) that fits; 0 when not even two stages fit."""
+        for stages in range(MAX_STAGES, 1, -1):
+            if self.shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
+                return stages
+        return 0
+
+    @property
+    def fits(self) -> bool:
+        return self.stages >= 2
+
+    @functools.cached_property
+    def spec(self):
+        from flashinfer_jit import KernelSpec
+
+        return KernelSpec.make(
+            "fp8_paged_mqa_logits_sm90",
+            CSRC / "fp8_paged_mqa_logits.cu",
+            {
+                "BLOCK_SIZE": self.block_size,
+                "HEAD_DIM": self.head_dim,
+                "NUM_HEADS": self.num_heads,
+                "NEXT_N": self.next_n,
+                "NUM_STAGES": self.stages,
+                "NUM_CONSUMERS": NUM_CONSUMERS,
+                "OUT_FP16": _DTYPE_FLAG[self.output_dtype],
+                "EPI_FP16": _DTYPE_FLAG[self.epi_dtype],
+                "ACC_FP16": _DTYPE_FLAG[self.acc_dtype],
+            },
+            label=(
+                f"fp8_paged_mqa_logits[bs={self.block_size}, D={self.head_dim}, "
+                f"H={self.num_heads}, next_n={self.next_n}, out={_short(self.output_dtype)}, "
+                f"epi={_short(self.epi_dtype)}, acc={_short(self.acc_dtype)}]"
+            ),
+        )
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def fp8_config(
+    block_size: int,
+    head_dim: int,
+    num_heads: int,
+    next_n: int,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+) -> Fp8KernelConfig:
+    return Fp8KernelConfig(
+        block_size, head_dim, num_heads, next_n, output_dtype, epi_dtype, acc_dtype
+    )
+
+
+def fits_shared_memory(head_dim: int, num_heads: int, next_n: int) -> bool:
+    """Whether (head_dim, num_heads, next_n) fits the SM90 kernel's shared memory."""
+    return fp8_config(
+        64, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32
+    ).fits
+
+
+def serving_configs(
+    block_sizes=(32, 64, 128),
+    next_ns=(1, 2, 3, 4),
+    output_dtypes=(torch.float32, torch.float16),
+    *,
+    head_dim: int = 128,
+    num_heads: int = 64,
+    epi_dtypes=(torch.float32,),
+    acc_dtypes=(torch.float32,),
+) -> list[Fp8KernelConfig]:
+    """The DeepSeek-V3.2 indexer configurations a deployment compiles ahead of serving."""
+    return [
+        fp8_config(bs, head_dim, num_heads, n, out, epi, acc)
+        for bs in block_sizes
+        for n in next_ns
+        for out in output_dtypes
+        for epi in epi_dtypes
+        for acc in acc_dtypes
+    ]
+
+
+def all_kernel_specs():
+    """Every configuration CI compiles for sm_90a (entry point `flashinfer_jit.kernels`)."""
+    dtypes = (torch.float32, torch.float16)
+    configs = serving_configs(epi_dtypes=dtypes, acc_dtypes=dtypes)
+    # Parametric shapes the tests exercise.
+    for head_dim, num_heads, next_n in [
+        (128, 32, 4),
+        (128, 32, 6),
+        (128, 32, 8),
+        (64, 64, 1),
+        (128, 16, 1),
+        (256, 64, 1),
+        (96, 8, 1),
+    ]:
+        configs += [
+            fp8_config(bs, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32)
+            for bs in (32, 64, 128)
+        ]
+    return [config.spec for config in configs]
+
+
+_tensor_maps: dict[tuple, object] = {}
+
+
+def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp8KernelConfig):
+    """TMA descriptor of the KV values: dims (head_dim bytes, block_size, num_blocks)."""
+    from flashinfer_jit import make_tensor_map
+
+    num_blocks = kv_fused.shape[0]
+    key = (
+        kv_fused.data_ptr(),
+        kv_fused.device.index,
+        num_blocks,
+        config.block_size,
+        config.head_dim,
+    )
+    tensor_map = _tensor_maps.get(key)
+    if tensor_map is None:
+        swizzle = 128 if config.head_dim % 128 == 0 else 64 if config.head_dim % 64 == 0 else 32
+        box_rows = min(TOKENS_PER_UNIT, config.block_size)
+        tensor_map = make_tensor_map(
+            kv_fused,
+            torch.uint8,
+            global_dims=(config.head_dim, config.block_size, num_blocks),
+            global_strides_bytes=(config.head_dim, config.block_size * (config.head_dim + 4)),
+            box_dims=(swizzle, box_rows, 1),
+            swizzle=f"{swizzle}B",
+        )
+        if len(_tensor_maps) > 64:  # pools are long-lived; keep the table small regardless
+            _tensor_maps.clear()
+        _tensor_maps[key] = tensor_map
+    return tensor_map
+
+
+def launch(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    *,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+) -> None:
+    """Launch the kernel on the current stream; `schedule_meta=None` computes it on the GPU."""
+    from flashinfer_jit import i32, i64, load_kernel
+    from flashinfer_schedule import compute_paged_mqa_logits_schedule
+
+    batch_size, next_n, num_heads, head_dim = q.shape
+    config = fp8_config(
+        kv_fused.shape[1], head_dim, num_heads, next_n, output_dtype, epi_dtype, acc_dtype
+    )
+    kernel = load_kernel(config.spec, q.device)
+    if schedule_meta is None:
+        schedule_meta = compute_paged_mqa_logits_schedule(
+            seq_lens, q.device, next_n=next_n, variant="fp8"
+        )
+    # The kernel reads q rows and weight rows as 16-byte vectors.
+    q = _contiguous_aligned(q)
+    weights = _contiguous_aligned(weights)
+    kernel.launch(
+        schedule_meta.shape[0] - 1,
+        THREADS,
+        _kv_tensor_map(kv_fused, config),
+        kv_fused,
+        q,
+        weights,
+        block_tables,
+        i64(block_tables.stride(0)),
+        seq_lens,
+        i64(seq_lens.stride(0)),
+        schedule_meta,
+        i32(batch_size),
+        out_storage,
+        i64(out_storage.stride(0)),
+        shared_mem=config.shared_memory_bytes(config.stages),
+    )
+
+
+def _contiguous_aligned(t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)  # fresh allocations are aligned

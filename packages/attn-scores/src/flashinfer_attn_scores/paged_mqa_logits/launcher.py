@@ -1,0 +1,74 @@
+"""SM90 launchers of the paged MQA logits kernels.
+
+Contract with `api.py`: arguments arrive fully validated (the launcher does no checking),
+on one SM90 CUDA device. The launcher builds the kernel specialisation, compiles it through
+`flashinfer_jit` (cached), computes the schedule on the GPU when `schedule_meta` is None, and
+launches on `torch.cuda.current_stream()` with no host synchronisation, writing
+`batch_size*next_n` rows of `out_storage` (a `[>= rows, >= padded_seq_len(max_seq_len)]`
+2-D buffer with `stride(1) == 1`, padding columns included).
+
+The kernels have not landed yet; each entry point raises `NotImplementedError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_FP8_ISSUE = "fp8_paged_mqa_logits on Hopper"
+_FP4_ISSUE = "fp4_paged_mqa_logits on Hopper"
+
+
+def launch_fp8_paged_mqa_logits(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    *,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+) -> None:
+    """Launch the SM90 FP8 logits kernel into `out_storage` (not implemented yet)."""
+    raise NotImplementedError(
+        f"fp8_paged_mqa_logits: the SM90 kernel is not built yet (issue: {_FP8_ISSUE}); "
+        "CPU tensors run the reference implementation"
+    )
+
+
+def launch_fp4_paged_mqa_logits(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    *,
+    sf_vec_size: int,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    is_kv_sf_interleaved: bool,
+) -> None:
+    """Launch the SM90 MXFP4 logits kernel into `out_storage` (not implemented yet)."""
+    raise NotImplementedError(
+        f"fp4_paged_mqa_logits: the SM90 kernel is not built yet (issue: {_FP4_ISSUE}); "
+        "CPU tensors run the reference implementation"
+    )
+
+
+def compile_paged_mqa_logits_kernels(configs: Sequence[object], device: torch.device) -> None:
+    """Compile (into the on-disk JIT cache) and load every configuration in `configs`.
+
+    `configs` are `PagedMqaLogitsConfig` entries from `precompile_paged_mqa_logits`; the
+    device is an SM90 CUDA device. Not implemented until the kernels land.
+    """
+    raise NotImplementedError(
+        "precompile_paged_mqa_logits: the SM90 kernels are not built yet "
+        f"(issues: {_FP8_ISSUE}; {_FP4_ISSUE})"
+    )
