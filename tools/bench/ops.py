@@ -31,32 +31,26 @@ def op_call(case: CaseData, inputs: CallInputs) -> Callable[[], torch.Tensor]:
 
 
 def reference_logits(
-    op: str,
-    inputs: CallInputs,
-    kv_fused: torch.Tensor,
-    block_tables: torch.Tensor,
-    requests: slice,
-    max_seq_len: int,
+    case: CaseData, inputs: CallInputs, requests: slice, max_seq_len: int
 ) -> torch.Tensor:
-    """The float64 reference logits of the requests in `requests` (a slice of the batch).
+    """Float64 reference logits `[len(requests)*next_n, max_seq_len]` of a slice of the batch.
 
-    `kv_fused` and `block_tables` are passed separately so the caller can hand over a compact
-    copy of just the pages these requests read.
+    The reference gathers only the pages each request reads, so the pool's size does not
+    matter; `max_seq_len` bounds the chunk's float64 output.
     """
     next_n = inputs.q.shape[1]
     rows = slice(requests.start * next_n, requests.stop * next_n)
-    seq_lens = inputs.seq_lens[requests]
-    weights = inputs.weights[rows]
-    if op == "fp8":
-        return reference.fp8_paged_mqa_logits_reference(
-            inputs.q[requests], kv_fused, weights, block_tables, seq_lens, max_seq_len
-        )
-    return reference.fp4_paged_mqa_logits_reference(
-        inputs.q[requests],
-        inputs.q_sf[requests],
-        kv_fused,
-        weights,
-        block_tables,
-        seq_lens,
+    args = (
+        case.kv_fused,
+        inputs.weights[rows],
+        inputs.block_tables[requests],
+        inputs.seq_lens[requests],
         max_seq_len,
+    )
+    if case.shape.op == "fp8":
+        return reference.fp8_paged_mqa_logits_reference(inputs.q[requests], *args)
+    if inputs.q_sf is None:
+        raise ValueError(f"{case.shape.label}: an fp4 case needs q_sf, got None")
+    return reference.fp4_paged_mqa_logits_reference(
+        inputs.q[requests], inputs.q_sf[requests], *args
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .check import CheckResult
-from .models import WorkModel
+from .models import DEFAULT_OUTPUT_DTYPE, WorkModel
 from .shapes import IndexerShape
 from .timing import Timing
 
@@ -111,14 +111,15 @@ def print_table(results: list[CaseResult]) -> None:
         status = r.status if not r.detail else f"{r.status}: {r.detail}"
         print(
             f"{s.op:<4} {s.batch:>4} {s.avg_len:>6} {s.next_n:>6} {s.block_size:>5} "
-            f"{_fmt(t.median_us if t else None, '10.2f')} {_fmt(d.get('gb_per_s'), '8.1f')} "
-            f"{_fmt(d.get('copy_fraction'), '7.2f')} {_fmt(d.get('tflop_per_s'), '8.2f')}  {status}"
+            f"{_fmt(t.median_us if t else None, '10.2f')} {_fmt(d.get('gb_per_s'), '8.4g')} "
+            f"{_fmt(d.get('copy_fraction'), '7.3f')} {_fmt(d.get('tflop_per_s'), '8.3g')}  {status}"
         )
 
 
 def _record(r: CaseResult) -> dict[str, object]:
     return {
         **asdict(r.shape),
+        "output_dtype": str(DEFAULT_OUTPUT_DTYPE[r.shape.op]).removeprefix("torch."),
         "status": r.status,
         "detail": r.detail,
         "work": None if r.work is None else {**asdict(r.work), "total_bytes": r.work.total_bytes},
@@ -135,6 +136,10 @@ def write_json(
 ) -> None:
     payload = {**env, "ceilings_bytes_per_s": ceilings, "results": [_record(r) for r in results]}
     path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _length_label(length: int) -> str:
+    return f"{length // 1024}k" if length % 1024 == 0 else str(length)
 
 
 def write_plots(out_dir: Path, results: list[CaseResult], title_note: str) -> list[Path]:
@@ -155,26 +160,42 @@ def write_plots(out_dir: Path, results: list[CaseResult], title_note: str) -> li
         if not timed:
             continue
         blocks = sorted({r.shape.block_size for r in timed})
+        keys = sorted({(r.shape.batch, r.shape.next_n) for r in timed})
+        colours = plt.get_cmap("tab20")
         fig, axes = plt.subplots(
             1, len(blocks), figsize=(5 * len(blocks), 4), sharey=True, squeeze=False
         )
         for ax, block in zip(axes[0], blocks):
-            series: dict[tuple[int, int], list[tuple[int, float]]] = {}
-            for r in timed:
-                if r.shape.block_size == block:
-                    key = (r.shape.batch, r.shape.next_n)
-                    series.setdefault(key, []).append((r.shape.avg_len, r.derived["copy_fraction"]))
-            for (batch, next_n), points in sorted(series.items()):
-                points.sort()
-                ax.plot(*zip(*points), marker="o", label=f"B={batch} next_n={next_n}")
+            for i, (batch, next_n) in enumerate(keys):
+                points = sorted(
+                    (r.shape.avg_len, r.derived["copy_fraction"])
+                    for r in timed
+                    if (r.shape.block_size, r.shape.batch, r.shape.next_n) == (block, batch, next_n)
+                )
+                if points:
+                    ax.plot(
+                        *zip(*points),
+                        marker="o",
+                        color=colours(i % 20),
+                        label=f"B={batch} next_n={next_n}",
+                    )
+            lengths = sorted({r.shape.avg_len for r in timed})
             ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [_length_label(length) for length in lengths])
+            ax.minorticks_off()
             ax.set_xlabel("average KV length L")
             ax.set_title(f"block size {block}")
             ax.grid(True, alpha=0.3)
         axes[0][0].set_ylabel("fraction of measured copy bandwidth")
-        axes[0][-1].legend(fontsize="small")
+        handles, labels = [], []
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                if label not in labels:
+                    handles.append(handle)
+                    labels.append(label)
+        fig.legend(handles, labels, loc="center right", fontsize="small")
         fig.suptitle(f"{op} paged MQA logits: {title_note}")
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 0.86, 1))
         path = out_dir / f"{op}_copy_fraction.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
