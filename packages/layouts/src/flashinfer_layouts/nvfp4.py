@@ -136,6 +136,11 @@ def unswizzle_128x4(sf_swizzled: torch.Tensor, rows: int, cols: int) -> torch.Te
     _checks.dtype("sf_swizzled", sf_swizzled, _SCALE_DTYPES)
     prows, pcols = swizzled_128x4_shape(rows, cols)
     _check_swizzled_buffer("sf_swizzled", sf_swizzled, prows, pcols)
+    return _unswizzle(sf_swizzled, rows, cols)
+
+
+def _unswizzle(sf_swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    prows, pcols = swizzled_128x4_shape(rows, cols)
     raw = sf_swizzled.reshape(prows // 128, pcols // 4, 32, 4, 4).view(torch.uint8)
     linear = raw.permute(0, 3, 2, 1, 4).reshape(prows, pcols)
     return linear[:rows, :cols].contiguous().view(sf_swizzled.dtype)
@@ -324,7 +329,8 @@ def nvfp4_dequantize(
 
     n_sf = cols_k // sf_vec_size
     if swizzled:
-        scales = unswizzle_128x4(a_sf, rows, n_sf)
+        _check_swizzled_buffer("a_sf", a_sf, *swizzled_128x4_shape(rows, n_sf))
+        scales = _unswizzle(a_sf, rows, n_sf)
     else:
         _checks.same_shape("a_sf", a_sf, (rows, n_sf), "[M, K/sf_vec_size] (linear)")
         scales = a_sf

@@ -1,0 +1,191 @@
+"""NVFP4: block-scale rule, global-scale convention, 128x4 swizzle offsets, error bounds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flashinfer_layouts as fl
+
+GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def e4m3_table() -> torch.Tensor:
+    """Independent decode of all 256 E4M3 (fn) bytes; NaN for 0x7F / 0xFF."""
+    out = []
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 7
+        if e == 15 and m == 7:
+            out.append(math.nan)
+        elif e == 0:
+            out.append(sign * m / 8 * 2.0**-6)
+        else:
+            out.append(sign * (1 + m / 8) * 2.0 ** (e - 7))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+E4M3 = e4m3_table()
+
+
+def nibbles(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack((packed & 0xF, packed >> 4), -1).flatten(-2).long()
+
+
+def decode_codes(code: torch.Tensor) -> torch.Tensor:
+    value = GRID[code % 8]
+    return torch.where(code >= 8, -value, value)
+
+
+def test_hand_built_row_global_scale_one():
+    row = [6.0, -6.0, 3.0, 1.5, 0.5, 0.0, 4.0, 2.0, -1.0, -0.5, 1.0, -3.0, -4.0, -1.5, -2.0, 0.0]
+    a_fp4, a_sf = fl.nvfp4_quantize(torch.tensor([row]), 1.0, swizzled=False)
+    assert a_sf.tolist() == [[0x38]]  # e4m3(6 / 6 * 1) = 1.0
+    assert a_fp4.tolist() == [[0xF7, 0x35, 0x01, 0x46, 0x9A, 0xD2, 0xBE, 0x0C]]
+
+
+def test_block_scale_rounds_ties_to_even_and_values_saturate():
+    # block 0: amax 6.375 -> 6.375 / 6 = 1.0625, a tie between e4m3 1.0 and 1.125 -> 1.0;
+    #          6.375 / 1.0 then saturates to 6 (code 7).
+    # block 1: amax 6.75 -> 1.125 (0x39) exactly; 6.75 / 1.125 = 6.
+    # block 2: global scale 2 doubles the encoded scale: amax 3 -> 3 / 6 * 2 = 1.0 (0x38).
+    a = torch.zeros(2, 16)
+    a[0, 0] = 6.375
+    a[1, 0] = -6.75
+    a_fp4, a_sf = fl.nvfp4_quantize(a, 1.0, swizzled=False)
+    assert a_sf.flatten().tolist() == [0x38, 0x39]
+    assert (a_fp4[:, 0] & 0xF).tolist() == [0x7, 0xF]
+    a_fp4, a_sf = fl.nvfp4_quantize(torch.tensor([[3.0] + [0.0] * 15]), 2.0, swizzled=False)
+    assert a_sf.tolist() == [[0x38]] and a_fp4[0, 0].item() == 0x07  # 3 * 2 / 1 = 6
+
+
+# (row, col, offset) for a [300, 6] scale matrix (padded to [384, 8]):
+# ((r//128)*(8/4) + c//4)*512 + (r%32)*16 + ((r%128)//32)*4 + c%4, worked by hand.
+HAND_OFFSETS = [
+    (0, 0, 0),
+    (1, 0, 16),
+    (31, 3, 31 * 16 + 3),  # 499
+    (32, 0, 4),
+    (100, 2, 78),  # 4*16 + 3*4 + 2
+    (5, 5, 593),  # tile 1: 512 + 5*16 + 1
+    (130, 1, 1057),  # tile 2: 1024 + 2*16 + 1
+    (200, 4, 1672),  # tile 3: 1536 + 8*16 + 2*4
+    (299, 5, 2741),  # tile 5: 2560 + 11*16 + 1*4 + 1
+]
+
+
+def test_swizzle_offsets_hand_computed():
+    rows, cols = 300, 6
+    sf = ((torch.arange(rows * cols) % 255) + 1).to(torch.uint8).reshape(rows, cols)
+    swz = fl.swizzle_128x4(sf)
+    assert swz.shape == (384, 8) == fl.swizzled_128x4_shape(rows, cols)
+    flat = swz.flatten()
+    for r, c, offset in HAND_OFFSETS:
+        assert flat[offset] == sf[r, c], (r, c, offset)
+        assert fl.swizzle_128x4_offset(r, c, cols) == offset
+    assert int((flat != 0).sum()) == rows * cols  # padding bytes are zero
+    assert torch.equal(fl.unswizzle_128x4(swz, rows, cols), sf)
+    assert torch.equal(fl.unswizzle_128x4(flat, rows, cols), sf)
+    # every scale lands where the formula says (tensor form of the offset function)
+    r = torch.arange(rows).unsqueeze(1)
+    c = torch.arange(cols)
+    offsets = ((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+    assert torch.equal(flat[offsets], sf)
+
+
+def test_swizzled_output_equals_swizzled_linear_output():
+    gen = torch.Generator().manual_seed(21)
+    a = torch.randn(130, 80, generator=gen)
+    g = fl.nvfp4_global_scale(a)
+    fp4_s, sf_s = fl.nvfp4_quantize(a, g)
+    fp4_l, sf_l = fl.nvfp4_quantize(a, g, swizzled=False)
+    assert torch.equal(fp4_s, fp4_l)
+    assert sf_l.shape == (130, 5) and sf_s.shape == (256, 8)
+    assert torch.equal(sf_s, fl.swizzle_128x4(sf_l))
+    assert torch.equal(
+        fl.nvfp4_dequantize(fp4_s, sf_s, g), fl.nvfp4_dequantize(fp4_l, sf_l, g, swizzled=False)
+    )
+    assert torch.equal(fl.nvfp4_dequantize(fp4_s, sf_s.flatten(), g, m=130, k=80),
+                       fl.nvfp4_dequantize(fp4_s, sf_s, g))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_error_bound_and_scale_rule(dtype):
+    gen = torch.Generator().manual_seed(22)
+    magnitude = 10.0 ** (torch.rand(64, 8, 1, generator=gen) * 2 - 1)
+    a = (torch.randn(64, 8, 16, generator=gen) * magnitude).reshape(64, 128).to(dtype)
+    g = fl.nvfp4_global_scale(a)
+    assert g.item() == pytest.approx(448 * 6 / a.float().abs().max().item(), rel=1e-6)
+    a_fp4, a_sf = fl.nvfp4_quantize(a, g, swizzled=False)
+    scale = E4M3[a_sf.long()]
+    # the stored scale is the nearest finite e4m3 to amax / 6 * g
+    target = a.double().reshape(64, 8, 16).abs().amax(-1) / 6 * g.double()
+    finite = E4M3[~torch.isnan(E4M3)]
+    nearest = (target.unsqueeze(-1) - finite).abs().min(-1).values
+    assert torch.allclose((scale - target).abs(), nearest, rtol=0, atol=1e-12)
+    assert (scale >= 2.0**-6).all()  # normal scales for this data: the bound below holds
+    # |error| <= max(0.25, |v|/4) * scale / g with v = x * g / scale (half the E2M1 step,
+    # saturation above 6 included since the e4m3 scale is at most 2**-4 below amax/6*g)
+    deq = fl.nvfp4_dequantize(a_fp4, a_sf, g, swizzled=False, dtype=torch.float64)
+    step = (scale / g.double()).repeat_interleave(16, dim=-1)
+    v = a.double().abs() / step
+    bound = torch.maximum(torch.full_like(v, 0.25), v / 4) * step
+    assert ((deq - a.double()).abs() <= bound * (1 + 1e-6)).all()
+
+
+def test_representable_values_round_trip_exactly():
+    gen = torch.Generator().manual_seed(23)
+    codes = torch.randint(0, 16, (40, 64), generator=gen)
+    codes[:, ::16] = 7  # each block holds +6, so amax / 6 * g is its scale exactly
+    scale_bytes = torch.randint(0x20, 0x70, (40, 4), generator=gen)
+    g = 4.0
+    x = decode_codes(codes) * E4M3[scale_bytes].repeat_interleave(16, dim=-1) / g
+    a_fp4, a_sf = fl.nvfp4_quantize(x.float(), torch.tensor([g]), swizzled=False)
+    assert torch.equal(a_sf.long(), scale_bytes)
+    assert torch.equal(nibbles(a_fp4), codes)
+    assert torch.equal(fl.nvfp4_dequantize(a_fp4, a_sf, g, swizzled=False, dtype=torch.float64), x)
+
+
+def test_zero_matrix_and_tensor_global_scale():
+    a = torch.zeros(3, 32)
+    g = fl.nvfp4_global_scale(a)
+    assert g.item() == 1.0
+    a_fp4, a_sf = fl.nvfp4_quantize(a, g)
+    assert (a_fp4 == 0).all() and (a_sf == 0).all()
+    assert (fl.nvfp4_dequantize(a_fp4, a_sf, g) == 0).all()
+    gen = torch.Generator().manual_seed(24)
+    b = torch.randn(5, 32, generator=gen)
+    as_float = fl.nvfp4_quantize(b, 123.5)
+    as_tensor = fl.nvfp4_quantize(b, torch.tensor(123.5, dtype=torch.float64))
+    assert all(torch.equal(x, y) for x, y in zip(as_float, as_tensor))
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda: fl.nvfp4_quantize(torch.ones(4), 1.0), ValueError, "a must be 2-D"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 24), 1.0), ValueError, "multiple of 16"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32, dtype=torch.int32), 1.0), TypeError, "a must have dtype"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 0.0), ValueError, "a_global_sf must be a finite positive"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), float("inf")), ValueError, "a_global_sf"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.ones(2)), ValueError, "a_global_sf must hold exactly one"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.ones(1, dtype=torch.int32)), TypeError, "a_global_sf must be a floating"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.tensor(-1.0)), ValueError, "a_global_sf must be finite and positive"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), "1"), TypeError, "a_global_sf must be a float"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1.0, sf_vec_size=8), ValueError, "sf_vec_size must be one of"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1.0, swizzled="yes"), TypeError, "swizzled must be a bool"),
+        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0), ValueError, "a_sf must have shape"),
+        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(100, dtype=torch.uint8), 1.0), ValueError, r"a_sf \(flat swizzled\) must hold"),
+        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0, swizzled=False, m=5), ValueError, "m must equal"),
+        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0, swizzled=False), ValueError, r"a_sf must have shape \(4, 1\)"),
+        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4, 2, dtype=torch.uint8), 1.0), TypeError, "a_fp4 must have dtype"),
+        (lambda: fl.swizzle_128x4(torch.zeros(4, dtype=torch.uint8)), ValueError, "sf must be 2-D"),
+        (lambda: fl.swizzle_128x4(torch.zeros(4, 4)), TypeError, "sf must have dtype"),
+        (lambda: fl.unswizzle_128x4(torch.zeros(128, 4, dtype=torch.uint8), 129, 4), ValueError, "sf_swizzled must have shape"),
+    ],
+)
+def test_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
