@@ -1,0 +1,253 @@
+"""Test inputs for the paged MQA logits ops, and an independent float64 expectation.
+
+The caches are assembled byte by byte from the spec's layout description here (not through
+`flashinfer_layouts`), and the expectation is computed from the source values with a
+per-position gather and a matmul, so neither shares code with the package's reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# E2M1 code -> value (bit 3 sign, bits 2..1 exponent, bit 0 mantissa).
+E2M1_VALUES = torch.tensor(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=torch.float64,
+)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class PagedCase:
+    """One call's inputs plus the float64 source values they encode."""
+
+    q: torch.Tensor
+    kv_fused: torch.Tensor
+    weights: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seq_len: int
+    next_n: int
+    q64: torch.Tensor  # [B, next_n, H, D] dequantised queries
+    k64: torch.Tensor  # [num_blocks, block_size, D] dequantised keys
+    token_scale64: torch.Tensor | None  # [num_blocks, block_size] fp8 per-token scales
+    q_sf: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.q.shape[0] * self.next_n
+
+    def fp8_args(self) -> tuple:
+        return (
+            self.q,
+            self.kv_fused,
+            self.weights,
+            self.block_tables,
+            self.seq_lens,
+            self.max_seq_len,
+        )
+
+    def fp4_args(self) -> tuple:
+        return (
+            self.q,
+            self.q_sf,
+            self.kv_fused,
+            self.weights,
+            self.block_tables,
+            self.seq_lens,
+            self.max_seq_len,
+        )
+
+    def to(self, device: str) -> PagedCase:
+        moved = {
+            name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+            for name, value in self.__dict__.items()
+        }
+        return PagedCase(**moved)
+
+    def expected(self) -> torch.Tensor:
+        return expected_logits(
+            self.q64,
+            self.k64,
+            self.token_scale64,
+            self.weights,
+            self.block_tables,
+            self.seq_lens,
+            self.max_seq_len,
+        )
+
+
+def _paging(
+    gen: torch.Generator,
+    lens: list[int],
+    block_size: int,
+    spare_blocks: int,
+    table_width: int | None,
+) -> tuple[torch.Tensor, int]:
+    """A block table over a shuffled pool; unread entries hold garbage ids."""
+    used = [ceil_div(n, block_size) for n in lens]
+    num_blocks = sum(used) + spare_blocks
+    width = table_width if table_width is not None else max([1, *used])
+    physical = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    # Entries past a request's own blocks are never read: fill them with ids that would fault.
+    table = torch.full((len(lens), width), -(10**6), dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(used):
+        table[b, :n] = physical[start : start + n]
+        start += n
+    return table, num_blocks
+
+
+def make_fp8_case(
+    lens: list[int],
+    *,
+    next_n: int = 1,
+    num_heads: int = 8,
+    head_dim: int = 32,
+    block_size: int = 32,
+    max_seq_len: int | None = None,
+    spare_blocks: int = 3,
+    table_width: int | None = None,
+    seed: int = 0,
+) -> PagedCase:
+    gen = torch.Generator().manual_seed(seed)
+    batch_size = len(lens)
+    table, num_blocks = _paging(gen, lens, block_size, spare_blocks, table_width)
+    values = (torch.randn(num_blocks, block_size, head_dim, generator=gen) * 1.5).to(
+        torch.float8_e4m3fn
+    )
+    # Per-token scales spanning a few binades so a misplaced scale is visible.
+    scales = torch.rand(num_blocks, block_size, generator=gen) * 3.9 + 0.1
+    # The spec's two-region recipe: all values of a block, then all its float32 scales.
+    kv_fused = torch.cat(
+        [values.view(torch.uint8).flatten(1), scales.view(torch.uint8).flatten(1)], dim=1
+    ).view(num_blocks, block_size, 1, head_dim + 4)
+    q = (torch.randn(batch_size, next_n, num_heads, head_dim, generator=gen) * 1.5).to(
+        torch.float8_e4m3fn
+    )
+    weights = torch.randn(batch_size * next_n, num_heads, generator=gen)  # both signs
+    return PagedCase(
+        q=q,
+        kv_fused=kv_fused,
+        weights=weights,
+        block_tables=table,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        max_seq_len=max(lens, default=0) if max_seq_len is None else max_seq_len,
+        next_n=next_n,
+        q64=q.to(torch.float64),
+        k64=values.to(torch.float64),
+        token_scale64=scales.to(torch.float64),
+    )
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Even element in the low nibble, odd element in the high nibble."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+
+
+def decode_mxfp4(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes [..., D] and UE8M0 bytes [..., D/32] -> float64 values [..., D]."""
+    scale = torch.pow(2.0, exponents.to(torch.float64) - 127)
+    return E2M1_VALUES[codes.long()] * scale.repeat_interleave(32, dim=-1)
+
+
+def interleaved_token_of_slot(block_size: int) -> torch.Tensor:
+    slot = torch.arange(block_size)
+    return (slot % 4) * (block_size // 4) + slot // 4
+
+
+def make_fp4_case(
+    lens: list[int],
+    *,
+    next_n: int = 1,
+    block_size: int = 32,
+    interleaved: bool = False,
+    max_seq_len: int | None = None,
+    spare_blocks: int = 2,
+    exponent_range: tuple[int, int] = (120, 128),
+    seed: int = 0,
+) -> PagedCase:
+    num_heads, head_dim = 64, 128
+    gen = torch.Generator().manual_seed(seed)
+    batch_size = len(lens)
+    table, num_blocks = _paging(gen, lens, block_size, spare_blocks, None)
+    low, high = exponent_range
+
+    k_codes = torch.randint(0, 16, (num_blocks, block_size, head_dim), generator=gen)
+    k_exp = torch.randint(low, high + 1, (num_blocks, block_size, 4), generator=gen)
+    scale_slots = k_exp.to(torch.uint8)
+    if interleaved:
+        # slot s of a block holds the scales of token (s % 4) * (block_size // 4) + s // 4
+        scale_slots = scale_slots[:, interleaved_token_of_slot(block_size)]
+    kv_fused = torch.cat([pack_nibbles(k_codes).flatten(1), scale_slots.flatten(1)], dim=1).view(
+        num_blocks, block_size, 1, head_dim // 2 + 4
+    )
+
+    q_codes = torch.randint(0, 16, (batch_size, next_n, num_heads, head_dim), generator=gen)
+    q_exp = torch.randint(low, high + 1, (batch_size, next_n, num_heads, 4), generator=gen)
+    # Byte k of each little-endian int32 is the scale of elements [32k, 32k + 32).
+    q_sf = q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1)
+    weights = torch.randn(batch_size * next_n, num_heads, generator=gen)
+    return PagedCase(
+        q=pack_nibbles(q_codes),
+        q_sf=q_sf,
+        kv_fused=kv_fused,
+        weights=weights,
+        block_tables=table,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        max_seq_len=max(lens, default=0) if max_seq_len is None else max_seq_len,
+        next_n=next_n,
+        q64=decode_mxfp4(q_codes, q_exp),
+        k64=decode_mxfp4(k_codes, k_exp),
+        token_scale64=None,
+    )
+
+
+def expected_logits(
+    q64: torch.Tensor,
+    k64: torch.Tensor,
+    token_scale64: torch.Tensor | None,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """Float64 logits for every p < seq_lens[b] (NaN elsewhere), position by position."""
+    q64, k64 = q64.cpu(), k64.cpu()
+    block_tables, seq_lens = block_tables.cpu(), seq_lens.cpu()
+    batch_size, next_n = q64.shape[:2]
+    block_size = k64.shape[1]
+    w64 = weights.cpu().to(torch.float64)
+    out = torch.full((batch_size * next_n, max_seq_len), float("nan"), dtype=torch.float64)
+    for b in range(batch_size):
+        length = int(seq_lens[b])
+        pos = torch.arange(length)
+        block = block_tables[b].to(torch.int64)[pos // block_size]
+        slot = pos % block_size
+        keys = k64[block, slot]  # [L, D]
+        dots = q64[b] @ keys.T  # [next_n, H, L]
+        rows = slice(b * next_n, (b + 1) * next_n)
+        logits = (w64[rows, :, None] * dots.clamp_min(0)).sum(dim=1)
+        if token_scale64 is not None:
+            logits = logits * token_scale64.cpu()[block, slot]
+        out[rows, :length] = logits
+    return out
+
+
+def assert_rows_close(
+    got: torch.Tensor, expected: torch.Tensor, mask: torch.Tensor, rel_to_row_max: float
+) -> None:
+    """|got - expected| <= rel * max_row |expected| on every masked element."""
+    got64 = got.detach().cpu().to(torch.float64)
+    expected, mask = expected.cpu(), mask.cpu()
+    assert torch.isfinite(got64[mask]).all(), "a valid element was not written (NaN/inf)"
+    magnitude = torch.where(mask, expected.abs(), torch.zeros_like(expected)).amax(dim=1)
+    bound = rel_to_row_max * magnitude.clamp_min(1e-30)
+    err = torch.where(mask, (got64 - expected).abs(), torch.zeros_like(expected))
+    worst = (err / bound[:, None]).amax()
+    assert (err <= bound[:, None]).all(), f"error up to {float(worst):.3g} x the bound"

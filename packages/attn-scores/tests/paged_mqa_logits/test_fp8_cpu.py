@@ -1,0 +1,233 @@
+"""fp8_paged_mqa_logits on CPU tensors (the float64 reference behind the public contract)."""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close, expected_logits, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
+
+FP32_CPU_TOL = 1e-6  # float64 reference rounded once to float32
+FP16_CPU_TOL = 1e-3  # rounded once to float16 (2**-11 relative), against the row maximum
+
+
+def test_spec_example_runs_and_matches_float64():
+    """The spec's fp8 example with `flashinfer.` -> `flashinfer_attn_scores.`, on the CPU."""
+    torch.manual_seed(0)
+    B, next_n, num_heads, head_dim = 2, 3, 64, 128
+    block_size, max_seq_len = 32, 8000
+    device = "cpu"
+
+    seq_lens = torch.tensor([3000, 8000], dtype=torch.int32, device=device)
+    blocks_per_seq = fa.min_block_table_width(max_seq_len, block_size)  # 250
+    num_blocks = B * blocks_per_seq
+    block_tables = torch.arange(num_blocks, dtype=torch.int32, device=device).view(
+        B, blocks_per_seq
+    )
+    kv = torch.randn(num_blocks, block_size, head_dim, device=device).to(torch.float8_e4m3fn)
+    kv_scales = torch.ones(num_blocks, block_size, device=device)
+    kv_fused = torch.cat(
+        [kv.view(torch.uint8).flatten(1), kv_scales.view(torch.uint8).flatten(1)],
+        dim=1,
+    ).view(num_blocks, block_size, 1, head_dim + 4)
+    q = torch.randn(B, next_n, num_heads, head_dim, device=device).to(torch.float8_e4m3fn)
+    weights = torch.rand(B * next_n, num_heads, device=device)
+
+    logits = fa.fp8_paged_mqa_logits(q, kv_fused, weights, block_tables, seq_lens, max_seq_len)
+    assert blocks_per_seq == 250
+    assert logits.shape == (6, 8000) and logits.dtype == torch.float32
+    assert logits.stride() == (fa.padded_seq_len(max_seq_len), 1) == (8192, 1)
+
+    expected = expected_logits(
+        q.to(torch.float64),
+        kv.to(torch.float64),
+        kv_scales.to(torch.float64),
+        weights,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+    )
+    mask = valid_mask(seq_lens, next_n, max_seq_len)
+    assert int(mask.sum()) == 2998 + 2999 + 3000 + 7998 + 7999 + 8000
+    assert_rows_close(logits, expected, mask, FP32_CPU_TOL)
+
+    out = torch.empty(B * next_n, fa.padded_seq_len(max_seq_len), dtype=torch.float32)
+    logits_out = fa.fp8_paged_mqa_logits(
+        q, kv_fused, weights, block_tables, seq_lens, max_seq_len, out=out
+    )
+    assert logits_out.shape == (6, 8000)
+    assert logits_out.data_ptr() == out.data_ptr()
+    assert torch.equal(logits_out[mask], logits[mask])
+
+
+def test_token_scale_multiplies_after_the_relu_head_sum():
+    # Negative weights and varied per-token scales: scale placement and per-head ReLU show.
+    case = make_fp8_case([200, 77], next_n=2, num_heads=16, head_dim=64, seed=1)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert (got[mask] < 0).any(), "negative weights must be able to make logits negative"
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
+
+
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_block_sizes_and_draft_depths(block_size, next_n):
+    lens = [1, 127, 0, 128, 129, 257]
+    case = make_fp8_case(
+        lens,
+        next_n=next_n,
+        num_heads=8,
+        head_dim=32,
+        block_size=block_size,
+        max_seq_len=400,  # beyond every length
+        seed=block_size * 10 + next_n,
+    )
+    out = torch.full((case.rows, fa.padded_seq_len(400)), float("nan"))
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    mask = valid_mask(case.seq_lens, next_n, 400)
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
+
+
+def test_float16_output():
+    case = make_fp8_case([300, 45], next_n=2, seed=4)
+    got = fa.fp8_paged_mqa_logits(
+        *case.fp8_args(),
+        output_dtype=torch.float16,
+        epi_dtype=torch.float16,
+        acc_dtype=torch.float16,
+    )
+    assert got.dtype == torch.float16
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert_rows_close(got, case.expected(), mask, FP16_CPU_TOL)
+
+
+def test_zero_length_requests_leave_rows_untouched():
+    lens = [300, 0, 129, 0, 1]
+    next_n = 2
+    case = make_fp8_case(lens, next_n=next_n, max_seq_len=333, seed=5)
+    out = torch.full((case.rows, fa.padded_seq_len(333)), float("nan"))
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    for b in (1, 3):
+        assert torch.isnan(out[b * next_n : (b + 1) * next_n]).all()
+    # The CPU path writes exactly the positions the kernel computes, p < seq_lens[b].
+    row_lens = case.seq_lens.repeat_interleave(next_n)
+    computed = torch.arange(333)[None, :] < row_lens[:, None].long()
+    assert torch.isfinite(got[computed]).all()
+    assert torch.isnan(got[~computed]).all()
+    assert torch.isnan(out[:, 333:]).all()
+    assert_rows_close(got, case.expected(), valid_mask(case.seq_lens, next_n, 333), FP32_CPU_TOL)
+
+
+def test_all_requests_empty():
+    case = make_fp8_case([0, 0, 0], next_n=1, max_seq_len=50, seed=6)
+    out = torch.full((3, 256), float("nan"))
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    assert got.shape == (3, 50)
+    assert torch.isnan(out).all()
+
+
+def test_strided_block_tables_and_seq_lens():
+    next_n = 3
+    case = make_fp8_case([150, 0, 64, 65], next_n=next_n, seed=7)
+    # A per-draft-token table and length vector, de-expanded with [::next_n] (no copy).
+    tables_per_token = case.block_tables.repeat_interleave(next_n, dim=0)
+    lens_per_token = case.seq_lens.repeat_interleave(next_n)
+    strided_tables = tables_per_token[::next_n]
+    strided_lens = lens_per_token[::next_n]
+    assert strided_tables.stride(0) == next_n * case.block_tables.shape[1]
+    assert strided_lens.stride(0) == next_n
+    got = fa.fp8_paged_mqa_logits(
+        case.q, case.kv_fused, case.weights, strided_tables, strided_lens, case.max_seq_len
+    )
+    mask = valid_mask(case.seq_lens, next_n, case.max_seq_len)
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
+    contiguous = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    assert torch.equal(got[mask], contiguous[mask])
+
+
+def test_wider_out_buffer():
+    case = make_fp8_case([100, 260], next_n=2, seed=8)
+    padded = fa.padded_seq_len(case.max_seq_len)
+    wide = torch.full((case.rows + 5, padded + 300), float("nan"))
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=wide)
+    assert got.shape == (case.rows, case.max_seq_len)
+    assert got.data_ptr() == wide.data_ptr() and got.stride() == wide.stride()
+    assert torch.isnan(wide[case.rows :]).all(), "rows past batch_size*next_n were written"
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
+
+
+def test_row_slice_of_a_wider_buffer():
+    case = make_fp8_case([90, 33], next_n=2, seed=9)
+    big = torch.full((10, 1024), float("nan"))
+    first = 3
+    out = big[first : first + case.rows]
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    assert got.data_ptr() == big[first].data_ptr()
+    assert torch.isnan(big[:first]).all() and torch.isnan(big[first + case.rows :]).all()
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert_rows_close(
+        big[first : first + case.rows, : case.max_seq_len], case.expected(), mask, 1e-6
+    )
+
+
+def test_empty_batch_returns_empty_view():
+    case = make_fp8_case([], next_n=2, max_seq_len=100, seed=10)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    assert got.shape == (0, 100) and got.dtype == torch.float32
+    out = torch.empty(4, 256)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    assert got.shape == (0, 100)
+    assert got.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+
+
+def test_zero_max_seq_len():
+    case = make_fp8_case([0, 0], next_n=1, max_seq_len=0, seed=11)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    assert got.shape == (2, 0)
+
+
+def test_cpu_schedule_meta_is_accepted():
+    case = make_fp8_case([100, 0, 300], next_n=2, seed=12)
+    schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=2, variant="fp8")
+    assert schedule.shape == (133, 2)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=schedule)
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
+
+
+def test_reference_returns_float64_with_nan_outside_computed_region():
+    case = make_fp8_case([70, 0, 5], next_n=2, max_seq_len=80, seed=13)
+    ref = fp8_paged_mqa_logits_reference(*case.fp8_args())
+    expected = case.expected()
+    assert ref.dtype == torch.float64 and ref.shape == (6, 80)
+    assert torch.equal(torch.isnan(ref), torch.isnan(expected))
+    finite = ~torch.isnan(expected)
+    assert torch.allclose(ref[finite], expected[finite], rtol=1e-12, atol=1e-12)
+
+
+def test_reference_refuses_length_beyond_max_seq_len():
+    case = make_fp8_case([100], max_seq_len=50, seed=14)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 100 must be in \[0, max_seq_len = 50\]"):
+        fp8_paged_mqa_logits_reference(*case.fp8_args())
+
+
+def test_valid_mask_hand_computed():
+    # next_n = 2: slot 0 sees seq_len - 1 positions, slot 1 sees seq_len.
+    mask = valid_mask(torch.tensor([3, 0, 1], dtype=torch.int32), 2, 4)
+    expected = torch.tensor(
+        [
+            [1, 1, 0, 0],
+            [1, 1, 1, 0],
+            [0, 0, 0, 0],
+            [0, 0, 0, 0],
+            [0, 0, 0, 0],
+            [1, 0, 0, 0],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask, expected)
