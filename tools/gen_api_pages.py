@@ -55,40 +55,79 @@ EXTRA_MODULES = {
     "flashinfer_attn_scores": ["flashinfer_attn_scores.paged_mqa_logits.reference"],
 }
 
+# Section titles, in page order, of the modules that define public functions. A module not
+# listed here gets its dotted name as the title and goes after the listed ones.
+MODULE_TITLES = {
+    "flashinfer_attn_scores.paged_mqa_logits.api": "Paged MQA logits",
+    "flashinfer_attn_scores.paged_mqa_logits.reference": "Reference implementation",
+    "flashinfer_schedule.sizes": "Size helpers",
+    "flashinfer_schedule.schedule": "CTA schedule",
+    "flashinfer_layouts.fp8": "FP8 per-token indexer cache",
+    "flashinfer_layouts.mxfp4": "MXFP4: q, q_sf and kv_fused",
+    "flashinfer_layouts.write": "Serving write path",
+    "flashinfer_layouts.nvfp4": "NVFP4 quantisation and the 128x4 scale swizzle",
+    "flashinfer_layouts.msa_page": "The packed NVFP4 MSA page",
+}
 
-def _defining_package(obj: object, package: str) -> str:
-    module = getattr(obj, "__module__", None)
-    if not (inspect.isfunction(obj) or inspect.isclass(obj)) or not module:
-        return package  # constants and other values: documented where they are exported
-    return module.split(".")[0]
+
+def _defining_module(obj: object) -> str | None:
+    """The module that defines a function or class; None for constants and other values."""
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        return obj.__module__
+    return None
 
 
-def _entries(module_name: str, package: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
-    """(callables, constants, re-exports as (name, defining package)) of a module's __all__."""
+def _source_line(obj: object) -> int:
+    try:
+        return inspect.getsourcelines(obj)[1]  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return 0
+
+
+def _sections(module_name: str, package: str) -> tuple[dict[str, list[str]], list[str], list]:
+    """Public names of a module's `__all__`: callables grouped by defining module (in source
+    order), constants, and re-exports from other packages as (name, defining package)."""
     module = importlib.import_module(module_name)
     names = [n for n in getattr(module, "__all__", []) if not n.startswith("_")]
-    callables, constants, reexports = [], [], []
+    groups: dict[str, list[tuple[int, str]]] = {}
+    constants, reexports = [], []
     for name in names:
         obj = getattr(module, name)
-        owner = _defining_package(obj, package)
-        if owner != package:
-            reexports.append((name, owner))
-        elif callable(obj):
-            callables.append(name)
-        else:
+        owner = _defining_module(obj)
+        if owner is None:
             constants.append(name)
-    return callables, constants, reexports
+        elif owner.split(".")[0] != package:
+            reexports.append((name, owner.split(".")[0]))
+        else:
+            groups.setdefault(owner, []).append((_source_line(obj), name))
+    order = list(MODULE_TITLES)
+    ranked = sorted(groups, key=lambda m: (order.index(m) if m in order else len(order), m))
+    return {m: [name for _, name in sorted(groups[m])] for m in ranked}, constants, reexports
+
+
+def _directives(module_name: str, names: list[str]) -> list[str]:
+    lines: list[str] = []
+    for name in names:
+        lines += [f"::: {module_name}.{name}", ""]
+    return lines
 
 
 def render(package: str) -> str:
+    """The Markdown of one package's API page."""
     _, distribution, intro = PACKAGES[package]
     lines = [f"# {package}", "", intro, "", "```bash", f"pip install {distribution}", "```", ""]
-    callables, constants, reexports = _entries(package, package)
-    lines += _directives(package, callables)
+    groups, constants, reexports = _sections(package, package)
     for module_name in EXTRA_MODULES.get(package, []):
-        extra, _, _ = _entries(module_name, package)
-        if extra:
-            lines += [f"## `{module_name}`", "", *_directives(module_name, extra)]
+        extra, _, _ = _sections(module_name, package)
+        groups.update({f"{module_name}:{m}": names for m, names in extra.items()})
+    for key, names in groups.items():
+        shown_as, _, defined_in = key.partition(":")
+        title = MODULE_TITLES.get(defined_in or shown_as, defined_in or shown_as)
+        if defined_in:
+            lines += [f"## {title}", "", f"Importable from `{shown_as}`.", ""]
+            lines += _directives(shown_as, names)
+        else:
+            lines += [f"## {title}", "", *_directives(package, names)]
     if constants:
         lines += ["## Constants", "", *_directives(package, constants)]
     if reexports:
@@ -99,13 +138,6 @@ def render(package: str) -> str:
             lines.append(f"| `{package}.{name}` | {target} |")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def _directives(module_name: str, names: list[str]) -> list[str]:
-    lines: list[str] = []
-    for name in names:
-        lines += [f"::: {module_name}.{name}", ""]
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
