@@ -1,0 +1,195 @@
+"""Packing launch arguments into the `void**` array the driver's `kernelParams` expects.
+
+One `ctypes` buffer holds both halves::
+
+    [ptr_0 ... ptr_{n-1}] [pad to 64] [param bytes at the kernel's own parameter offsets]
+      each ptr_i = address of parameter i's bytes in the same buffer
+
+The pointer half never changes, so each thread keeps one buffer per argument-type plan and a
+launch only rewrites the parameter bytes. The driver copies those bytes during the launch
+call (also under CUDA-graph capture), so reuse after the call returns is safe; buffers are
+per thread because the driver call releases the GIL.
+
+Parameter sizes come from the compiled kernel (`cuKernelGetParamInfo`), so an argument of
+the wrong width is caught when its plan is built instead of shifting every later parameter.
+For speed, each plan is a small generated function specialised to its argument types: it
+checks the exact types (falling back to a plan lookup when they differ), checks that tensors
+live on the kernel's device, and packs everything with one `struct.pack_into`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .scalars import _Scalar
+from .tma import TensorMap
+
+_MAX_THREAD_BUFFERS = 64
+
+
+def _kind_of(kind: type, tensor_type: type) -> str:
+    if issubclass(kind, tensor_type):
+        return "tensor"
+    if issubclass(kind, _Scalar):
+        return "scalar"
+    if issubclass(kind, TensorMap):
+        return "tensormap"
+    if issubclass(kind, (int, float)):
+        return "plain"
+    return "unsupported"
+
+
+class ArgumentPacker:
+    """Packs launch arguments for one kernel, with a generated packer per argument-type tuple.
+
+    Args:
+        params: `(offset, size)` of each kernel parameter, in bytes.
+        device_index: Device the kernel runs on; tensors must live there.
+        label: Kernel label for error messages.
+    """
+
+    def __init__(self, params: Sequence[tuple[int, int]], device_index: int, label: str) -> None:
+        self.params = tuple((int(o), int(s)) for o, s in params)
+        self.device_index = device_index
+        self.label = label
+        self._plans: dict[tuple[type, ...], Callable[[tuple], Any]] = {}
+        self._last: Callable[[tuple], Any] | None = None
+
+    def pack(self, args: tuple[Any, ...]) -> tuple[Any, int]:
+        """Pack arguments.
+
+        Args:
+            args: The launch arguments (see `Kernel.launch`).
+
+        Returns:
+            `(buffer, address)`: keep `buffer` referenced until the launch call returns;
+            pass `address` as `kernelParams` (0 when the kernel has no parameters).
+
+        Raises:
+            TypeError: Wrong count, unsupported type, plain Python number, or size mismatch.
+            ValueError: A tensor lives on another device.
+        """
+        last = self._last
+        if last is not None:
+            packed = last(args)
+            if packed is not None:
+                return packed
+        types = tuple(map(type, args))
+        plan = self._plans.get(types)
+        if plan is None:
+            plan = self._build(types)
+            self._plans[types] = plan
+        self._last = plan
+        packed = plan(args)
+        if packed is None:  # pragma: no cover - the plan was built for exactly these types
+            raise RuntimeError("argument plan rejected the types it was built for")
+        return packed
+
+    def _device_error(self, tensor: Any) -> None:
+        # Called from generated packers; always raises.
+        raise ValueError(
+            f"kernel {self.label!r} runs on cuda:{self.device_index} but got a tensor on "
+            f"{tensor.device}"
+        )
+
+    def _build(self, types: tuple[type, ...]) -> Callable[[tuple], Any]:
+        import torch
+
+        params = self.params
+        count = len(types)
+        if count != len(params):
+            raise TypeError(
+                f"kernel {self.label!r} takes {len(params)} parameters (sizes "
+                f"{[size for _, size in params]} bytes), got {count} arguments"
+            )
+        data_start = (count * 8 + 63) // 64 * 64
+        fmt = ["<"]
+        cursor = data_start
+        values: list[str] = []
+        device_checks: list[str] = []
+        for index, (kind, (offset, size)) in enumerate(zip(types, params)):
+            category = _kind_of(kind, torch.Tensor)
+            if category == "tensor":
+                code, got = "Q", 8
+                values.append(f"a{index}.data_ptr()")
+                device_checks.append(f"a{index}")
+            elif category == "scalar":
+                code, got = kind.format, kind.size
+                values.append(f"a{index}.value")
+            elif category == "tensormap":
+                code, got = "128s", 128
+                values.append(f"a{index}.raw")
+            elif category == "plain":
+                raise TypeError(
+                    f"kernel {self.label!r} argument {index}: a plain Python {kind.__name__} "
+                    f"does not say its C type; wrap it as flashinfer_jit.i32, u32, i64, u64, "
+                    f"f32 or f64 to match the {size}-byte parameter"
+                )
+            else:
+                raise TypeError(
+                    f"kernel {self.label!r} argument {index}: unsupported type "
+                    f"{kind.__name__}; expected a torch.Tensor, a scalar wrapper (i32, u32, "
+                    f"i64, u64, f32, f64) or a flashinfer_jit.TensorMap"
+                )
+            if got != size:
+                raise TypeError(
+                    f"kernel {self.label!r} argument {index}: the C parameter is {size} "
+                    f"bytes but a {kind.__name__} is {got} bytes"
+                )
+            position = data_start + offset
+            if position < cursor:
+                raise RuntimeError(
+                    f"kernel {self.label!r}: parameter offsets are not increasing: {params}"
+                )
+            fmt.append("x" * (position - cursor) + code)
+            cursor = position + got
+        total = cursor
+        offsets = tuple(data_start + offset for offset, _ in params)
+        buffers: dict[int, tuple[Any, int]] = {}
+
+        def new_buffer(ident: int) -> tuple[Any, int]:
+            buffer = ctypes.create_string_buffer(max(total, 1))
+            base = ctypes.addressof(buffer)
+            struct.pack_into(f"<{count}Q", buffer, 0, *(base + o for o in offsets))
+            if len(buffers) >= _MAX_THREAD_BUFFERS:
+                # Dropping entries is safe: callers keep their own buffer referenced.
+                buffers.clear()
+            entry = (buffer, base)
+            buffers[ident] = entry
+            return entry
+
+        namespace = {
+            "types": types,
+            "pack_into": struct.Struct("".join(fmt)).pack_into,
+            "buffers": buffers,
+            "new_buffer": new_buffer,
+            "get_ident": threading.get_ident,
+            "device": self.device_index,
+            "device_error": self._device_error,
+        }
+        names = [f"a{i}" for i in range(count)]
+        lines = ["def packer(args):"]
+        if count == 0:
+            lines.append("    return (None, 0) if not args else None")
+        else:
+            lines.append(f"    if len(args) != {count}:")
+            lines.append("        return None")
+            lines.append(f"    {', '.join(names)}, = args")
+            type_checks = " or ".join(f"type({n}) is not types[{i}]" for i, n in enumerate(names))
+            lines.append(f"    if {type_checks}:")
+            lines.append("        return None")
+            for name in device_checks:
+                lines.append(f"    if {name}.get_device() != device:")
+                lines.append(f"        device_error({name})")
+            lines.append("    ident = get_ident()")
+            lines.append("    entry = buffers.get(ident)")
+            lines.append("    if entry is None:")
+            lines.append("        entry = new_buffer(ident)")
+            lines.append(f"    pack_into(entry[0], {data_start}, {', '.join(values)})")
+            lines.append("    return entry")
+        exec("\n".join(lines), namespace)  # generated from the fixed template above only
+        return namespace["packer"]

@@ -1,0 +1,268 @@
+"""On-disk kernel cache: key computation, atomic publication, validation of entries.
+
+Layout: ``<root>/v<SCHEMA>/<key[:2]>/<key>/{kernel.cubin, manifest.json}``. An entry is
+written into a private temporary folder under ``<root>/v<SCHEMA>/tmp/``, flushed to disk,
+then renamed into place. Renaming a folder onto an existing non-empty folder fails, so the
+first process to publish wins and the others discard their copy; readers therefore see
+either no entry or a complete one. The manifest records the size and SHA-256 of the cubin;
+an entry that fails that check (a truncated copy, a disk error, a hand edit) is moved aside
+and replaced by a fresh compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .sources import SourceFile, collect_sources
+from .spec import KernelSpec
+
+logger = logging.getLogger("flashinfer_jit")
+
+#: Bumped whenever the key recipe or the entry layout changes.
+CACHE_SCHEMA_VERSION = 1
+
+CUBIN_FILE = "kernel.cubin"
+MANIFEST_FILE = "manifest.json"
+
+
+def default_cache_dir() -> Path:
+    """Return the cache root: `FLASHINFER_JIT_CACHE_DIR`, else the user's cache directory.
+
+    Returns:
+        `$FLASHINFER_JIT_CACHE_DIR` if set and non-empty; otherwise
+        `$XDG_CACHE_HOME/flashinfer-hopper/jit` (`~/.cache/...` when unset) on Linux,
+        `~/Library/Caches/flashinfer-hopper/jit` on macOS and
+        `%LOCALAPPDATA%\\flashinfer-hopper\\jit` on Windows.
+    """
+    override = os.environ.get("FLASHINFER_JIT_CACHE_DIR", "").strip()
+    if override:
+        return Path(override).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "flashinfer-hopper" / "jit"
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """The cache key of one (spec, arch) pair and the material it was computed from.
+
+    Attributes:
+        digest: Hex SHA-256 of `material`; names the cache entry.
+        material: The JSON-able dict that was hashed (stored in the manifest for debugging).
+        source_text: The main source, read while hashing, so compiling does not re-read it.
+        files: Every project file hashed into the key.
+    """
+
+    digest: str
+    material: dict[str, Any]
+    source_text: str
+    files: tuple[SourceFile, ...]
+
+
+def compute_key(spec: KernelSpec, arch: str, base_options: tuple[str, ...]) -> CacheKey:
+    """Hash everything that decides the cubin of `spec` for `arch`.
+
+    Args:
+        spec: The kernel configuration.
+        arch: Full target arch string, for example `"sm_90a"`.
+        base_options: Options the compiler adds to every compile (and environment-driven
+            ones such as line info), so that changing them changes the key.
+
+    Returns:
+        The key and the material behind it.
+    """
+    from . import __version__
+    from .toolchain import toolchain_fingerprint
+
+    source_text, files = collect_sources(spec)
+    material = {
+        "schema": CACHE_SCHEMA_VERSION,
+        "package_version": __version__,
+        "toolchain": [list(item) for item in toolchain_fingerprint()],
+        "arch": arch,
+        "defines": [[name, str(value)] for name, value in spec.defines],
+        "options": list(spec.options),
+        "base_options": list(base_options),
+        "name_expressions": list(spec.name_expressions),
+        # Content only, no absolute paths: a cache directory can move between machines.
+        "sources": [[f.include_name, f.sha256] for f in files],
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    return CacheKey(hashlib.sha256(blob).hexdigest(), material, source_text, files)
+
+
+def schema_root(root: Path) -> Path:
+    return root / f"v{CACHE_SCHEMA_VERSION}"
+
+
+def entry_dir(root: Path, digest: str) -> Path:
+    """Return the folder that holds (or would hold) the entry for `digest`.
+
+    Args:
+        root: Cache root.
+        digest: Cache key digest.
+
+    Returns:
+        ``<root>/v<schema>/<digest[:2]>/<digest>``.
+    """
+    return schema_root(root) / digest[:2] / digest
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A validated cache entry.
+
+    Attributes:
+        path: The entry folder.
+        cubin: The compiled binary.
+        manifest: The parsed manifest.
+    """
+
+    path: Path
+    cubin: bytes
+    manifest: dict[str, Any]
+
+
+class CorruptEntry(Exception):
+    """Raised internally when an entry exists but fails validation."""
+
+
+def read_entry(root: Path, digest: str) -> CacheEntry | None:
+    """Read and validate the entry for `digest`.
+
+    Args:
+        root: Cache root.
+        digest: Cache key digest.
+
+    Returns:
+        The entry, or None when there is none.
+
+    Raises:
+        CorruptEntry: The entry exists but its manifest or cubin is damaged.
+    """
+    folder = entry_dir(root, digest)
+    try:
+        manifest_bytes = (folder / MANIFEST_FILE).read_bytes()
+    except FileNotFoundError:
+        if folder.exists():
+            raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
+        return None
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError as exc:
+        raise CorruptEntry(f"{folder}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("key") != digest:
+        raise CorruptEntry(f"{folder}: manifest does not belong to key {digest}")
+    try:
+        cubin = (folder / CUBIN_FILE).read_bytes()
+    except FileNotFoundError:
+        raise CorruptEntry(f"{folder}: no {CUBIN_FILE}") from None
+    if len(cubin) != manifest.get("cubin_size"):
+        raise CorruptEntry(
+            f"{folder}: cubin is {len(cubin)} bytes, manifest says {manifest.get('cubin_size')}"
+        )
+    if hashlib.sha256(cubin).hexdigest() != manifest.get("cubin_sha256"):
+        raise CorruptEntry(f"{folder}: cubin SHA-256 does not match the manifest")
+    return CacheEntry(folder, cubin, manifest)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    # Directory fsync makes the rename durable; not available on Windows, harmless to skip.
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any]) -> Path:
+    """Atomically publish an entry; if another process published first, keep theirs.
+
+    Args:
+        root: Cache root (created if missing).
+        digest: Cache key digest.
+        cubin: Compiled binary.
+        manifest: Manifest fields; `key`, `cubin_size` and `cubin_sha256` are filled in.
+
+    Returns:
+        The entry folder. It holds a valid entry unless three publication attempts in a row
+        met a damaged entry that another process kept re-creating.
+
+    Raises:
+        OSError: The cache root is not writable.
+    """
+    manifest = {
+        **manifest,
+        "key": digest,
+        "cubin_size": len(cubin),
+        "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+    }
+    final = entry_dir(root, digest)
+    tmp_parent = schema_root(root) / "tmp"
+    tmp_parent.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}.", dir=tmp_parent))
+    try:
+        _write_synced(tmp / CUBIN_FILE, cubin)
+        _write_synced(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(tmp)
+        for _attempt in range(3):
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.exists():
+                    raise
+                # Another entry sits there: a concurrent publisher won (keep theirs, it was
+                # built from identical inputs) or it is damaged (move it aside and retry).
+                try:
+                    if read_entry(root, digest) is not None:
+                        break
+                except CorruptEntry:
+                    discard_entry(root, digest)
+            else:
+                _fsync_dir(final.parent)
+                break
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def discard_entry(root: Path, digest: str) -> None:
+    """Move a damaged entry out of the way (atomically), then delete it.
+
+    Args:
+        root: Cache root.
+        digest: Cache key digest of the damaged entry.
+    """
+    final = entry_dir(root, digest)
+    trash_parent = schema_root(root) / "tmp"
+    trash_parent.mkdir(parents=True, exist_ok=True)
+    trash = trash_parent / f"corrupt.{digest[:16]}.{uuid.uuid4().hex}"
+    try:
+        os.rename(final, trash)
+    except OSError:
+        return  # someone else already moved or replaced it
+    shutil.rmtree(trash, ignore_errors=True)

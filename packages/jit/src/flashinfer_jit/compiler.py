@@ -1,0 +1,374 @@
+"""Compile a `KernelSpec` to a cubin with NVRTC (through `cuda.core`), using the disk cache."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import (
+    CacheKey,
+    CorruptEntry,
+    compute_key,
+    default_cache_dir,
+    publish_entry,
+    read_entry,
+)
+from .errors import KernelCompileError
+from .resources import FunctionResources, parse_ptxas_report, resources_from_json
+from .spec import KernelSpec
+from .toolchain import PACKAGE_INCLUDE_DIR, cuda_header_dirs
+
+logger = logging.getLogger("flashinfer_jit")
+
+_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+
+# ptxas' resource report is always requested: it is how registers/spills reach the manifest.
+_ALWAYS_PTXAS = ("-v",)
+_DEFAULT_STD = "c++17"
+
+
+def verbose() -> bool:
+    """Whether `FLASHINFER_JIT_VERBOSE` asks for a log line per compile and cache hit."""
+    return os.environ.get("FLASHINFER_JIT_VERBOSE", "").strip() not in ("", "0", "false")
+
+
+def _log(message: str, *args: Any) -> None:
+    if verbose():
+        # Printed rather than logged at INFO: users set the variable to see it without
+        # configuring logging.
+        import sys
+
+        print("[flashinfer_jit] " + message % args, file=sys.stderr, flush=True)
+    else:
+        logger.debug(message, *args)
+
+
+def base_options() -> tuple[str, ...]:
+    """Options added to every compile, including environment-driven ones.
+
+    Returns:
+        `--std=c++17`, `--ptxas-options=-v`, plus `-lineinfo` when `FLASHINFER_JIT_LINEINFO`
+        is set (for source-level profiling). All of them are part of the cache key.
+    """
+    opts = [f"--std={_DEFAULT_STD}", "--ptxas-options=-v"]
+    if os.environ.get("FLASHINFER_JIT_LINEINFO", "").strip() not in ("", "0", "false"):
+        opts.append("-lineinfo")
+    return tuple(opts)
+
+
+def _bool_option(value: str, option: str) -> bool:
+    if value in ("true", "1"):
+        return True
+    if value in ("false", "0"):
+        return False
+    raise ValueError(f"KernelSpec.options: {option} expects true/false, got {value!r}")
+
+
+def _int_list(value: str) -> list[int]:
+    return [int(v) for v in value.split(",") if v]
+
+
+# NVRTC option spelling -> (ProgramOptions field, converter of the text after "=").
+# `cuda.core.ProgramOptions` has no raw pass-through, so spec options are mapped onto its
+# typed fields; anything else is rejected with the supported list.
+_VALUED_OPTIONS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "--maxrregcount": ("max_register_count", lambda v, o: int(v)),
+    "-maxrregcount": ("max_register_count", lambda v, o: int(v)),
+    "--ftz": ("ftz", _bool_option),
+    "-ftz": ("ftz", _bool_option),
+    "--prec-div": ("prec_div", _bool_option),
+    "-prec-div": ("prec_div", _bool_option),
+    "--prec-sqrt": ("prec_sqrt", _bool_option),
+    "-prec-sqrt": ("prec_sqrt", _bool_option),
+    "--fmad": ("fma", _bool_option),
+    "-fmad": ("fma", _bool_option),
+    "--std": ("std", lambda v, o: v),
+    "-std": ("std", lambda v, o: v),
+    "--diag-suppress": ("diag_suppress", lambda v, o: _int_list(v)),
+    "--diag-error": ("diag_error", lambda v, o: _int_list(v)),
+    "--diag-warn": ("diag_warn", lambda v, o: _int_list(v)),
+    "--ptxas-options": ("ptxas_options", lambda v, o: v),
+    "-Xptxas": ("ptxas_options", lambda v, o: v),
+    "--split-compile": ("split_compile", lambda v, o: int(v)),
+}
+_FLAG_OPTIONS: dict[str, str] = {
+    "--use_fast_math": "use_fast_math",
+    "-use_fast_math": "use_fast_math",
+    "-lineinfo": "lineinfo",
+    "--generate-line-info": "lineinfo",
+    "-G": "debug",
+    "--device-debug": "debug",
+    "--extra-device-vectorization": "extra_device_vectorization",
+    "-extra-device-vectorization": "extra_device_vectorization",
+    "--restrict": "restrict",
+    "-restrict": "restrict",
+    "--disable-warnings": "disable_warnings",
+    "-w": "disable_warnings",
+    "--device-int128": "device_int128",
+    "--brief-diagnostics": "brief_diagnostics",
+}
+
+
+def supported_options() -> list[str]:
+    """Return the NVRTC option spellings accepted in `KernelSpec.options`.
+
+    Returns:
+        Flag options as written, valued options as `name=VALUE`.
+    """
+    return sorted(_FLAG_OPTIONS) + sorted(f"{k}=VALUE" for k in _VALUED_OPTIONS)
+
+
+def program_options_kwargs(spec: KernelSpec, arch: str) -> dict[str, Any]:
+    """Translate a spec into `cuda.core.ProgramOptions` keyword arguments.
+
+    Args:
+        spec: The kernel configuration.
+        arch: Target arch, for example `"sm_90a"`.
+
+    Returns:
+        Keyword arguments for `ProgramOptions`.
+
+    Raises:
+        ValueError: An option in `spec.options` is not supported or malformed.
+    """
+    ptxas = list(_ALWAYS_PTXAS)
+    kwargs: dict[str, Any] = {
+        "name": str(spec.source),
+        "arch": arch,
+        "std": _DEFAULT_STD,
+        "include_path": [
+            str(spec.source.parent),
+            *(str(d) for d in spec.include_dirs),
+            str(PACKAGE_INCLUDE_DIR),
+            *(str(d) for d in cuda_header_dirs()),
+        ],
+    }
+    if spec.defines:
+        kwargs["define_macro"] = [(name, str(value)) for name, value in spec.defines]
+    if "-lineinfo" in base_options():
+        kwargs["lineinfo"] = True
+    for option in spec.options:
+        if option.startswith(("-D", "--define-macro")):
+            raise ValueError(
+                f"KernelSpec.options: pass macros through KernelSpec.defines, not {option!r}"
+            )
+        if option.startswith(("-I", "--include-path")):
+            raise ValueError(
+                f"KernelSpec.options: pass folders through KernelSpec.include_dirs, not {option!r}"
+            )
+        if option in _FLAG_OPTIONS:
+            kwargs[_FLAG_OPTIONS[option]] = True
+            continue
+        name, sep, value = option.partition("=")
+        if sep and name in _VALUED_OPTIONS:
+            target, convert = _VALUED_OPTIONS[name]
+            try:
+                converted = convert(value, name)
+            except ValueError as exc:
+                raise ValueError(f"KernelSpec.options: bad value in {option!r}: {exc}") from None
+            if target == "ptxas_options":
+                ptxas.append(converted)
+            else:
+                kwargs[target] = converted
+            continue
+        raise ValueError(
+            f"KernelSpec.options: unsupported NVRTC option {option!r}; supported: "
+            + ", ".join(supported_options())
+        )
+    kwargs["ptxas_options"] = ptxas
+    return kwargs
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled cubin and what ptxas reported about it.
+
+    Attributes:
+        spec: The configuration compiled.
+        arch: Target arch, for example `"sm_90a"`.
+        key: Cache key digest (hex SHA-256).
+        cubin: The binary.
+        entry_name: The symbol to load: `spec.name` for `extern "C"` kernels, the mangled
+            name for a name expression.
+        functions: Resources of every function in the cubin (entry and device functions).
+        log: The NVRTC/ptxas log of the compile that produced the cubin.
+        from_cache: True when read from the disk cache.
+        cache_path: The cache entry folder, or None if the cache could not be written.
+        compile_seconds: Time NVRTC took when the entry was created.
+    """
+
+    spec: KernelSpec
+    arch: str
+    key: str
+    cubin: bytes = field(repr=False)
+    entry_name: str
+    functions: dict[str, FunctionResources] = field(repr=False)
+    log: str = field(repr=False)
+    from_cache: bool
+    cache_path: Path | None
+    compile_seconds: float
+
+    @property
+    def resources(self) -> FunctionResources:
+        """Resources of the entry function (`entry_name`)."""
+        return self.functions[self.entry_name]
+
+    @property
+    def spills(self) -> bool:
+        """True when any function of the cubin spills registers."""
+        return any(f.spills for f in self.functions.values())
+
+
+def _check_arch(arch: str) -> None:
+    if not isinstance(arch, str) or not _ARCH.match(arch):
+        raise ValueError(f"arch: expected a full SM target such as 'sm_90a', got {arch!r}")
+
+
+def _nvrtc_compile(
+    spec: KernelSpec, arch: str, source_text: str
+) -> tuple[bytes, str, dict[str, str]]:
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(**program_options_kwargs(spec, arch))
+    log = io.StringIO()
+    program = Program(source_text, "c++", options)
+    try:
+        object_code = program.compile("cubin", name_expressions=spec.name_expressions, logs=log)
+    except Exception as exc:
+        # cuda.core raises its NVRTCError with the compile log in the message.
+        if "NVRTC" not in type(exc).__name__ and "NVRTC" not in str(exc):
+            raise
+        text = "\n".join(filter(None, (str(exc), log.getvalue()))).replace("\x00", "")
+        raise KernelCompileError(spec, arch, text.strip()) from None
+    finally:
+        program.close()
+    mapping = getattr(object_code, "symbol_mapping", None) or getattr(object_code, "_sym_map", {})
+    lowered = {
+        str(expr): (name.decode() if isinstance(name, bytes) else str(name))
+        for expr, name in (mapping or {}).items()
+    }
+    return bytes(object_code.code), log.getvalue().replace("\x00", "").strip(), lowered
+
+
+def _entry_name(spec: KernelSpec, lowered: dict[str, str]) -> str:
+    if spec.name_expressions:
+        if spec.name not in lowered:
+            raise RuntimeError(
+                f"NVRTC returned no lowered name for {spec.name!r}; got {sorted(lowered)}"
+            )
+        return lowered[spec.name]
+    return spec.name
+
+
+def _check_entry(spec: KernelSpec, entry: str, functions: dict[str, FunctionResources]) -> None:
+    if entry not in functions or not functions[entry].is_entry:
+        entries = sorted(name for name, f in functions.items() if f.is_entry)
+        raise ValueError(
+            f"kernel {spec.name!r} ({spec.label}) is not an entry point of {spec.source}; "
+            f'entry points found: {entries}. Declare it `extern "C" __global__`, or pass '
+            f"name_expressions for templates."
+        )
+
+
+def compile_kernel(
+    spec: KernelSpec, arch: str, *, cache_dir: str | Path | None = None
+) -> CompiledKernel:
+    """Compile `spec` for `arch`, or fetch it from the disk cache.
+
+    Hashes the source and every project header it includes (see `flashinfer_jit.cache`),
+    looks the key up, and compiles with NVRTC on a miss. A damaged entry is reported with a
+    warning, recompiled and replaced. Needs no GPU.
+
+    Args:
+        spec: The kernel configuration.
+        arch: Full target arch, for example `"sm_90a"` (use `device_arch()` for a device).
+        cache_dir: Cache root; defaults to `default_cache_dir()` (honours
+            `FLASHINFER_JIT_CACHE_DIR`).
+
+    Returns:
+        The cubin with its resource report.
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source (message carries the NVRTC log).
+        ValueError: `arch` is malformed, an option is unsupported, or `spec.name` is not an
+            entry point of the compiled source.
+        FileNotFoundError: The source file does not exist.
+    """
+    _check_arch(arch)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key: CacheKey = compute_key(spec, arch, base_options())
+    try:
+        entry = read_entry(root, key.digest)
+    except CorruptEntry as exc:
+        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
+        entry = None
+    if entry is not None:
+        manifest = entry.manifest
+        functions = resources_from_json(manifest.get("functions", {}))
+        lowered = manifest.get("lowered_names", {})
+        entry_name = _entry_name(spec, lowered)
+        _check_entry(spec, entry_name, functions)
+        _log("cache hit %s for %s (%s)", spec.label, arch, key.digest[:12])
+        return CompiledKernel(
+            spec=spec,
+            arch=arch,
+            key=key.digest,
+            cubin=entry.cubin,
+            entry_name=entry_name,
+            functions=functions,
+            log=manifest.get("log", ""),
+            from_cache=True,
+            cache_path=entry.path,
+            compile_seconds=float(manifest.get("compile_seconds", 0.0)),
+        )
+
+    start = time.perf_counter()
+    cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text)
+    seconds = time.perf_counter() - start
+    functions = parse_ptxas_report(log)
+    entry_name = _entry_name(spec, lowered)
+    _check_entry(spec, entry_name, functions)
+    _log("compiled %s for %s in %.2f s (%s)", spec.label, arch, seconds, key.digest[:12])
+    manifest = {
+        "material": key.material,
+        "spec": {
+            "name": spec.name,
+            "label": spec.label,
+            "source": str(spec.source),
+            "defines": [[k, v] for k, v in spec.defines],
+            "include_dirs": [str(d) for d in spec.include_dirs],
+            "options": list(spec.options),
+            "name_expressions": list(spec.name_expressions),
+        },
+        "arch": arch,
+        "lowered_names": lowered,
+        "functions": {name: f.to_json() for name, f in functions.items()},
+        "log": log,
+        "compile_seconds": seconds,
+        "created_unix": time.time(),
+    }
+    path: Path | None
+    try:
+        path = publish_entry(root, key.digest, cubin, manifest)
+    except OSError as exc:
+        logger.warning("flashinfer_jit: cannot write the kernel cache at %s: %s", root, exc)
+        path = None
+    return CompiledKernel(
+        spec=spec,
+        arch=arch,
+        key=key.digest,
+        cubin=cubin,
+        entry_name=entry_name,
+        functions=functions,
+        log=log,
+        from_cache=False,
+        cache_path=path,
+        compile_seconds=seconds,
+    )

@@ -1,0 +1,375 @@
+"""Loaded kernels and their launch path.
+
+`load_kernel` compiles (or fetches from the disk cache), loads the cubin once per device and
+keeps the result in an in-process table keyed by `(spec, device index)`; a warm call is one
+dict lookup. `Kernel.launch` packs the arguments into one buffer laid out as the driver
+reports the kernel's parameters (offsets and sizes from `cuKernelGetParamInfo`), then calls
+`cuLaunchKernel` (or `cuLaunchKernelEx` for clusters) on the current PyTorch stream.
+
+Launch cost is kept low by caching, per kernel, a packing plan for each distinct tuple of
+argument types (see `flashinfer_jit.arguments`), so a launch does one type-tuple lookup, one
+`struct.pack_into` and the driver call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .arguments import ArgumentPacker
+from .compiler import CompiledKernel, compile_kernel
+from .device import check, context_of, device_info, driver, error_name, resolve_device_index
+from .errors import KernelLaunchError
+from .spec import KernelSpec
+
+_torch: Any = None
+_raw_stream: Callable[[int], int] | None = None
+
+
+def _torch_module() -> Any:
+    global _torch, _raw_stream
+    if _torch is None:
+        import torch
+
+        _torch = torch
+        try:
+            from torch._C import _cuda_getCurrentRawStream as raw
+
+            _raw_stream = raw
+        except ImportError:  # pragma: no cover - every torch 2.x CUDA build has it
+
+            def _fallback(index: int) -> int:
+                return torch.cuda.current_stream(index).cuda_stream
+
+            _raw_stream = _fallback
+    return _torch
+
+
+def stream_handle(stream: Any) -> int:
+    """Return the raw `CUstream` handle of a stream-like object.
+
+    Args:
+        stream: An object implementing the `__cuda_stream__` protocol (cuda.core streams,
+            recent PyTorch streams), a `torch.cuda.Stream`/`ExternalStream` (`.cuda_stream`),
+            or an int handle.
+
+    Returns:
+        The handle as an int (0 is the legacy default stream).
+
+    Raises:
+        TypeError: `stream` is none of those.
+    """
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol() if callable(protocol) else protocol
+        return int(value[1])
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is not None:
+        return int(handle)
+    raise TypeError(
+        "stream: expected None (current PyTorch stream), a torch.cuda.Stream, an object with "
+        f"__cuda_stream__ or an int handle, got {type(stream).__name__}"
+    )
+
+
+def _dim3(value: Any, what: str) -> tuple[int, int, int]:
+    if type(value) is int:
+        if value > 0:
+            return value, 1, 1
+    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
+        dims = tuple(value) + (1,) * (3 - len(value))
+        if all(type(d) is int and d > 0 for d in dims):
+            return dims  # type: ignore[return-value]
+    raise ValueError(
+        f"{what}: expected a positive int or a tuple of 1-3 positive ints, got {value!r}"
+    )
+
+
+class Kernel:
+    """A kernel loaded on one device, ready to launch.
+
+    Obtain one with `load_kernel`. Keep a reference to it in a launcher to skip even the
+    lookup of `load_kernel`.
+
+    Attributes:
+        spec: The configuration it was built from.
+        compiled: The compiled cubin with its resource report.
+        device_index: The CUDA device it is loaded on.
+        param_sizes: Byte size of each kernel parameter, from the driver.
+    """
+
+    def __init__(self, compiled: CompiledKernel, device_index: int) -> None:
+        drv = driver()
+        info = device_info(device_index)
+        self.spec: KernelSpec = compiled.spec
+        self.compiled = compiled
+        self.device_index = device_index
+        self._device = info.handle
+        with context_of(device_index) as ctx:
+            self._library = check(
+                drv.cuLibraryLoadData(compiled.cubin, None, None, 0, None, None, 0),
+                f"cuLibraryLoadData({self.spec.label})",
+            )
+            self._kernel = check(
+                drv.cuLibraryGetKernel(self._library, compiled.entry_name.encode()),
+                f"cuLibraryGetKernel({compiled.entry_name})",
+            )
+            # Loads the code into the primary context now (lazy loading would otherwise do it
+            # on the first launch, possibly inside a CUDA-graph capture).
+            self._function = check(drv.cuKernelGetFunction(self._kernel), "cuKernelGetFunction")
+        self._context_int = int(ctx)
+        # Launch a CUkernel cast to CUfunction: the driver takes the context from the stream.
+        self._launch_handle = drv.CUfunction(int(self._kernel))
+        self._params = self._param_layout(drv)
+        self.param_sizes = tuple(size for _, size in self._params)
+        attr = drv.CUfunction_attribute
+        self._static_smem = self._get_attr(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        self._smem_limit = self._get_attr(attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+        self._smem_cap = info.max_shared_memory_per_block_optin - self._static_smem
+        self._non_portable_cluster = False
+        self._packer = ArgumentPacker(self._params, device_index, self.spec.label)
+        self._configs: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self._cuLaunchKernel = drv.cuLaunchKernel
+        _torch_module()
+        self._raw_stream = _raw_stream
+
+    def _get_attr(self, attribute: Any) -> int:
+        drv = driver()
+        return int(
+            check(drv.cuKernelGetAttribute(attribute, self._kernel, self._device), str(attribute))
+        )
+
+    def _param_layout(self, drv: Any) -> tuple[tuple[int, int], ...]:
+        params = []
+        while True:
+            result = drv.cuKernelGetParamInfo(self._kernel, len(params))
+            if result[0]:  # CUDA_ERROR_INVALID_VALUE past the last parameter
+                break
+            params.append((int(result[1]), int(result[2])))
+        return tuple(params)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.spec.label!r}, device=cuda:{self.device_index}, arch={self.compiled.arch})"
+
+    # ----------------------------------------------------------------------------------------
+    # launch
+
+    def launch(
+        self,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        *args: Any,
+        shared_mem: int = 0,
+        cluster: int | tuple[int, ...] | None = None,
+        stream: Any = None,
+    ) -> None:
+        """Launch the kernel asynchronously.
+
+        Args:
+            grid: Blocks per grid, an int or a tuple of up to 3 ints.
+            block: Threads per block, an int or a tuple of up to 3 ints.
+            *args: One argument per kernel parameter, in order: a `torch.Tensor` (its data
+                pointer is passed; it must live on this kernel's device), a scalar wrapper
+                (`i32`, `u32`, `i64`, `u64`, `f32`, `f64`), or a `TensorMap` (passed by value
+                to a `const __grid_constant__ CUtensorMap` parameter). Plain Python numbers
+                are rejected. Sizes are checked against the compiled parameter list.
+            shared_mem: Dynamic shared memory per block in bytes. Above the 48 KiB default,
+                the kernel's limit is raised once through the driver.
+            cluster: Thread-block cluster dimensions (SM90+), an int or a tuple; each grid
+                dimension must be a multiple of the matching cluster dimension.
+            stream: None for `torch.cuda.current_stream()` of this device at call time
+                (CUDA-graph capture works), or an explicit stream (see `stream_handle`).
+
+        Raises:
+            TypeError: Wrong number, type or size of arguments.
+            ValueError: Bad grid/block/cluster, tensor on another device, or `shared_mem`
+                above what the device allows.
+            KernelLaunchError: The driver refused the launch.
+        """
+        gx, gy, gz = (grid, 1, 1) if type(grid) is int and grid > 0 else _dim3(grid, "grid")
+        bx, by, bz = (block, 1, 1) if type(block) is int and block > 0 else _dim3(block, "block")
+        if shared_mem > self._smem_limit:
+            self._raise_shared_memory_limit(shared_mem)
+        handle = self._raw_stream(self.device_index) if stream is None else stream_handle(stream)
+        buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched
+        if handle <= 2 and self._needs_context():
+            # The legacy/per-thread default stream belongs to whatever context is current.
+            with context_of(self.device_index):
+                self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+        elif cluster is None:
+            (err,) = self._cuLaunchKernel(
+                self._launch_handle, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
+            )
+            if err:
+                self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
+        else:
+            self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+        del buffer
+
+    def _needs_context(self) -> bool:
+        err, current = driver().cuCtxGetCurrent()
+        return err or int(current) != self._context_int
+
+    def _launch(self, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params) -> None:
+        drv = driver()
+        if cluster is None:
+            (err,) = drv.cuLaunchKernel(
+                self._launch_handle, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
+            )
+        else:
+            config = self._cluster_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster, handle)
+            (err,) = drv.cuLaunchKernelEx(config, self._launch_handle, params, 0)
+        if err:
+            self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
+
+    def _launch_failed(self, err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle) -> None:
+        raise KernelLaunchError(
+            f"launching {self.spec.label!r} on cuda:{self.device_index} failed: "
+            f"{error_name(driver(), err)}; grid=({gx}, {gy}, {gz}) block=({bx}, {by}, {bz}) "
+            f"shared_mem={shared_mem} cluster={cluster} stream=0x{handle:x}"
+        )
+
+    def _raise_shared_memory_limit(self, shared_mem: int) -> None:
+        if type(shared_mem) is not int or shared_mem < 0:
+            raise ValueError(f"shared_mem: expected a non-negative int, got {shared_mem!r}")
+        if shared_mem > self._smem_cap:
+            raise ValueError(
+                f"shared_mem: {self.spec.label!r} asks for {shared_mem} bytes of dynamic shared "
+                f"memory; cuda:{self.device_index} allows at most {self._smem_cap} per block "
+                f"({self._smem_cap + self._static_smem} opt-in minus {self._static_smem} static)"
+            )
+        drv = driver()
+        with self._lock:
+            if shared_mem > self._smem_limit:
+                check(
+                    drv.cuKernelSetAttribute(
+                        drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        shared_mem,
+                        self._kernel,
+                        self._device,
+                    ),
+                    "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                )
+                self._smem_limit = shared_mem
+
+    def _cluster_config(self, grid, block, shared_mem, cluster, handle) -> Any:
+        key = (grid, block, shared_mem, cluster, handle)
+        config = self._configs.get(key)
+        if config is not None:
+            return config
+        cx, cy, cz = _dim3(cluster, "cluster")
+        if grid[0] % cx or grid[1] % cy or grid[2] % cz:
+            raise ValueError(
+                f"cluster: grid {grid} is not a multiple of cluster dimensions {(cx, cy, cz)}"
+            )
+        drv = driver()
+        if cx * cy * cz > 8 and not self._non_portable_cluster:
+            # SM90 runs clusters of up to 16 blocks, above the portable 8 only on request.
+            check(
+                drv.cuKernelSetAttribute(
+                    drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                    self._kernel,
+                    self._device,
+                ),
+                "cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)",
+            )
+            self._non_portable_cluster = True
+        attribute = drv.CUlaunchAttribute()
+        attribute.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attribute.value.clusterDim.x = cx
+        attribute.value.clusterDim.y = cy
+        attribute.value.clusterDim.z = cz
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        config.hStream = handle
+        config.attrs = [attribute]
+        config.numAttrs = 1
+        if len(self._configs) > 256:  # configurations seen in serving are few; bound memory
+            self._configs.clear()
+        self._configs[key] = config
+        return config
+
+    def max_active_blocks_per_sm(self, block_threads: int, shared_mem: int = 0) -> int:
+        """Return how many blocks of this kernel fit on one SM (occupancy).
+
+        Args:
+            block_threads: Threads per block.
+            shared_mem: Dynamic shared memory per block in bytes.
+
+        Returns:
+            Resident blocks per SM.
+        """
+        drv = driver()
+        if shared_mem > self._smem_limit:
+            self._raise_shared_memory_limit(shared_mem)
+        with context_of(self.device_index):
+            return int(
+                check(
+                    drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                        self._function, block_threads, shared_mem
+                    ),
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                )
+            )
+
+
+_LOADED: dict[tuple[KernelSpec, int], Kernel] = {}
+_LOAD_LOCKS: dict[tuple[KernelSpec, int], threading.Lock] = {}
+_LOAD_LOCKS_GUARD = threading.Lock()
+_current_device: Callable[[], int] | None = None
+
+
+def load_kernel(
+    spec: KernelSpec, device: Any = None, *, cache_dir: str | Path | None = None
+) -> Kernel:
+    """Return `spec` loaded on a device, compiling for the device's arch if needed.
+
+    Warm calls (same spec and device as before in this process) are a dict lookup: no
+    hashing of sources, no file I/O, no driver calls.
+
+    Args:
+        spec: The kernel configuration.
+        device: None (PyTorch's current device), an index, a `torch.device` or `"cuda:N"`.
+        cache_dir: Disk cache root for a cold load (default `default_cache_dir()`).
+
+    Returns:
+        The loaded kernel.
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source.
+        RuntimeError: No driver/GPU, or the driver failed to load the cubin.
+    """
+    global _current_device
+    if device is None:
+        if _current_device is None:
+            _current_device = _torch_module().cuda.current_device
+        index = _current_device()
+    elif type(device) is int and device >= 0:
+        index = device
+    else:
+        index = resolve_device_index(device)
+    kernel = _LOADED.get((spec, index))
+    if kernel is not None:
+        return kernel
+    return _load_cold(spec, index, cache_dir)
+
+
+def _load_cold(spec: KernelSpec, index: int, cache_dir: str | Path | None) -> Kernel:
+    key = (spec, index)
+    with _LOAD_LOCKS_GUARD:
+        lock = _LOAD_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        kernel = _LOADED.get(key)
+        if kernel is None:
+            arch = device_info(index).arch
+            kernel = Kernel(compile_kernel(spec, arch, cache_dir=cache_dir), index)
+            _LOADED[key] = kernel
+    return kernel

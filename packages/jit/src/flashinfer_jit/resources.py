@@ -1,0 +1,120 @@
+"""Per-function resource usage, parsed from the `ptxas -v` report NVRTC returns as its log.
+
+Every compile passes `--ptxas-options=-v`, so the report is stored in the cache manifest and
+available without a GPU. The report looks like::
+
+    ptxas info    : Compiling entry function 'k' for 'sm_90a'
+    ptxas info    : Function properties for k
+    ptxas         .     312 bytes stack frame, 316 bytes spill stores, 364 bytes spill loads
+    ptxas info    : Used 32 registers, used 1 barriers, 1024 bytes smem, 312 bytes cumulative stack size
+
+"Function properties" also appears for non-inlined device functions; their spills count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_CMEM = re.compile(r"(\d+) bytes cmem\[\d+\]")
+_CUMULATIVE_STACK = re.compile(r"(\d+) bytes cumulative stack size")
+
+
+@dataclass(frozen=True)
+class FunctionResources:
+    """Resource usage of one function in a cubin, per thread unless stated.
+
+    Attributes:
+        name: Mangled (or `extern "C"`) function name.
+        is_entry: True for `__global__` functions, False for non-inlined device functions.
+        registers: Registers per thread (entry functions only; 0 otherwise).
+        barriers: Named barriers used (entry functions only).
+        static_shared_bytes: `__shared__` arrays of fixed size, per block. Dynamic shared
+            memory is chosen at launch and is not part of the binary.
+        constant_bytes: User constant memory (`cmem`) when ptxas reports it.
+        stack_frame_bytes: Local memory (stack frame) per thread for this function.
+        cumulative_stack_bytes: Stack including callees, when ptxas reports it.
+        spill_store_bytes: Bytes of register spill stores per thread.
+        spill_load_bytes: Bytes of register spill loads per thread.
+    """
+
+    name: str
+    is_entry: bool
+    registers: int = 0
+    barriers: int = 0
+    static_shared_bytes: int = 0
+    constant_bytes: int = 0
+    stack_frame_bytes: int = 0
+    cumulative_stack_bytes: int = 0
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+
+    @property
+    def spills(self) -> bool:
+        """True when ptxas spilled registers to local memory."""
+        return self.spill_store_bytes > 0 or self.spill_load_bytes > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the fields as a JSON-able dict (for the cache manifest)."""
+        return asdict(self)
+
+
+def parse_ptxas_report(log: str) -> dict[str, FunctionResources]:
+    """Parse a `ptxas -v` report into per-function resources.
+
+    Args:
+        log: NVRTC log of a compile made with `--ptxas-options=-v`.
+
+    Returns:
+        Function name -> resources, entry functions and device functions alike, in the order
+        ptxas reports them.
+    """
+    fields: dict[str, dict[str, Any]] = {}
+    entry: str | None = None
+    properties_of: str | None = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m.group(1)
+            fields.setdefault(entry, {"name": entry, "is_entry": True})["is_entry"] = True
+            continue
+        if m := _PROPERTIES.search(line):
+            properties_of = m.group(1)
+            fields.setdefault(properties_of, {"name": properties_of, "is_entry": False})
+            continue
+        if (m := _FRAME.search(line)) and properties_of is not None:
+            target = fields[properties_of]
+            target["stack_frame_bytes"] = int(m.group(1))
+            target["spill_store_bytes"] = int(m.group(2))
+            target["spill_load_bytes"] = int(m.group(3))
+            continue
+        if (m := _USED.search(line)) and entry is not None:
+            target = fields[entry]
+            target["registers"] = int(m.group(1))
+            for key, pattern in (
+                ("barriers", _BARRIERS),
+                ("static_shared_bytes", _SMEM),
+                ("constant_bytes", _CMEM),
+                ("cumulative_stack_bytes", _CUMULATIVE_STACK),
+            ):
+                if found := pattern.search(line):
+                    target[key] = int(found.group(1))
+    return {name: FunctionResources(**values) for name, values in fields.items()}
+
+
+def resources_from_json(data: dict[str, dict[str, Any]]) -> dict[str, FunctionResources]:
+    """Rebuild the output of `parse_ptxas_report` from its manifest form.
+
+    Args:
+        data: Function name -> `FunctionResources.to_json()` dict.
+
+    Returns:
+        Function name -> resources.
+    """
+    return {name: FunctionResources(**values) for name, values in data.items()}

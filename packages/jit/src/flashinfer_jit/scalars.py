@@ -1,0 +1,157 @@
+"""Explicitly typed scalar kernel arguments.
+
+A plain Python `int` does not say whether the kernel parameter is 32 or 64 bits wide, and
+guessing wrong shifts every later argument. `Kernel.launch` therefore rejects plain
+numbers; wrap each scalar in the type of the C parameter::
+
+    kernel.launch(grid, block, out, x, i32(n), f32(scale), u64(ptr))
+"""
+
+from __future__ import annotations
+
+import struct
+
+
+class _Scalar:
+    """Base of the scalar wrappers: a value, its `struct` format and its size in bytes."""
+
+    __slots__ = ("value",)
+    format: str = ""
+    size: int = 0
+    c_type: str = ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.value!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.value == self.value  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.value))
+
+
+class _Integer(_Scalar):
+    __slots__ = ()
+    low: int = 0
+    high: int = 0
+
+    def __init__(self, value: int) -> None:
+        # bool is an int; accept objects with __index__ (numpy/torch integer scalars).
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(
+                f"{type(self).__name__}: expected an integer, got {type(value).__name__} ({value!r})"
+            )
+        value = value.__index__()
+        if not self.low <= value <= self.high:
+            raise ValueError(
+                f"{type(self).__name__}: {value} is outside [{self.low}, {self.high}] "
+                f"({self.c_type})"
+            )
+        self.value = value
+
+
+class i32(_Integer):
+    """A C `int32_t` / `int` kernel argument.
+
+    Args:
+        value: Integer in [-2**31, 2**31 - 1].
+
+    Raises:
+        TypeError: `value` is not an integer.
+        ValueError: `value` does not fit.
+    """
+
+    __slots__ = ()
+    format, size, c_type, low, high = "i", 4, "int32_t", -(2**31), 2**31 - 1
+
+
+class u32(_Integer):
+    """A C `uint32_t` / `unsigned` kernel argument.
+
+    Args:
+        value: Integer in [0, 2**32 - 1].
+
+    Raises:
+        TypeError: `value` is not an integer.
+        ValueError: `value` does not fit.
+    """
+
+    __slots__ = ()
+    format, size, c_type, low, high = "I", 4, "uint32_t", 0, 2**32 - 1
+
+
+class i64(_Integer):
+    """A C `int64_t` / `long long` kernel argument.
+
+    Args:
+        value: Integer in [-2**63, 2**63 - 1].
+
+    Raises:
+        TypeError: `value` is not an integer.
+        ValueError: `value` does not fit.
+    """
+
+    __slots__ = ()
+    format, size, c_type, low, high = "q", 8, "int64_t", -(2**63), 2**63 - 1
+
+
+class u64(_Integer):
+    """A C `uint64_t` kernel argument; also carries raw device pointers.
+
+    Args:
+        value: Integer in [0, 2**64 - 1].
+
+    Raises:
+        TypeError: `value` is not an integer.
+        ValueError: `value` does not fit.
+    """
+
+    __slots__ = ()
+    format, size, c_type, low, high = "Q", 8, "uint64_t", 0, 2**64 - 1
+
+
+class f32(_Scalar):
+    """A C `float` kernel argument.
+
+    Args:
+        value: Real number; rounded to the nearest float32.
+
+    Raises:
+        TypeError: `value` is not a real number.
+        ValueError: `value` is finite but too large for float32.
+    """
+
+    __slots__ = ()
+    format, size, c_type = "f", 4, "float"
+
+    def __init__(self, value: float) -> None:
+        if isinstance(value, bool) or not hasattr(value, "__float__"):
+            raise TypeError(f"f32: expected a real number, got {type(value).__name__} ({value!r})")
+        value = float(value)
+        try:
+            struct.pack("<f", value)
+        except OverflowError:
+            raise ValueError(f"f32: {value} overflows float32") from None
+        self.value = value
+
+
+class f64(_Scalar):
+    """A C `double` kernel argument.
+
+    Args:
+        value: Real number.
+
+    Raises:
+        TypeError: `value` is not a real number.
+    """
+
+    __slots__ = ()
+    format, size, c_type = "d", 8, "double"
+
+    def __init__(self, value: float) -> None:
+        if isinstance(value, bool) or not hasattr(value, "__float__"):
+            raise TypeError(f"f64: expected a real number, got {type(value).__name__} ({value!r})")
+        self.value = float(value)
+
+
+SCALAR_TYPES: tuple[type[_Scalar], ...] = (i32, u32, i64, u64, f32, f64)

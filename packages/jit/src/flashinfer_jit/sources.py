@@ -1,0 +1,90 @@
+"""Collect a kernel's source and every project header it includes, for the cache key.
+
+Every `#include "..."` and `#include <...>` line is followed, whatever preprocessor
+conditions surround it (hashing a header that ends up unused only costs a spurious
+recompile, missing one would serve a stale binary). An include is resolved in the including
+file's folder (quoted form only), then the spec's source folder, its `include_dirs` and the
+package's own include folder. Includes found nowhere there are CUDA/CCCL/system headers; those
+are covered by the toolchain versions in the key instead of by their text. Includes whose
+name is a macro (`#include HEADER`) cannot be followed and are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec import KernelSpec
+from .toolchain import PACKAGE_INCLUDE_DIR
+
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file that takes part in a compilation.
+
+    Attributes:
+        include_name: How it was included (`"<main>"` for the kernel source itself).
+        path: Where it was found.
+        sha256: Hex digest of its bytes.
+    """
+
+    include_name: str
+    path: Path
+    sha256: str
+
+
+def search_dirs(spec: KernelSpec) -> tuple[Path, ...]:
+    """Return the project include directories of a spec, in search order.
+
+    Args:
+        spec: The kernel configuration.
+
+    Returns:
+        The source's folder, the spec's `include_dirs`, then the package include folder.
+    """
+    return (spec.source.parent, *spec.include_dirs, PACKAGE_INCLUDE_DIR)
+
+
+def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
+    """Read a kernel's source and hash it together with every project header it includes.
+
+    Args:
+        spec: The kernel configuration.
+
+    Returns:
+        `(main_source_text, files)`: the text to hand to NVRTC, and each file that takes part,
+        in depth-first include order starting with the main source.
+
+    Raises:
+        FileNotFoundError: The main source does not exist.
+    """
+    try:
+        main_bytes = spec.source.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"kernel source for {spec.label!r} not found: {spec.source}"
+        ) from None
+    dirs = search_dirs(spec)
+    files: list[SourceFile] = []
+    visited: set[Path] = set()
+
+    def visit(include_name: str, path: Path, content: bytes) -> None:
+        visited.add(path)
+        files.append(SourceFile(include_name, path, hashlib.sha256(content).hexdigest()))
+        for match in _INCLUDE.finditer(content):
+            quoted = match.group(1) == b'"'
+            name = match.group(2).decode("utf-8", "replace").strip()
+            candidates = ((path.parent,) if quoted else ()) + dirs
+            for folder in candidates:
+                header = (folder / name).resolve()
+                if header.is_file():
+                    if header not in visited:
+                        visit(name, header, header.read_bytes())
+                    break
+
+    visit("<main>", spec.source.resolve(), main_bytes)
+    return main_bytes.decode("utf-8"), tuple(files)

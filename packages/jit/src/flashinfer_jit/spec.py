@@ -1,0 +1,184 @@
+"""`KernelSpec`: what to compile (source, entry point, specialisation constants, options)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+DefineValue = str | int
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _normalise_defines(
+    defines: Mapping[str, DefineValue] | Iterable[tuple[str, DefineValue]] | None,
+) -> tuple[tuple[str, DefineValue], ...]:
+    if defines is None:
+        return ()
+    items = list(defines.items()) if isinstance(defines, Mapping) else list(defines)
+    seen: dict[str, DefineValue] = {}
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(
+                f"defines: expected (name, value) pairs or a dict, got an item {item!r} "
+                f"of type {type(item).__name__}"
+            )
+        name, value = item
+        if not isinstance(name, str) or not _IDENTIFIER.match(name):
+            raise ValueError(f"defines: macro name must be a C identifier, got {name!r}")
+        # bool is an int subclass; True would silently become "True", which C does not know.
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise TypeError(
+                f"defines[{name!r}]: expected str or int, got {type(value).__name__} ({value!r})"
+            )
+        if name in seen and seen[name] != value:
+            raise ValueError(f"defines: macro {name!r} given twice ({seen[name]!r} and {value!r})")
+        seen[name] = value
+    return tuple(sorted(seen.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One kernel configuration: a CUDA C++ source plus its specialisation.
+
+    Specs are immutable and hashable; equal specs share cache entries and loaded kernels.
+    Build each configuration once (for example behind `functools.cache`) and keep it, so the
+    launch path only pays a dict lookup.
+
+    Attributes:
+        name: The entry point. Either the name of an `extern "C" __global__` function, or,
+            when `name_expressions` is given, one of those expressions (for example
+            `"my_kernel<128, true>"`).
+        source: Path of the main `.cu` file, usually shipped as package data next to its
+            launcher. Its folder is always on the include path.
+        defines: Specialisation constants as sorted `(name, value)` pairs, passed to NVRTC as
+            `-Dname=value`. A dict or unsorted pairs are accepted and normalised.
+        include_dirs: Extra include directories searched for `#include "..."` and
+            `#include <...>` (after the source's own folder).
+        options: Extra NVRTC options, for example `("--use_fast_math",)`.
+        name_expressions: Template instantiations to compile and expose (NVRTC name
+            expressions). Empty for `extern "C"` kernels.
+        label: Short human-readable description for progress bars and error messages;
+            defaults to `name` plus the defines. Not part of the cache key.
+    """
+
+    name: str
+    source: Path
+    defines: tuple[tuple[str, DefineValue], ...] = ()
+    include_dirs: tuple[Path, ...] = ()
+    options: tuple[str, ...] = ()
+    name_expressions: tuple[str, ...] = ()
+    label: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"KernelSpec.name: expected a non-empty str, got {self.name!r}")
+        if not isinstance(self.source, (str, Path)):
+            raise TypeError(
+                f"KernelSpec.source: expected a pathlib.Path or str, got {type(self.source).__name__}"
+            )
+        object.__setattr__(self, "source", Path(self.source))
+        object.__setattr__(self, "defines", _normalise_defines(self.defines))
+        if isinstance(self.include_dirs, (str, Path)):
+            raise TypeError("KernelSpec.include_dirs: expected a sequence of paths, got one path")
+        object.__setattr__(self, "include_dirs", tuple(Path(d) for d in self.include_dirs))
+        for field in ("options", "name_expressions"):
+            value = getattr(self, field)
+            if isinstance(value, str):
+                raise TypeError(f"KernelSpec.{field}: expected a sequence of str, got one str")
+            value = tuple(value)
+            for item in value:
+                if not isinstance(item, str):
+                    raise TypeError(
+                        f"KernelSpec.{field}: expected str items, got {type(item).__name__} ({item!r})"
+                    )
+            object.__setattr__(self, field, value)
+        if self.name_expressions and self.name not in self.name_expressions:
+            raise ValueError(
+                f"KernelSpec.name {self.name!r} must be one of name_expressions "
+                f"{list(self.name_expressions)}"
+            )
+        if not self.label:
+            consts = ", ".join(f"{k}={v}" for k, v in self.defines)
+            object.__setattr__(self, "label", f"{self.name}[{consts}]" if consts else self.name)
+        # Launch paths look specs up in dicts: hash once, not on every lookup.
+        object.__setattr__(self, "_hash", hash(self._identity()))
+
+    def _identity(self) -> tuple:
+        return (
+            self.name,
+            self.source,
+            self.defines,
+            self.include_dirs,
+            self.options,
+            self.name_expressions,
+        )
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self):
+        # Rebuild through __init__ so the cached hash is recomputed in the receiving process
+        # (str hashes are randomised per process).
+        return (_rebuild_spec, (*self._identity(), self.label))
+
+    @classmethod
+    def make(
+        cls,
+        name: str,
+        source: str | Path,
+        defines: Mapping[str, DefineValue] | Iterable[tuple[str, DefineValue]] | None = None,
+        *,
+        include_dirs: Iterable[str | Path] = (),
+        options: Iterable[str] = (),
+        name_expressions: Iterable[str] = (),
+        label: str = "",
+    ) -> KernelSpec:
+        """Build a spec from friendlier argument types.
+
+        Args:
+            name: Entry point (see the class attributes).
+            source: Path of the main `.cu` file.
+            defines: Specialisation constants as a dict or `(name, value)` pairs; values are
+                str or int.
+            include_dirs: Extra include directories.
+            options: Extra NVRTC options.
+            name_expressions: Template instantiations to expose.
+            label: Human-readable description (defaults to name plus defines).
+
+        Returns:
+            The normalised, hashable spec.
+
+        Raises:
+            TypeError: A define value is not str/int, or a sequence argument is a bare str.
+            ValueError: A macro name is not a C identifier or is given twice with different
+                values, or `name` is not among `name_expressions`.
+        """
+        return cls(
+            name=name,
+            source=Path(source),
+            defines=defines,  # type: ignore[arg-type]  # normalised in __post_init__
+            include_dirs=tuple(Path(d) for d in include_dirs),
+            options=tuple(options),
+            name_expressions=tuple(name_expressions),
+            label=label,
+        )
+
+    def with_defines(self, **defines: DefineValue) -> KernelSpec:
+        """Return a copy with some defines added or replaced.
+
+        Args:
+            **defines: Macro names and their new values.
+
+        Returns:
+            A new spec; its label is recomputed from the new defines.
+        """
+        merged = dict(self.defines)
+        merged.update(defines)
+        return dataclasses.replace(self, defines=tuple(merged.items()), label="")
+
+
+def _rebuild_spec(name, source, defines, include_dirs, options, name_expressions, label):
+    return KernelSpec(name, source, defines, include_dirs, options, name_expressions, label)
