@@ -7,7 +7,60 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    """Import tools/bench as the `bench` package (it is a script directory, not installed)."""
+    tools = str(REPO / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import bench.cli
+    import bench.models
+    import bench.shapes
+
+    return bench
+
+
+def test_grid_is_the_performance_md_grid() -> None:
+    shapes = _bench().shapes
+    grid = shapes.gpu_grid(["fp8"], quick=False)
+    assert len(grid) == 4 * 3 * 4 * 3
+    assert {s.batch for s in grid} == {1, 8, 64, 128}
+    assert {s.avg_len for s in grid} == {4096, 16384, 65536}
+    assert {s.next_n for s in grid} == {1, 2, 3, 4}
+    assert {s.block_size for s in grid} == {32, 64, 128}
+
+
+def test_lengths_are_seeded_and_uniform_in_0p7_to_1p3_of_l() -> None:
+    shapes = _bench().shapes
+    shape = shapes.IndexerShape("fp8", 128, 16384, 2, 64)
+    lens = shape.seq_lens()
+    assert lens == shapes.IndexerShape("fp8", 128, 16384, 2, 64).seq_lens()
+    assert lens != shapes.IndexerShape("fp8", 128, 16384, 1, 64).seq_lens()
+    assert all(0.7 * 16384 <= n <= 1.3 * 16384 for n in lens)
+    # 128 uniform draws spread over the range rather than sitting on one value.
+    assert min(lens) < 0.8 * 16384 and max(lens) > 1.2 * 16384
+
+
+def test_work_model_counts_each_input_and_output_once() -> None:
+    bench = _bench()
+    shape = bench.shapes.IndexerShape("fp8", 2, 150, 2, 64)
+    work = bench.models.work_model(shape, [100, 200], torch.float32)
+    assert work.kv_tokens == 300
+    assert work.kv_bytes == 300 * 132
+    assert work.output_bytes == 300 * 2 * 4
+    # q (fp8) + weights (fp32) + block table (2 x ceil(200/64) int32) + seq_lens.
+    assert work.small_input_bytes == 2 * 2 * 64 * 128 + 4 * 64 * 4 + 2 * 4 * 4 + 2 * 4
+    assert work.flops == 2 * 64 * 128 * 2 * 300
+    fp4 = bench.models.work_model(
+        bench.shapes.IndexerShape("fp4", 2, 150, 2, 64), [100, 200], torch.bfloat16
+    )
+    assert fp4.kv_bytes == 300 * 68
+    assert fp4.output_bytes == 300 * 2 * 2
 
 
 def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
@@ -52,12 +105,10 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
     ]
 
 
-def test_bench_rejects_unknown_op(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "bench"), "--ops", "fp16", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert "--ops takes a comma-separated subset of fp8,fp4" in proc.stderr
+def test_bench_rejects_unknown_op(capsys: pytest.CaptureFixture[str]) -> None:
+    cli = _bench().cli
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(["--ops", "fp16"])
+    assert exc.value.code == 2
+    assert "--ops takes a comma-separated subset of fp8,fp4; got 'fp16'" in capsys.readouterr().err
+    assert cli.parse_args(["--ops", "fp4"]).ops == ["fp4"]
