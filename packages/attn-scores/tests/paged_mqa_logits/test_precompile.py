@@ -1,0 +1,87 @@
+"""precompile_paged_mqa_logits: argument checks everywhere, compilation only on SM90."""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+
+
+def test_cpu_device_compiles_nothing():
+    assert fa.precompile_paged_mqa_logits("cpu") == []
+    assert fa.precompile_paged_mqa_logits(torch.device("cpu"), ("fp8",), (torch.float16,)) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="device=None targets the GPU here")
+def test_default_device_without_gpu_is_cpu():
+    assert fa.precompile_paged_mqa_logits() == []
+
+
+def test_fp4_bfloat16_output_is_a_valid_request():
+    got = fa.precompile_paged_mqa_logits("cpu", variants=("fp4",), output_dtypes=(torch.bfloat16,))
+    assert got == []
+
+
+PRECOMPILE_ERRORS = {
+    "variant_unknown": (
+        {"variants": ("fp16",)},
+        ValueError,
+        "variants entries must be 'fp8' or 'fp4'",
+    ),
+    "variants_str": ({"variants": "fp8"}, TypeError, "variants must be a non-empty sequence"),
+    "variants_empty": ({"variants": ()}, TypeError, "variants must be a non-empty sequence"),
+    "fp8_bf16_output": (
+        {"variants": ("fp8",), "output_dtypes": (torch.bfloat16,)},
+        ValueError,
+        "bfloat16 is deliberately unsupported",
+    ),
+    "output_dtypes_not_dtypes": (
+        {"output_dtypes": ("float32",)},
+        TypeError,
+        "output_dtypes entries must be torch.dtype",
+    ),
+    "block_size_48": ({"block_sizes": (32, 48)}, ValueError, "block_sizes entry 48: must be in"),
+    "next_n_5_fp4": (
+        {"variants": ("fp4",), "next_ns": (5,)},
+        ValueError,
+        r"fp4 supports next_n 1\.\.4",
+    ),
+    "next_n_0": ({"next_ns": (0,)}, ValueError, "next_ns entry 0: must be >= 1"),
+    "fp8_num_heads_6": (
+        {"variants": ("fp8",), "num_heads": 6},
+        ValueError,
+        "num_heads .* must be a positive multiple of 4, got 6",
+    ),
+    "fp8_head_dim_48": (
+        {"variants": ("fp8",), "head_dim": 48},
+        ValueError,
+        "head_dim must be a positive multiple of 32, got 48",
+    ),
+    "epi_dtype_float64": ({"epi_dtypes": (torch.float64,)}, ValueError, "epi_dtypes"),
+    "acc_dtype_bf16": (
+        {"variants": ("fp8",), "acc_dtypes": (torch.bfloat16,)},
+        ValueError,
+        "acc_dtypes",
+    ),
+    "batch_size_0": ({"batch_sizes": (0,)}, ValueError, "batch_sizes entry 0: must be >= 1"),
+    "device_meta": ({"device": "meta"}, ValueError, "device must be a CUDA or CPU device"),
+    "device_float": ({"device": 1.5}, TypeError, "device must be a torch.device"),
+}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"), PRECOMPILE_ERRORS.values(), ids=PRECOMPILE_ERRORS.keys()
+)
+def test_precompile_argument_errors(kwargs, error, match):
+    kwargs = {"device": "cpu", **kwargs}
+    with pytest.raises(error, match=match):
+        fa.precompile_paged_mqa_logits(**kwargs)
+
+
+@pytest.mark.gpu
+def test_precompile_default_grid_on_sm90():
+    configs = fa.precompile_paged_mqa_logits()
+    # fp8: 3 block sizes x 4 next_n; fp4: 3 x 4 x (bf16, fp32) plus the interleaved order at
+    # block size 128 (4 next_n x 2 dtypes).
+    assert len(configs) == 12 + 24 + 8
+    assert len(set(configs)) == len(configs)
