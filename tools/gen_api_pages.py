@@ -67,6 +67,15 @@ MODULE_TITLES = {
     "flashinfer_layouts.write": "Serving write path",
     "flashinfer_layouts.nvfp4": "NVFP4 quantisation and the 128x4 scale swizzle",
     "flashinfer_layouts.msa_page": "The packed NVFP4 MSA page",
+    "flashinfer_jit.spec": "Kernel specifications",
+    "flashinfer_jit.compiler": "Compiling",
+    "flashinfer_jit.kernel": "Loading and launching",
+    "flashinfer_jit.scalars": "Typed scalar arguments",
+    "flashinfer_jit.tma": "TMA descriptors",
+    "flashinfer_jit.device": "Device queries",
+    "flashinfer_jit.cache": "Kernel cache",
+    "flashinfer_jit.resources": "Kernel resources",
+    "flashinfer_jit.errors": "Errors",
 }
 
 
