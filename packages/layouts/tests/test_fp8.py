@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 import struct
 
+import flashinfer_layouts as fl
 import pytest
 import torch
-
-import flashinfer_layouts as fl
 
 
 def e4m3_value(byte: int) -> float:
@@ -29,14 +28,16 @@ def e4m3_values(values: torch.Tensor) -> torch.Tensor:
 
 def test_pack_hand_built_block_bytes():
     # e4m3 bytes: 1.0=0x38, 2.0=0x40, -1.0=0xB8, 0.5=0x30, 448=0x7E, 1.5=0x3C, -2.0=0xC0, 3.0=0x44
-    value_bytes = torch.tensor([[[0x38, 0x40, 0xB8, 0x30], [0x7E, 0x3C, 0xC0, 0x44]]], dtype=torch.uint8)
+    value_bytes = torch.tensor(
+        [[[0x38, 0x40, 0xB8, 0x30], [0x7E, 0x3C, 0xC0, 0x44]]], dtype=torch.uint8
+    )
     values = value_bytes.view(torch.float8_e4m3fn)
     scales = torch.tensor([[1.0, 0.5]])  # 0x3F800000, 0x3F000000
     kv = fl.pack_fp8_kv_cache(values, scales)
     assert kv.shape == (1, 2, 1, 8) and kv.dtype == torch.uint8
-    expected = [0x38, 0x40, 0xB8, 0x30, 0x7E, 0x3C, 0xC0, 0x44,  # region 1: tok0, tok1
-                0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x3F]  # region 2: s0, s1 (LE)
-    assert kv.flatten().tolist() == expected
+    region1 = [0x38, 0x40, 0xB8, 0x30, 0x7E, 0x3C, 0xC0, 0x44]  # tok0 values, tok1 values
+    region2 = [0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x3F]  # s0 = 1.0, s1 = 0.5 (LE fp32)
+    assert kv.flatten().tolist() == region1 + region2
 
 
 def test_pack_region_offsets_block32_dim128():
@@ -185,19 +186,69 @@ def test_dequantize_dtypes():
     ("call", "exc", "match"),
     [
         (lambda: fl.quantize_fp8_per_token([1.0]), TypeError, "x must be a torch.Tensor"),
-        (lambda: fl.quantize_fp8_per_token(torch.ones(3, dtype=torch.int32)), TypeError, "x must have dtype"),
+        (
+            lambda: fl.quantize_fp8_per_token(torch.ones(3, dtype=torch.int32)),
+            TypeError,
+            "x must have dtype",
+        ),
         (lambda: fl.quantize_fp8_per_token(torch.ones(())), ValueError, "x must have at least 1"),
         (lambda: fl.quantize_fp8_per_token(torch.ones(2, 0)), ValueError, "non-empty last"),
-        (lambda: fl.quantize_fp8_per_token(torch.ones(2, 4), scale_mode="ue8m0"), ValueError, "scale_mode"),
-        (lambda: fl.pack_fp8_kv_cache(torch.ones(1, 2, 4), torch.ones(1, 2)), TypeError, "values must have dtype"),
-        (lambda: fl.pack_fp8_kv_cache(torch.ones(2, 4).to(torch.float8_e4m3fn), torch.ones(2)), ValueError, "values must be 3-D"),
-        (lambda: fl.pack_fp8_kv_cache(torch.ones(1, 2, 4).to(torch.float8_e4m3fn), torch.ones(1, 3)), ValueError, r"scales must have shape \(1, 2\)"),
-        (lambda: fl.pack_fp8_kv_cache(torch.ones(1, 2, 4).to(torch.float8_e4m3fn), torch.ones(1, 2, dtype=torch.float64)), TypeError, "scales must have dtype"),
-        (lambda: fl.unpack_fp8_kv_cache(torch.zeros(1, 2, 1, 8, dtype=torch.int8)), TypeError, "kv_fused must have dtype"),
-        (lambda: fl.unpack_fp8_kv_cache(torch.zeros(2, 1, 8, dtype=torch.uint8)), ValueError, "kv_fused must be 4-D"),
-        (lambda: fl.unpack_fp8_kv_cache(torch.zeros(1, 2, 2, 8, dtype=torch.uint8)), ValueError, r"kv_fused.shape\[2\]"),
-        (lambda: fl.unpack_fp8_kv_cache(torch.zeros(1, 2, 1, 4, dtype=torch.uint8)), ValueError, r"kv_fused.shape\[3\]"),
-        (lambda: fl.dequantize_fp8_kv_cache(torch.zeros(1, 2, 1, 8, dtype=torch.uint8), dtype=torch.int32), TypeError, "dtype must be"),
+        (
+            lambda: fl.quantize_fp8_per_token(torch.ones(2, 4), scale_mode="ue8m0"),
+            ValueError,
+            "scale_mode",
+        ),
+        (
+            lambda: fl.pack_fp8_kv_cache(torch.ones(1, 2, 4), torch.ones(1, 2)),
+            TypeError,
+            "values must have dtype",
+        ),
+        (
+            lambda: fl.pack_fp8_kv_cache(torch.ones(2, 4).to(torch.float8_e4m3fn), torch.ones(2)),
+            ValueError,
+            "values must be 3-D",
+        ),
+        (
+            lambda: fl.pack_fp8_kv_cache(
+                torch.ones(1, 2, 4).to(torch.float8_e4m3fn), torch.ones(1, 3)
+            ),
+            ValueError,
+            r"scales must have shape \(1, 2\)",
+        ),
+        (
+            lambda: fl.pack_fp8_kv_cache(
+                torch.ones(1, 2, 4).to(torch.float8_e4m3fn), torch.ones(1, 2, dtype=torch.float64)
+            ),
+            TypeError,
+            "scales must have dtype",
+        ),
+        (
+            lambda: fl.unpack_fp8_kv_cache(torch.zeros(1, 2, 1, 8, dtype=torch.int8)),
+            TypeError,
+            "kv_fused must have dtype",
+        ),
+        (
+            lambda: fl.unpack_fp8_kv_cache(torch.zeros(2, 1, 8, dtype=torch.uint8)),
+            ValueError,
+            "kv_fused must be 4-D",
+        ),
+        (
+            lambda: fl.unpack_fp8_kv_cache(torch.zeros(1, 2, 2, 8, dtype=torch.uint8)),
+            ValueError,
+            r"kv_fused.shape\[2\]",
+        ),
+        (
+            lambda: fl.unpack_fp8_kv_cache(torch.zeros(1, 2, 1, 4, dtype=torch.uint8)),
+            ValueError,
+            r"kv_fused.shape\[3\]",
+        ),
+        (
+            lambda: fl.dequantize_fp8_kv_cache(
+                torch.zeros(1, 2, 1, 8, dtype=torch.uint8), dtype=torch.int32
+            ),
+            TypeError,
+            "dtype must be",
+        ),
     ],
 )
 def test_errors(call, exc, match):

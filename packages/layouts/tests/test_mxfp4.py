@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import flashinfer_layouts as fl
 import pytest
 import torch
-
-import flashinfer_layouts as fl
 
 # Independent reference: the E2M1 grid and a brute-force nearest search with ties to even.
 GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
@@ -17,7 +16,9 @@ def nearest_code(v: torch.Tensor) -> torch.Tensor:
     best = dist.min(dim=-1, keepdim=True).values
     candidates = dist == best
     even = candidates & (torch.arange(8) % 2 == 0)
-    code = torch.where(even.any(-1), even.to(torch.int64).argmax(-1), candidates.to(torch.int64).argmax(-1))
+    code = torch.where(
+        even.any(-1), even.to(torch.int64).argmax(-1), candidates.to(torch.int64).argmax(-1)
+    )
     return code + 8 * torch.signbit(v).to(torch.int64)
 
 
@@ -28,8 +29,24 @@ def decode_codes(code: torch.Tensor) -> torch.Tensor:
 
 def test_nibble_order_and_codes_hand_built():
     # One 32-element group whose amax is 6 -> scale byte 127 (2**0).
-    row = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-           -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, 0.0] + [0.0] * 16
+    row = [
+        0.0,
+        0.5,
+        1.0,
+        1.5,
+        2.0,
+        3.0,
+        4.0,
+        6.0,
+        -0.5,
+        -1.0,
+        -1.5,
+        -2.0,
+        -3.0,
+        -4.0,
+        -6.0,
+        0.0,
+    ] + [0.0] * 16
     packed, scales = fl.quantize_mxfp4(torch.tensor([row]))
     assert scales.tolist() == [[127]]
     # byte j = element 2j (low nibble) | element 2j+1 (high nibble); sign = bit 3
@@ -208,22 +225,101 @@ def test_quantize_kv_cache_round_trip_both_orders():
     [
         (lambda: fl.quantize_mxfp4(torch.ones(2, 48)), ValueError, "multiple of 32"),
         (lambda: fl.quantize_mxfp4(torch.ones(2, 32), sf_vec_size=3), ValueError, "multiple of 2"),
-        (lambda: fl.quantize_mxfp4(torch.ones(2, 32, dtype=torch.int64)), TypeError, "x must have dtype"),
-        (lambda: fl.dequantize_mxfp4(torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(2, 2, dtype=torch.uint8)), ValueError, r"scales must have shape \(2, 1\)"),
-        (lambda: fl.dequantize_mxfp4(torch.zeros(2, 16, dtype=torch.int8), torch.zeros(2, 1, dtype=torch.uint8)), TypeError, "packed must have dtype"),
+        (
+            lambda: fl.quantize_mxfp4(torch.ones(2, 32, dtype=torch.int64)),
+            TypeError,
+            "x must have dtype",
+        ),
+        (
+            lambda: fl.dequantize_mxfp4(
+                torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(2, 2, dtype=torch.uint8)
+            ),
+            ValueError,
+            r"scales must have shape \(2, 1\)",
+        ),
+        (
+            lambda: fl.dequantize_mxfp4(
+                torch.zeros(2, 16, dtype=torch.int8), torch.zeros(2, 1, dtype=torch.uint8)
+            ),
+            TypeError,
+            "packed must have dtype",
+        ),
         (lambda: fl.quantize_mxfp4_q(torch.ones(1, 1, 4, 64)), ValueError, r"q.shape\[3\]"),
         (lambda: fl.quantize_mxfp4_q(torch.ones(1, 4, 128)), ValueError, "q must be 4-D"),
-        (lambda: fl.pack_mxfp4_q(torch.zeros(1, 1, 4, 64, dtype=torch.uint8), torch.zeros(1, 1, 4, 2, dtype=torch.uint8)), ValueError, "scales must have shape"),
-        (lambda: fl.dequantize_mxfp4_q(torch.zeros(1, 1, 4, 64, dtype=torch.uint8), torch.zeros(1, 1, 4, dtype=torch.int64)), TypeError, "q_sf must have dtype"),
-        (lambda: fl.dequantize_mxfp4_q(torch.zeros(1, 1, 4, 64, dtype=torch.uint8), torch.zeros(1, 1, 3, dtype=torch.int32)), ValueError, "q_sf must have shape"),
-        (lambda: fl.pack_mxfp4_kv_cache(torch.zeros(1, 64, 64, dtype=torch.uint8), torch.zeros(1, 64, 4, dtype=torch.uint8), interleaved=True), ValueError, "block_size == 128"),
-        (lambda: fl.pack_mxfp4_kv_cache(torch.zeros(1, 32, 64, dtype=torch.uint8), torch.zeros(1, 32, 3, dtype=torch.uint8)), ValueError, "scales must have shape"),
-        (lambda: fl.pack_mxfp4_kv_cache(torch.zeros(1, 32, 24, dtype=torch.uint8), torch.zeros(1, 32, 1, dtype=torch.uint8)), ValueError, "multiple of 32"),
-        (lambda: fl.unpack_mxfp4_kv_cache(torch.zeros(1, 32, 1, 66, dtype=torch.uint8)), ValueError, r"17 \* head_dim / 32"),
-        (lambda: fl.unpack_mxfp4_kv_cache(torch.zeros(1, 32, 1, 68, dtype=torch.uint8), interleaved=True), ValueError, "block_size == 128"),
-        (lambda: fl.unpack_mxfp4_kv_cache(torch.zeros(1, 128, 1, 68, dtype=torch.uint8), interleaved=1), TypeError, "interleaved must be a bool"),
-        (lambda: fl.dequantize_mxfp4_kv_cache(torch.zeros(1, 32, 68, dtype=torch.uint8)), ValueError, "kv_fused must be 4-D"),
-        (lambda: fl.quantize_mxfp4_kv_cache(torch.ones(1, 64, 128), interleaved=True), ValueError, "block_size == 128"),
+        (
+            lambda: fl.pack_mxfp4_q(
+                torch.zeros(1, 1, 4, 64, dtype=torch.uint8),
+                torch.zeros(1, 1, 4, 2, dtype=torch.uint8),
+            ),
+            ValueError,
+            "scales must have shape",
+        ),
+        (
+            lambda: fl.dequantize_mxfp4_q(
+                torch.zeros(1, 1, 4, 64, dtype=torch.uint8), torch.zeros(1, 1, 4, dtype=torch.int64)
+            ),
+            TypeError,
+            "q_sf must have dtype",
+        ),
+        (
+            lambda: fl.dequantize_mxfp4_q(
+                torch.zeros(1, 1, 4, 64, dtype=torch.uint8), torch.zeros(1, 1, 3, dtype=torch.int32)
+            ),
+            ValueError,
+            "q_sf must have shape",
+        ),
+        (
+            lambda: fl.pack_mxfp4_kv_cache(
+                torch.zeros(1, 64, 64, dtype=torch.uint8),
+                torch.zeros(1, 64, 4, dtype=torch.uint8),
+                interleaved=True,
+            ),
+            ValueError,
+            "block_size == 128",
+        ),
+        (
+            lambda: fl.pack_mxfp4_kv_cache(
+                torch.zeros(1, 32, 64, dtype=torch.uint8), torch.zeros(1, 32, 3, dtype=torch.uint8)
+            ),
+            ValueError,
+            "scales must have shape",
+        ),
+        (
+            lambda: fl.pack_mxfp4_kv_cache(
+                torch.zeros(1, 32, 24, dtype=torch.uint8), torch.zeros(1, 32, 1, dtype=torch.uint8)
+            ),
+            ValueError,
+            "multiple of 32",
+        ),
+        (
+            lambda: fl.unpack_mxfp4_kv_cache(torch.zeros(1, 32, 1, 66, dtype=torch.uint8)),
+            ValueError,
+            r"17 \* head_dim / 32",
+        ),
+        (
+            lambda: fl.unpack_mxfp4_kv_cache(
+                torch.zeros(1, 32, 1, 68, dtype=torch.uint8), interleaved=True
+            ),
+            ValueError,
+            "block_size == 128",
+        ),
+        (
+            lambda: fl.unpack_mxfp4_kv_cache(
+                torch.zeros(1, 128, 1, 68, dtype=torch.uint8), interleaved=1
+            ),
+            TypeError,
+            "interleaved must be a bool",
+        ),
+        (
+            lambda: fl.dequantize_mxfp4_kv_cache(torch.zeros(1, 32, 68, dtype=torch.uint8)),
+            ValueError,
+            "kv_fused must be 4-D",
+        ),
+        (
+            lambda: fl.quantize_mxfp4_kv_cache(torch.ones(1, 64, 128), interleaved=True),
+            ValueError,
+            "block_size == 128",
+        ),
         (lambda: fl.mxfp4_interleaved_token_of_slot(64), ValueError, "block_size == 128"),
     ],
 )

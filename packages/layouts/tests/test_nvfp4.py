@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+import flashinfer_layouts as fl
 import pytest
 import torch
-
-import flashinfer_layouts as fl
 
 GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
@@ -107,8 +106,10 @@ def test_swizzled_output_equals_swizzled_linear_output():
     assert torch.equal(
         fl.nvfp4_dequantize(fp4_s, sf_s, g), fl.nvfp4_dequantize(fp4_l, sf_l, g, swizzled=False)
     )
-    assert torch.equal(fl.nvfp4_dequantize(fp4_s, sf_s.flatten(), g, m=130, k=80),
-                       fl.nvfp4_dequantize(fp4_s, sf_s, g))
+    assert torch.equal(
+        fl.nvfp4_dequantize(fp4_s, sf_s.flatten(), g, m=130, k=80),
+        fl.nvfp4_dequantize(fp4_s, sf_s, g),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -167,23 +168,96 @@ def test_zero_matrix_and_tensor_global_scale():
     [
         (lambda: fl.nvfp4_quantize(torch.ones(4), 1.0), ValueError, "a must be 2-D"),
         (lambda: fl.nvfp4_quantize(torch.ones(4, 24), 1.0), ValueError, "multiple of 16"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32, dtype=torch.int32), 1.0), TypeError, "a must have dtype"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 0.0), ValueError, "a_global_sf must be a finite positive"),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32, dtype=torch.int32), 1.0),
+            TypeError,
+            "a must have dtype",
+        ),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), 0.0),
+            ValueError,
+            "a_global_sf must be a finite positive",
+        ),
         (lambda: fl.nvfp4_quantize(torch.ones(4, 32), float("inf")), ValueError, "a_global_sf"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.ones(2)), ValueError, "a_global_sf must hold exactly one"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.ones(1, dtype=torch.int32)), TypeError, "a_global_sf must be a floating"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.tensor(-1.0)), ValueError, "a_global_sf must be finite and positive"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), "1"), TypeError, "a_global_sf must be a float"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1.0, sf_vec_size=8), ValueError, "sf_vec_size must be one of"),
-        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1.0, swizzled="yes"), TypeError, "swizzled must be a bool"),
-        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0), ValueError, "a_sf must have shape"),
-        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(100, dtype=torch.uint8), 1.0), ValueError, r"a_sf \(flat swizzled\) must hold"),
-        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0, swizzled=False, m=5), ValueError, "m must equal"),
-        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0, swizzled=False), ValueError, r"a_sf must have shape \(4, 1\)"),
-        (lambda: fl.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4, 2, dtype=torch.uint8), 1.0), TypeError, "a_fp4 must have dtype"),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.ones(2)),
+            ValueError,
+            "a_global_sf must hold exactly one",
+        ),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.ones(1, dtype=torch.int32)),
+            TypeError,
+            "a_global_sf must be a floating",
+        ),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.tensor(-1.0)),
+            ValueError,
+            "a_global_sf must be finite and positive",
+        ),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), "1"),
+            TypeError,
+            "a_global_sf must be a float",
+        ),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1.0, sf_vec_size=8),
+            ValueError,
+            "sf_vec_size must be one of",
+        ),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1.0, swizzled="yes"),
+            TypeError,
+            "swizzled must be a bool",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), 1.0
+            ),
+            ValueError,
+            "a_sf must have shape",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(100, dtype=torch.uint8), 1.0
+            ),
+            ValueError,
+            r"a_sf \(flat swizzled\) must hold",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8),
+                torch.zeros(4, 2, dtype=torch.uint8),
+                1.0,
+                swizzled=False,
+                m=5,
+            ),
+            ValueError,
+            "m must equal",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8),
+                torch.zeros(4, 2, dtype=torch.uint8),
+                1.0,
+                swizzled=False,
+            ),
+            ValueError,
+            r"a_sf must have shape \(4, 1\)",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4, 2, dtype=torch.uint8), 1.0
+            ),
+            TypeError,
+            "a_fp4 must have dtype",
+        ),
         (lambda: fl.swizzle_128x4(torch.zeros(4, dtype=torch.uint8)), ValueError, "sf must be 2-D"),
         (lambda: fl.swizzle_128x4(torch.zeros(4, 4)), TypeError, "sf must have dtype"),
-        (lambda: fl.unswizzle_128x4(torch.zeros(128, 4, dtype=torch.uint8), 129, 4), ValueError, "sf_swizzled must have shape"),
+        (
+            lambda: fl.unswizzle_128x4(torch.zeros(128, 4, dtype=torch.uint8), 129, 4),
+            ValueError,
+            "sf_swizzled must have shape",
+        ),
     ],
 )
 def test_errors(call, exc, match):

@@ -11,8 +11,7 @@ import torch
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 
-# Magnitudes of the eight non-negative E2M1 codes (sign is bit 3 of the nibble).
-_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# E2M1 nibble: sign (bit 3) | code (bits 0-2); codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 
 # Round-to-nearest on the E2M1 grid: the code of |v| is the number of thresholds it passes.
 # At a midpoint the tie goes to the even code (mantissa bit 0), hence ">" for midpoints whose
@@ -28,6 +27,12 @@ _STRICT_THRESHOLDS = (0.25, 1.25, 2.5, 5.0)
 _INCLUSIVE_THRESHOLDS = (0.75, 1.75, 3.5)
 
 
+def _byte_shifts(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # Built with arange, not torch.tensor([...]): no host-to-device copy, so the write path
+    # stays capturable in a CUDA graph.
+    return torch.arange(0, 32, 8, dtype=dtype, device=device)
+
+
 def exp2_float64(exponent: torch.Tensor) -> torch.Tensor:
     """Exact ``2.0 ** exponent`` as float64 for integer exponents in [-1022, 1023]."""
     return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
@@ -35,9 +40,7 @@ def exp2_float64(exponent: torch.Tensor) -> torch.Tensor:
 
 def float32_to_le_bytes(x: torch.Tensor) -> torch.Tensor:
     """float32 ``[...]`` -> uint8 ``[..., 4]``, least significant byte first."""
-    bits = x.to(torch.float32).contiguous().view(torch.int32)
-    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=x.device)
-    return ((bits.unsqueeze(-1) >> shifts) & 0xFF).to(torch.uint8)
+    return int32_to_le_bytes(x.to(torch.float32).contiguous().view(torch.int32))
 
 
 def le_bytes_to_float32(b: torch.Tensor) -> torch.Tensor:
@@ -47,13 +50,13 @@ def le_bytes_to_float32(b: torch.Tensor) -> torch.Tensor:
 
 def int32_to_le_bytes(x: torch.Tensor) -> torch.Tensor:
     """int32 ``[...]`` -> uint8 ``[..., 4]``, byte k = bits [8k, 8k+8)."""
-    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=x.device)
+    shifts = _byte_shifts(torch.int32, x.device)
     return ((x.to(torch.int32).unsqueeze(-1) >> shifts) & 0xFF).to(torch.uint8)
 
 
 def le_bytes_to_int32(b: torch.Tensor) -> torch.Tensor:
     """uint8 ``[..., 4]`` -> int32 ``[...]`` (two's complement wrap of the 32-bit word)."""
-    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=b.device)
+    shifts = _byte_shifts(torch.int64, b.device)
     word = (b.to(torch.int64) << shifts).sum(-1)
     word = torch.where(word >= 2**31, word - 2**32, word)
     return word.to(torch.int32).contiguous()
@@ -77,8 +80,11 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
 
 def e2m1_decode(code: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """E2M1 nibble codes (uint8, low 4 bits used) -> their exact values in ``dtype``."""
-    magnitudes = torch.tensor(_E2M1_MAGNITUDES, dtype=dtype, device=code.device)
-    value = magnitudes[(code & 0x7).long()]
+    # Twice the magnitude is an integer: codes 0, 1 -> 0, 1; code c >= 2 -> (2 + c % 2) << (c // 2 - 1)
+    # (2, 3, 4, 6, 8, 12). Computed, not looked up, to avoid a host-to-device table copy.
+    c = (code & 0x7).to(torch.int32)
+    twice = torch.where(c < 2, c, (2 + (c & 1)) << ((c >> 1) - 1).clamp_min(0))
+    value = twice.to(dtype) * 0.5
     return torch.where((code & 0x8) != 0, -value, value)
 
 

@@ -1,0 +1,217 @@
+"""Serving write path: written slots hold what pack produces, every other byte is untouched."""
+
+from __future__ import annotations
+
+import struct
+
+import flashinfer_layouts as fl
+import pytest
+import torch
+
+
+def random_pool(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+
+
+def fp8_expected(pool, k, slots, scale_mode="pow2"):
+    """Independent placement: bytes written one row at a time at the spec's offsets."""
+    expected = pool.clone()
+    nb, bs, _, width = pool.shape
+    d = width - 4
+    flat = expected.view(nb, bs * width)
+    values, scales = fl.quantize_fp8_per_token(k, scale_mode=scale_mode)
+    for i, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        block, tok = divmod(slot, bs)
+        flat[block, tok * d : (tok + 1) * d] = values[i].view(torch.uint8)
+        le = torch.tensor(list(struct.pack("<f", scales[i].item())), dtype=torch.uint8)
+        flat[block, bs * d + 4 * tok : bs * d + 4 * tok + 4] = le
+    return expected
+
+
+def mxfp4_expected(pool, k, slots, interleaved):
+    expected = pool.clone()
+    nb, bs, _, width = pool.shape
+    d = width * 32 // 17
+    flat = expected.view(nb, bs * width)
+    packed, scales = fl.quantize_mxfp4(k)
+    for i, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        block, tok = divmod(slot, bs)
+        flat[block, tok * d // 2 : (tok + 1) * d // 2] = packed[i]
+        k_slot = 4 * (tok % (bs // 4)) + tok // (bs // 4) if interleaved else tok
+        n_sf = d // 32
+        start = bs * d // 2 + n_sf * k_slot
+        flat[block, start : start + n_sf] = scales[i]
+    return expected
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("scale_mode", ["pow2", "amax"])
+def test_fp8_write_touches_only_written_slots(slot_dtype, scale_mode):
+    gen = torch.Generator().manual_seed(41)
+    pool = random_pool(gen, 5, 32, 1, 132)
+    k = torch.randn(6, 128, generator=gen) * 3
+    slots = [37, -1, 0, 159, 64, -1]
+    expected = fp8_expected(pool, k, slots, scale_mode)
+    fl.write_fp8_kv_cache(pool, k, torch.tensor(slots, dtype=slot_dtype), scale_mode=scale_mode)
+    assert torch.equal(pool, expected)
+
+
+def test_fp8_write_every_slot_equals_pack():
+    gen = torch.Generator().manual_seed(42)
+    nb, bs, d = 3, 64, 64
+    k = torch.randn(nb * bs, d, generator=gen)
+    perm = torch.randperm(nb * bs, generator=gen)
+    pool = random_pool(gen, nb, bs, 1, d + 4)
+    fl.write_fp8_kv_cache(pool, k[perm], perm)
+    values, scales = fl.quantize_fp8_per_token(k.view(nb, bs, d))
+    assert torch.equal(pool, fl.pack_fp8_kv_cache(values, scales))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_mxfp4_write_touches_only_written_slots(interleaved):
+    gen = torch.Generator().manual_seed(43)
+    pool = random_pool(gen, 3, 128, 1, 68)
+    k = torch.randn(7, 128, generator=gen)
+    slots = [1, 130, -1, 383, 32, 97, 256]
+    expected = mxfp4_expected(pool, k, slots, interleaved)
+    fl.write_mxfp4_kv_cache(pool, k, torch.tensor(slots), interleaved=interleaved)
+    assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_mxfp4_write_every_slot_equals_pack(interleaved):
+    gen = torch.Generator().manual_seed(44)
+    nb, bs, d = 2, 128, 64
+    k = torch.randn(nb * bs, d, generator=gen)
+    perm = torch.randperm(nb * bs, generator=gen)
+    pool = random_pool(gen, nb, bs, 1, d // 2 + d // 32)
+    fl.write_mxfp4_kv_cache(pool, k[perm], perm.to(torch.int32), interleaved=interleaved)
+    assert torch.equal(pool, fl.quantize_mxfp4_kv_cache(k.view(nb, bs, d), interleaved=interleaved))
+
+
+def test_all_skipped_and_empty_writes_change_nothing():
+    gen = torch.Generator().manual_seed(45)
+    pool = random_pool(gen, 2, 32, 1, 132)
+    before = pool.clone()
+    fl.write_fp8_kv_cache(pool, torch.randn(3, 128, generator=gen), torch.tensor([-1, -1, -1]))
+    fl.write_fp8_kv_cache(pool, torch.randn(0, 128), torch.zeros(0, dtype=torch.int64))
+    assert torch.equal(pool, before)
+    pool4 = random_pool(gen, 2, 32, 1, 68)
+    before4 = pool4.clone()
+    fl.write_mxfp4_kv_cache(pool4, torch.randn(2, 128, generator=gen), torch.tensor([-1, -1]))
+    assert torch.equal(pool4, before4)
+
+
+def test_write_into_strided_view_of_a_larger_pool():
+    gen = torch.Generator().manual_seed(46)
+    big = random_pool(gen, 6, 32, 1, 132)
+    before = big.clone()
+    view = big[1::2]  # blocks 1, 3, 5 of the big buffer
+    k = torch.randn(2, 128, generator=gen)
+    fl.write_fp8_kv_cache(view, k, torch.tensor([33, 70]))  # view block 1 tok 1, block 2 tok 6
+    expected = before.clone()
+    expected[1::2] = fp8_expected(before[1::2].contiguous(), k, [33, 70])
+    assert torch.equal(big, expected)
+
+
+def test_duplicate_rows_with_skips_are_deterministic():
+    # skipped rows are redirected onto a written row with that row's bytes: the result must
+    # equal writing only the non-skipped rows
+    gen = torch.Generator().manual_seed(47)
+    pool = random_pool(gen, 2, 32, 1, 132)
+    k = torch.randn(5, 128, generator=gen)
+    slots = [-1, -1, 10, -1, 50]
+    expected = fp8_expected(pool, k, slots)
+    fl.write_fp8_kv_cache(pool, k, torch.tensor(slots))
+    assert torch.equal(pool, expected)
+
+
+POOL8 = torch.zeros(2, 32, 1, 132, dtype=torch.uint8)
+POOL4 = torch.zeros(2, 64, 1, 68, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(1, 128), torch.tensor([64])),
+            ValueError,
+            r"slot_mapping entries must be -1 \(skip\) or in \[0, 64\).*got 64",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(1, 128), torch.tensor([-2])),
+            ValueError,
+            "got -2",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(2, 128), torch.tensor([1])),
+            ValueError,
+            r"slot_mapping.shape\[0\]",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(1, 64), torch.tensor([1])),
+            ValueError,
+            r"k.shape\[1\]",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(128), torch.tensor([1])),
+            ValueError,
+            "k must be 2-D",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(1, 128), torch.tensor([1.0])),
+            TypeError,
+            "slot_mapping must have dtype",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(1, 128), torch.tensor([[1]])),
+            ValueError,
+            "slot_mapping must be 1-D",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(
+                POOL8.to(torch.int8), torch.ones(1, 128), torch.tensor([1])
+            ),
+            TypeError,
+            "kv_fused must have dtype",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(
+                POOL8, torch.ones(1, 128, dtype=torch.int32), torch.tensor([1])
+            ),
+            TypeError,
+            "k must have dtype",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(
+                POOL8, torch.ones(1, 128), torch.tensor([1]), scale_mode="x"
+            ),
+            ValueError,
+            "scale_mode",
+        ),
+        (
+            lambda: fl.write_mxfp4_kv_cache(POOL4, torch.ones(1, 128), torch.tensor([128])),
+            ValueError,
+            r"\[0, 128\)",
+        ),
+        (
+            lambda: fl.write_mxfp4_kv_cache(
+                POOL4, torch.ones(1, 128), torch.tensor([1]), interleaved=True
+            ),
+            ValueError,
+            "block_size == 128",
+        ),
+        (
+            lambda: fl.write_mxfp4_kv_cache(POOL8, torch.ones(1, 128), torch.tensor([1])),
+            ValueError,
+            r"17 \* head_dim / 32",
+        ),
+    ],
+)
+def test_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
