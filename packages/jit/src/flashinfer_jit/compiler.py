@@ -277,6 +277,56 @@ def _check_entry(spec: KernelSpec, entry: str, functions: dict[str, FunctionReso
         )
 
 
+def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> CompiledKernel | None:
+    try:
+        entry = read_entry(root, key.digest)
+    except CorruptEntry as exc:
+        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
+        return None
+    if entry is None:
+        return None
+    manifest = entry.manifest
+    functions = resources_from_json(manifest.get("functions", {}))
+    lowered = manifest.get("lowered_names", {})
+    entry_name = _entry_name(spec, lowered)
+    _check_entry(spec, entry_name, functions)
+    _log("cache hit %s for %s (%s)", spec.label, arch, key.digest[:12])
+    return CompiledKernel(
+        spec=spec,
+        arch=arch,
+        key=key.digest,
+        cubin=entry.cubin,
+        entry_name=entry_name,
+        functions=functions,
+        log=manifest.get("log", ""),
+        from_cache=True,
+        cache_path=entry.path,
+        compile_seconds=float(manifest.get("compile_seconds", 0.0)),
+    )
+
+
+def lookup_kernel(
+    spec: KernelSpec, arch: str, *, cache_dir: str | Path | None = None
+) -> CompiledKernel | None:
+    """Return `spec` for `arch` from the disk cache, without compiling.
+
+    Args:
+        spec: The kernel configuration.
+        arch: Full target arch, for example `"sm_90a"`.
+        cache_dir: Cache root; defaults to `default_cache_dir()`.
+
+    Returns:
+        The cached kernel, or None when there is no valid entry.
+
+    Raises:
+        ValueError: `arch` is malformed, or `spec.name` is not an entry point of the cubin.
+        FileNotFoundError: The source file does not exist.
+    """
+    _check_arch(arch)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return _from_cache(spec, arch, root, compute_key(spec, arch, base_options()))
+
+
 def compile_kernel(
     spec: KernelSpec, arch: str, *, cache_dir: str | Path | None = None
 ) -> CompiledKernel:
@@ -304,30 +354,9 @@ def compile_kernel(
     _check_arch(arch)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key: CacheKey = compute_key(spec, arch, base_options())
-    try:
-        entry = read_entry(root, key.digest)
-    except CorruptEntry as exc:
-        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
-        entry = None
-    if entry is not None:
-        manifest = entry.manifest
-        functions = resources_from_json(manifest.get("functions", {}))
-        lowered = manifest.get("lowered_names", {})
-        entry_name = _entry_name(spec, lowered)
-        _check_entry(spec, entry_name, functions)
-        _log("cache hit %s for %s (%s)", spec.label, arch, key.digest[:12])
-        return CompiledKernel(
-            spec=spec,
-            arch=arch,
-            key=key.digest,
-            cubin=entry.cubin,
-            entry_name=entry_name,
-            functions=functions,
-            log=manifest.get("log", ""),
-            from_cache=True,
-            cache_path=entry.path,
-            compile_seconds=float(manifest.get("compile_seconds", 0.0)),
-        )
+    cached = _from_cache(spec, arch, root, key)
+    if cached is not None:
+        return cached
 
     start = time.perf_counter()
     cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text)

@@ -1,0 +1,348 @@
+"""Command line: `python -m flashinfer_jit {inspect, compile-check, cache-info}`.
+
+All commands compile with NVRTC and need no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from .compiler import CompiledKernel, compile_kernel
+from .errors import KernelCompileError
+from .precompile import PrecompileSummary, precompile
+from .registry import ENTRY_POINT_GROUP, SpecSource, discover_registered_specs, load_target
+from .spec import KernelSpec
+
+# Shared memory per block a kernel can opt in to, by arch family, for the inspect report.
+_OPTIN_SHARED_BYTES = {"sm_90": 232448, "sm_100": 232448, "sm_80": 166912, "sm_89": 101376}
+_EXTERN_C_KERNEL = re.compile(
+    rb'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)'
+)
+
+
+def find_sass_tool() -> tuple[str, list[str]] | None:
+    """Locate a SASS disassembler: nvdisasm (preferred) or cuobjdump.
+
+    Looks in the NVIDIA wheels via `cuda.pathfinder` (`nvidia-cuda-nvdisasm`,
+    `nvidia-cuda-cuobjdump`), then on PATH.
+
+    Returns:
+        `(path, arguments before the cubin path)`, or None when neither tool exists.
+    """
+    for tool, args in (("nvdisasm", ["-c"]), ("cuobjdump", ["-sass"])):
+        path = None
+        try:
+            from cuda.pathfinder import find_nvidia_binary_utility
+
+            path = find_nvidia_binary_utility(tool)
+        except Exception:  # older cuda-pathfinder without binary lookup, or not found
+            path = None
+        path = path or shutil.which(tool)
+        if path:
+            return str(path), args
+    return None
+
+
+def _parse_defines(items: Sequence[str]) -> dict[str, str | int]:
+    defines: dict[str, str | int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name:
+            raise SystemExit(f"-D expects NAME or NAME=VALUE, got {item!r}")
+        if not sep:
+            value = "1"
+        defines[name] = int(value) if re.fullmatch(r"-?\d+", value) else value
+    return defines
+
+
+def _specs_from_target(args: argparse.Namespace) -> tuple[KernelSpec, ...]:
+    target: str = args.target
+    path = Path(target)
+    if path.suffix in (".cu", ".cuh") or path.is_file():
+        if not path.is_file():
+            raise SystemExit(f"no such file: {path}")
+        name = args.kernel
+        if name is None:
+            found = _EXTERN_C_KERNEL.findall(path.read_bytes())
+            if not found:
+                raise SystemExit(
+                    f'{path}: no extern "C" __global__ kernel found; pass --kernel NAME'
+                )
+            name = found[0].decode()
+        return (
+            KernelSpec.make(
+                name,
+                path.resolve(),
+                _parse_defines(args.define),
+                include_dirs=[Path(d).resolve() for d in args.include],
+                options=args.option,
+                name_expressions=[name] if args.template else (),
+            ),
+        )
+    if args.define or args.include or args.option:
+        raise SystemExit("-D/-I/--option apply only to a .cu path target")
+    specs = load_target(target)
+    if args.kernel:
+        specs = tuple(s for s in specs if args.kernel in (s.name, s.label))
+    return specs
+
+
+def _optin_bytes(arch: str) -> int | None:
+    family = re.sub(r"[af]$", "", arch)
+    return _OPTIN_SHARED_BYTES.get(family)
+
+
+def print_report(compiled: CompiledKernel, out: TextIO) -> None:
+    """Print the resource report of one compiled configuration.
+
+    Args:
+        compiled: The compiled kernel.
+        out: Where to write.
+    """
+    spec = compiled.spec
+    origin = "cached" if compiled.from_cache else f"compiled in {compiled.compile_seconds:.2f} s"
+    out.write(f"== {spec.label}  [{compiled.arch}, {origin}]\n")
+    out.write(f"   source: {spec.source}\n")
+    out.write(f"   cache:  {compiled.cache_path}\n")
+    optin = _optin_bytes(compiled.arch)
+    for function in compiled.functions.values():
+        kind = "kernel" if function.is_entry else "device function"
+        marker = "  <- entry point" if function.name == compiled.entry_name else ""
+        out.write(f"   {kind} {function.name}{marker}\n")
+        if function.is_entry:
+            out.write(f"     registers:            {function.registers} per thread\n")
+            dynamic = "set at launch"
+            if optin is not None:
+                dynamic += f" (up to {optin - function.static_shared_bytes} bytes per block)"
+            out.write(
+                f"     shared memory:        {function.static_shared_bytes} bytes static; "
+                f"dynamic {dynamic}\n"
+            )
+            out.write(f"     barriers:             {function.barriers}\n")
+        out.write(
+            f"     spills:               {function.spill_store_bytes} bytes stores, "
+            f"{function.spill_load_bytes} bytes loads"
+            f"{'  (SPILLS)' if function.spills else ''}\n"
+        )
+        out.write(f"     local memory (stack): {function.stack_frame_bytes} bytes per thread\n")
+        if function.constant_bytes:
+            out.write(f"     constant memory:      {function.constant_bytes} bytes\n")
+
+
+def _dump_sass(compiled: CompiledKernel, out: TextIO) -> None:
+    tool = find_sass_tool()
+    if tool is None:
+        out.write(
+            "   SASS: neither nvdisasm nor cuobjdump found (pip install nvidia-cuda-nvdisasm, "
+            "or put a CUDA toolkit's bin/ on PATH)\n"
+        )
+        return
+    path, tool_args = tool
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(compiled.cubin)
+        result = subprocess.run(
+            [path, *tool_args, str(cubin)], capture_output=True, text=True, check=False
+        )
+    out.write(f"   SASS ({Path(path).name}):\n")
+    out.write(result.stdout if result.returncode == 0 else result.stderr)
+    out.write("\n")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    specs = _specs_from_target(args)
+    if not specs:
+        print(f"no kernel configurations matched {args.target!r}", file=sys.stderr)
+        return 1
+    status = 0
+    for spec in specs:
+        try:
+            compiled = compile_kernel(spec, args.arch, cache_dir=args.cache_dir)
+        except (KernelCompileError, ValueError, FileNotFoundError) as exc:
+            print(f"== {spec.label}: FAILED\n{exc}", file=sys.stdout)
+            status = 1
+            continue
+        print_report(compiled, sys.stdout)
+        if args.sass:
+            _dump_sass(compiled, sys.stdout)
+    return status
+
+
+def report_compile_check(
+    sources: Sequence[SpecSource], summary: PrecompileSummary, out: TextIO
+) -> int:
+    """Print the compile-check report and return the exit status.
+
+    Args:
+        sources: Where the specs came from (entry points or targets), with load errors.
+        summary: The precompile summary.
+        out: Where to write.
+
+    Returns:
+        0 when everything compiled without spills and every source loaded, else 1.
+    """
+    status = 0
+    for source in sources:
+        if source.error:
+            out.write(
+                f"FAILED to load kernel registrations from {source.name}:\n  {source.error}\n"
+            )
+            status = 1
+    for result in summary.failures:
+        out.write(f"FAILED {result.spec.label} ({result.spec.source}):\n{result.error}\n\n")
+        status = 1
+    for result in summary.spills:
+        for function in result.spilling_functions:
+            out.write(
+                f"SPILLS {result.spec.label}: function {function.name} spills "
+                f"{function.spill_store_bytes} bytes stores / {function.spill_load_bytes} "
+                f"bytes loads per thread\n"
+            )
+        status = 1
+    out.write(f"{summary}\n")
+    out.write("compile-check " + ("passed" if status == 0 else "FAILED") + "\n")
+    return status
+
+
+def cmd_compile_check(args: argparse.Namespace) -> int:
+    if args.specs:
+        sources = []
+        for target in args.specs:
+            try:
+                sources.append(SpecSource(target, load_target(target)))
+            except Exception as exc:  # report every broken target, not just the first
+                sources.append(SpecSource(target, (), f"{type(exc).__name__}: {exc}"))
+    else:
+        sources = discover_registered_specs(args.group)
+    specs = [spec for source in sources for spec in source.specs]
+    loaded = sum(1 for s in sources if not s.error)
+    if not specs and not any(s.error for s in sources):
+        where = "the given targets" if args.specs else f"entry-point group {args.group!r}"
+        print(f"no kernel configurations registered in {where}; nothing to compile")
+        return 0
+    print(
+        f"compile-check: {len(specs)} configuration(s) from {loaded} source(s) for {args.arch}",
+        flush=True,
+    )
+    summary = precompile(
+        specs,
+        arch=args.arch,
+        max_workers=args.jobs,
+        progress=not args.no_progress,
+        cache_dir=args.cache_dir,
+        raise_on_error=False,
+    )
+    return report_compile_check(sources, summary, sys.stdout)
+
+
+def cmd_cache_info(args: argparse.Namespace) -> int:
+    from .cache import default_cache_dir, schema_root
+
+    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    folder = schema_root(root)
+    entries = [p for p in folder.glob("??/*") if p.is_dir()] if folder.exists() else []
+    size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
+    print(f"cache root: {root}")
+    print(f"entries:    {len(entries)} ({size / 1e6:.1f} MB) in {folder}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of `python -m flashinfer_jit`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m flashinfer_jit",
+        description="Compile, inspect and check flashinfer_jit kernels (NVRTC, no GPU needed).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="print registers, shared memory, spills and local memory of kernels",
+        description="Compile kernels (or take them from the cache) and print their resources.",
+    )
+    inspect.add_argument(
+        "target",
+        help="'package.module:callable' returning KernelSpecs, or a .cu file",
+    )
+    inspect.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
+    inspect.add_argument(
+        "-D",
+        dest="define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="macro for a .cu target (repeatable)",
+    )
+    inspect.add_argument(
+        "-I",
+        dest="include",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="include folder for a .cu target (repeatable)",
+    )
+    inspect.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="NVRTC option for a .cu target, e.g. --option=--use_fast_math",
+    )
+    inspect.add_argument("--kernel", help="entry point (.cu target) or name/label filter")
+    inspect.add_argument(
+        "--template", action="store_true", help="treat --kernel as a template name expression"
+    )
+    inspect.add_argument("--sass", action="store_true", help="also dump SASS")
+    inspect.add_argument("--cache-dir", help="cache root (default: FLASHINFER_JIT_CACHE_DIR)")
+    inspect.set_defaults(handler=cmd_inspect)
+
+    check = commands.add_parser(
+        "compile-check",
+        help="compile every registered kernel configuration; fail on errors or spills",
+        description=(
+            "Compile every configuration registered under the flashinfer_jit.kernels "
+            "entry-point group (or the given --specs targets). Exits 1 on any compile error, "
+            "broken registration or register spill."
+        ),
+    )
+    check.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
+    check.add_argument(
+        "--specs",
+        action="append",
+        default=[],
+        metavar="MODULE:CALLABLE",
+        help="check these targets instead of the entry points (repeatable)",
+    )
+    check.add_argument("--group", default=ENTRY_POINT_GROUP, help="entry-point group")
+    check.add_argument(
+        "-j", "--jobs", type=int, default=None, help="worker processes (default: CPU count)"
+    )
+    check.add_argument("--no-progress", action="store_true", help="no progress bar")
+    check.add_argument("--cache-dir", help="cache root (default: FLASHINFER_JIT_CACHE_DIR)")
+    check.set_defaults(handler=cmd_compile_check)
+
+    info = commands.add_parser("cache-info", help="print the cache location and size")
+    info.add_argument("--cache-dir", help="cache root (default: FLASHINFER_JIT_CACHE_DIR)")
+    info.set_defaults(handler=cmd_cache_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: Arguments without the program name (default `sys.argv[1:]`).
+
+    Returns:
+        The exit status.
+    """
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
