@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 MSA_PAGE_SIZE = 128
+"""Tokens per packed NVFP4 MSA page."""
 MSA_HEAD_DIM = 128
+"""Head dimension of the packed NVFP4 MSA page (64 data bytes, 8 scales per token)."""
 _DATA_BYTES_PER_TOKEN = MSA_HEAD_DIM // 2  # 64
 _SCALES_PER_TOKEN = MSA_HEAD_DIM // NVFP4_SF_VEC_SIZE  # 8
 _KV_LAYOUT = "[num_pages, num_kv_heads, 128, 128]"

@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 MXFP4_SF_VEC_SIZE = 32
+"""Elements per UE8M0 scale in MXFP4 (the MX block size)."""
 Q_HEAD_DIM = 128  # four 32-element groups: exactly one int32 of q_sf
 INTERLEAVED_BLOCK_SIZE = 128
 _KV_LAYOUT = "[num_blocks, block_size, 1, head_dim/2 + head_dim/32]"

@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 NVFP4_SF_VEC_SIZE = 16
+"""Elements per E4M3 block scale in NVFP4."""
 _SF_VEC_SIZES = (16, 32)
 _SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _TILE_ROWS, _TILE_COLS = 128, 4
@@ -63,7 +64,9 @@ def swizzled_128x4_shape(rows: int, cols: int) -> tuple[int, int]:
     return _round_up(rows, _TILE_ROWS), _round_up(cols, _TILE_COLS)
 
 
-def swizzle_128x4_offset(row, col, num_cols: int):
+def swizzle_128x4_offset(
+    row: int | torch.Tensor, col: int | torch.Tensor, num_cols: int
+) -> int | torch.Tensor:
     """Byte offset of scale ``(row, col)`` in a 128x4-swizzled buffer.
 
     ``((row // 128) * (C // 4) + col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
