@@ -1,0 +1,280 @@
+"""SM90 kernels against the float64 reference (skipped without an SM90 GPU).
+
+Until the Hopper kernels land these fail with NotImplementedError from the launcher.
+"""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
+
+pytestmark = pytest.mark.gpu
+
+# Allowed |kernel - float64 reference| on the valid region, as a fraction of the largest
+# |reference| in the same row. One table: the output dtype sets the base bound; a
+# reduced-precision epilogue or accumulator raises it to its own entry (the max is used).
+#
+# Why relative to the row and not to each element: Hopper's FP8 WGMMA does not accumulate in
+# full IEEE float32. Within each k-group the products are aligned to the largest exponent and
+# summed with a narrower adder (about 22 mantissa bits per the brief; DeepSeek-V3 reports as
+# few as ~14 retained bits on H800), truncating the rest. So a head's dot product carries an
+# absolute error of up to roughly 2**-13 * sum_d |q_hd * k_d| (the pessimistic reading), and
+# after the weighted head sum |err| <= 2**-13 * sum_h |w_h| * sum_d |q_hd| |k_d| * scale.
+# For the random data here sum_d |q_hd k_d| is a few times |q_h . k| and the row's largest
+# logit is at least a few times a typical head term, so that bound stays below ~1e-3 of the
+# row maximum; 2e-3 leaves a factor of two. An element-wise relative bound would be wrong:
+# logits near zero come from cancelling heads (weights of both signs) and keep the absolute
+# error of their large terms. float16/bfloat16 outputs add one rounding of 2**-11 / 2**-8
+# of the element, at most that of the row maximum. A float16 epilogue rounds each of the
+# 64 head terms and partial sums (random-walk ~sqrt(64) * 2**-11), a bfloat16 one the same
+# at 2**-8, and a float16 accumulator each of 128 product additions. These bounds are the
+# initial ones; tighten them once measured on the H200.
+TOLERANCES = {
+    "output": {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2},
+    "epilogue": {torch.float32: 0.0, torch.float16: 5e-3, torch.bfloat16: 3e-2},
+    "accumulator": {torch.float32: 0.0, torch.float16: 2e-2},
+}
+
+
+def tolerance(output_dtype, epi_dtype=torch.float32, acc_dtype=torch.float32) -> float:
+    return max(
+        TOLERANCES["output"][output_dtype],
+        TOLERANCES["epilogue"][epi_dtype],
+        TOLERANCES["accumulator"][acc_dtype],
+    )
+
+
+# Lengths around block and tile edges, zeros between non-empty requests.
+EDGE_LENGTHS = [1, 127, 0, 128, 129, 0, 256, 257, 1000]
+MAX_SEQ_LEN = 1300  # beyond every length
+
+FP8_DTYPES = [
+    (torch.float32, torch.float32, torch.float32),
+    (torch.float16, torch.float32, torch.float32),
+    (torch.float32, torch.float16, torch.float32),
+    (torch.float32, torch.float32, torch.float16),
+    (torch.float16, torch.float16, torch.float16),
+]
+
+
+def poisoned_out(rows: int, max_seq_len: int, dtype: torch.dtype, extra_rows: int = 2):
+    """A NaN-filled buffer wider and taller than needed."""
+    cols = fa.padded_seq_len(max_seq_len) + 256
+    return torch.full((rows + extra_rows, cols), float("nan"), dtype=dtype, device="cuda")
+
+
+def check_result(got, out, expected, seq_lens, next_n, tol):
+    rows = seq_lens.shape[0] * next_n
+    mask = valid_mask(seq_lens.cpu(), next_n, got.shape[1])
+    assert_rows_close(got, expected, mask, tol)
+    out = out.cpu()
+    for b, length in enumerate(seq_lens.tolist()):
+        if length == 0:
+            assert torch.isnan(out[b * next_n : (b + 1) * next_n]).all(), f"row of empty {b}"
+    assert torch.isnan(out[rows:]).all(), "rows past batch_size*next_n were written"
+
+
+def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LEN):
+    case = make_fp8_case(
+        lens,
+        next_n=next_n,
+        num_heads=64,
+        head_dim=128,
+        block_size=block_size,
+        max_seq_len=max_seq_len,
+        spare_blocks=64,  # a pool larger than needed, blocks in shuffled order
+        seed=seed,
+    )
+    return case.to("cuda")
+
+
+def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS):
+    case = make_fp4_case(
+        lens,
+        next_n=next_n,
+        block_size=block_size,
+        interleaved=interleaved,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=64,
+        seed=seed,
+    )
+    return case.to("cuda")
+
+
+@pytest.mark.parametrize(("output_dtype", "epi_dtype", "acc_dtype"), FP8_DTYPES)
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_fp8_matches_reference(block_size, next_n, output_dtype, epi_dtype, acc_dtype):
+    case = fp8_case(block_size, next_n, seed=block_size + next_n)
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = fa.fp8_paged_mqa_logits(
+        *case.fp8_args(),
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
+        out=out,
+    )
+    assert got.shape == (case.rows, case.max_seq_len) and got.data_ptr() == out.data_ptr()
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
+    check_result(
+        got, out, expected, case.seq_lens, next_n, tolerance(output_dtype, epi_dtype, acc_dtype)
+    )
+
+
+@pytest.mark.parametrize("epi_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("output_dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    ("block_size", "interleaved"), [(32, False), (64, False), (128, False), (128, True)]
+)
+def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, epi_dtype):
+    case = fp4_case(block_size, next_n, seed=block_size + next_n, interleaved=interleaved)
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = fa.fp4_paged_mqa_logits(
+        *case.fp4_args(),
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        is_kv_sf_interleaved=interleaved,
+        out=out,
+    )
+    expected = fp4_paged_mqa_logits_reference(*case.fp4_args(), is_kv_sf_interleaved=interleaved)
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(output_dtype, epi_dtype))
+
+
+def test_fp8_spec_example_on_gpu():
+    torch.manual_seed(0)
+    B, next_n, num_heads, head_dim = 2, 3, 64, 128
+    block_size, max_seq_len = 32, 8000
+    seq_lens = torch.tensor([3000, 8000], dtype=torch.int32, device="cuda")
+    width = fa.min_block_table_width(max_seq_len, block_size)
+    block_tables = torch.arange(B * width, dtype=torch.int32, device="cuda").view(B, width)
+    kv = torch.randn(B * width, block_size, head_dim, device="cuda").to(torch.float8_e4m3fn)
+    kv_scales = torch.ones(B * width, block_size, device="cuda")
+    kv_fused = torch.cat(
+        [kv.view(torch.uint8).flatten(1), kv_scales.view(torch.uint8).flatten(1)], dim=1
+    ).view(B * width, block_size, 1, head_dim + 4)
+    q = torch.randn(B, next_n, num_heads, head_dim, device="cuda").to(torch.float8_e4m3fn)
+    weights = torch.rand(B * next_n, num_heads, device="cuda")
+    out = torch.full((6, fa.padded_seq_len(max_seq_len)), float("nan"), device="cuda")
+    got = fa.fp8_paged_mqa_logits(
+        q, kv_fused, weights, block_tables, seq_lens, max_seq_len, out=out
+    )
+    expected = fp8_paged_mqa_logits_reference(
+        q, kv_fused, weights, block_tables, seq_lens, max_seq_len
+    )
+    assert_rows_close(got, expected, valid_mask(seq_lens.cpu(), next_n, max_seq_len), 2e-3)
+
+
+def test_fp8_strided_tables_and_lengths():
+    next_n = 2
+    case = fp8_case(64, next_n, seed=3)
+    tables = case.block_tables.repeat_interleave(next_n, dim=0)[::next_n]
+    lens = case.seq_lens.repeat_interleave(next_n)[::next_n]
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    got = fa.fp8_paged_mqa_logits(
+        case.q, case.kv_fused, case.weights, tables, lens, case.max_seq_len, out=out
+    )
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(torch.float32))
+
+
+def test_fp8_row_slice_of_a_wider_buffer():
+    case = fp8_case(32, 1, seed=4)
+    big = torch.full((case.rows + 7, 2048), float("nan"), device="cuda")
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=big[3 : 3 + case.rows])
+    assert torch.isnan(big[:3]).all() and torch.isnan(big[3 + case.rows :]).all()
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
+    mask = valid_mask(case.seq_lens.cpu(), 1, case.max_seq_len)
+    assert_rows_close(got, expected, mask, tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_deterministic(variant):
+    if variant == "fp8":
+        case = fp8_case(64, 2, seed=5)
+        run = lambda: fa.fp8_paged_mqa_logits(*case.fp8_args()).clone()  # noqa: E731
+    else:
+        case = fp4_case(64, 2, seed=5)
+        run = lambda: fa.fp4_paged_mqa_logits(*case.fp4_args()).clone()  # noqa: E731
+    first, second = run(), run()
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert torch.equal(first[mask], second[mask])
+
+
+def test_given_schedule_equals_internal_schedule():
+    case = fp8_case(128, 3, seed=6)
+    schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=3, variant="fp8")
+    num_sms = torch.cuda.get_device_properties(case.q.device).multi_processor_count
+    assert schedule.shape == (num_sms + 1, 2) and schedule.device == case.q.device
+    with_schedule = fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=schedule).clone()
+    internal = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert torch.equal(with_schedule[mask], internal[mask])
+
+
+def test_empty_batch_on_gpu():
+    case = fp8_case(32, 1, seed=7, lens=[], max_seq_len=100)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    assert got.shape == (0, 100) and got.device.type == "cuda"
+
+
+def test_validate_mode_refuses_stale_schedule_on_gpu(monkeypatch):
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    case = fp8_case(32, 1, seed=8)
+    stale_lens = case.seq_lens.clone()
+    stale_lens[0] += 500
+    stale = fa.compute_paged_mqa_logits_schedule(stale_lens)
+    with pytest.raises(ValueError, match="schedule_meta is stale"):
+        fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=stale)
+
+
+# Lengths at capture, then new contents for the replay: each new length fits the blocks the
+# table already maps, a non-empty request becomes empty and the longest shrinks.
+GRAPH_LENGTHS = [300, 64, 500, 129]
+REPLAY_LENGTHS = [200, 0, 480, 1]
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_cuda_graph_replay_follows_new_seq_lens(variant, monkeypatch):
+    # Validation mode on: its device reads must be skipped inside the capture.
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    next_n = 2
+    if variant == "fp8":
+        case = fp8_case(64, next_n, seed=9, lens=GRAPH_LENGTHS, max_seq_len=600)
+        op, args, reference = (
+            fa.fp8_paged_mqa_logits,
+            case.fp8_args(),
+            fp8_paged_mqa_logits_reference,
+        )
+        dtype = torch.float32
+    else:
+        case = fp4_case(64, next_n, seed=9, lens=GRAPH_LENGTHS)
+        op, args, reference = (
+            fa.fp4_paged_mqa_logits,
+            case.fp4_args(),
+            fp4_paged_mqa_logits_reference,
+        )
+        dtype = torch.bfloat16
+    max_seq_len = args[-1]
+    out = poisoned_out(case.rows, max_seq_len, dtype)
+    op(*args, out=out)  # warm-up: compile and load outside the capture
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op(*args, out=out)  # schedule_meta=None: computed on the GPU inside the graph
+
+    case.seq_lens.copy_(torch.tensor(REPLAY_LENGTHS, dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    got = out[: case.rows, :max_seq_len]
+    expected = reference(*args)  # args hold the same seq_lens tensor, now with new contents
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(dtype))
