@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "layouts.md"
+# tests/ -> layouts/ -> packages/ -> repository root (.parent never fails, unlike parents[3])
+DOC = Path(__file__).resolve().parent.parent.parent.parent / "docs" / "layouts.md"
 
 
 @pytest.mark.skipif(not DOC.exists(), reason="docs/layouts.md is not part of this checkout")

@@ -57,8 +57,12 @@ def swizzled_128x4_shape(rows: int, cols: int) -> tuple[int, int]:
         ``(ceil(rows / 128) * 128, ceil(cols / 4) * 4)``.
 
     Raises:
+        TypeError: ``rows`` or ``cols`` is not an int.
         ValueError: a negative size.
     """
+    for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int; got {type(value).__name__}")
     if rows < 0 or cols < 0:
         raise ValueError(f"rows and cols must be non-negative; got rows={rows}, cols={cols}")
     return _round_up(rows, _TILE_ROWS), _round_up(cols, _TILE_COLS)
