@@ -279,24 +279,13 @@ def _validate_error(message: str) -> ValueError:
     return ValueError(f"{message} ({VALIDATE_ENV_VAR}=1 check)")
 
 
-def check_device_data(
-    *,
-    seq_lens: torch.Tensor,
+def _check_lengths_and_table(
+    lens: torch.Tensor,
     block_tables: torch.Tensor,
     num_blocks: int,
     block_size: int,
     max_seq_len: int,
-    schedule_meta: torch.Tensor | None,
-    next_n: int,
-    variant: str,
 ) -> None:
-    """The opt-in checks that read device data (one device-to-host copy of each tensor).
-
-    Callers run this only when `validate_inputs_enabled()` and not `graph_capture_active()`.
-    """
-    lens = seq_lens.to("cpu", torch.int64)
-    if lens.numel() == 0:
-        return
     negative = (lens < 0).nonzero()
     if negative.numel():
         b = int(negative[0, 0])
@@ -325,6 +314,26 @@ def check_device_data(
             f"block_tables[{b}, {j}] = {int(table[b, j])} is not a block of kv_fused: block ids "
             f"read for seq_lens[{b}] = {int(lens[b])} must be in [0, num_blocks = {num_blocks})"
         )
+
+
+def check_device_data(
+    *,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_blocks: int,
+    block_size: int,
+    max_seq_len: int,
+    schedule_meta: torch.Tensor | None,
+    next_n: int,
+    variant: str,
+) -> None:
+    """The opt-in checks that read device data (one device-to-host copy of each tensor).
+
+    Callers run this only when `validate_inputs_enabled()` and not `graph_capture_active()`.
+    """
+    lens = seq_lens.to("cpu", torch.int64)
+    if lens.numel():
+        _check_lengths_and_table(lens, block_tables, num_blocks, block_size, max_seq_len)
     if schedule_meta is not None:
         fresh = compute_paged_mqa_logits_schedule(
             seq_lens,

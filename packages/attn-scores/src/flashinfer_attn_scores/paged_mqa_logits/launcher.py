@@ -7,7 +7,7 @@ launches on `torch.cuda.current_stream()` with no host synchronisation, writing
 `batch_size*next_n` rows of `out_storage` (a `[>= rows, >= padded_seq_len(max_seq_len)]`
 2-D buffer with `stride(1) == 1`, padding columns included).
 
-The kernels have not landed yet; each entry point raises `NotImplementedError`.
+The FP8 kernel is `fp8_sm90`; the FP4 kernel has not landed yet and raises `NotImplementedError`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from . import fp8_sm90
 
 _FP8_ISSUE = "fp8_paged_mqa_logits on Hopper"
 _FP4_ISSUE = "fp4_paged_mqa_logits on Hopper"
@@ -33,10 +35,18 @@ def launch_fp8_paged_mqa_logits(
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
 ) -> None:
-    """Launch the SM90 FP8 logits kernel into `out_storage` (not implemented yet)."""
-    raise NotImplementedError(
-        f"fp8_paged_mqa_logits: the SM90 kernel is not built yet (issue: {_FP8_ISSUE}); "
-        "CPU tensors run the reference implementation"
+    """Launch the SM90 FP8 logits kernel into `out_storage` (see `fp8_sm90`)."""
+    fp8_sm90.launch(
+        q,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        out_storage,
+        schedule_meta,
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
     )
 
 
