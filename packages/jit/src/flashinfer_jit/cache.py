@@ -154,12 +154,13 @@ def read_entry(root: Path, digest: str) -> CacheEntry | None:
 
     Raises:
         CorruptEntry: The entry exists but its manifest or cubin is damaged.
+        OSError: The cache cannot be read (permissions, I/O error).
     """
     folder = entry_dir(root, digest)
     try:
         manifest_bytes = (folder / MANIFEST_FILE).read_bytes()
-    except FileNotFoundError:
-        if folder.exists():
+    except (FileNotFoundError, NotADirectoryError):
+        if folder.is_dir():
             raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
         return None
     try:

@@ -283,6 +283,9 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
     except CorruptEntry as exc:
         logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
         return None
+    except OSError as exc:
+        logger.warning("flashinfer_jit: cannot read the kernel cache at %s: %s", root, exc)
+        return None
     if entry is None:
         return None
     manifest = entry.manifest

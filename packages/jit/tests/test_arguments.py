@@ -1,0 +1,126 @@
+"""Launch-argument packing, checked byte by byte against hand-built layouts (CPU only)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import pytest
+import torch
+from flashinfer_jit import TensorMap, f32, f64, i32, i64, u32, u64
+from flashinfer_jit.arguments import ArgumentPacker
+
+# Offsets/sizes as cuKernelGetParamInfo reports them for
+#   (float* out, const float* in, int32_t n, int64_t m, float alpha, CUtensorMap map)
+# where the 128-byte map is 64-byte aligned.
+LAYOUT = [(0, 8), (8, 8), (16, 4), (24, 8), (32, 4), (64, 128)]
+CPU = -1  # torch's get_device() for CPU tensors: lets these tests pack CPU tensors
+
+
+def _param_bytes(buffer, address: int, sizes: list[int]) -> list[bytes]:
+    pointers = struct.unpack_from(f"<{len(sizes)}Q", buffer, 0)
+    assert pointers[0] >= address
+    return [ctypes.string_at(p, s) for p, s in zip(pointers, sizes)]
+
+
+def _tensor_map(seed: int) -> TensorMap:
+    generator = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (128,), dtype=torch.uint8, generator=generator)
+    return TensorMap(bytes(raw.tolist()), torch.float32, (64, 64), (32, 32), "128B")
+
+
+def test_each_parameter_gets_exactly_its_bytes():
+    generator = torch.Generator().manual_seed(0)
+    out = torch.randn(7, generator=generator)
+    source = torch.randn(5, generator=generator)
+    tmap = _tensor_map(1)
+    packer = ArgumentPacker(LAYOUT, CPU, "test")
+    args = (out, source, i32(-123456), i64(2**40 + 5), f32(0.1), tmap)
+    buffer, address = packer.pack(args)
+    assert address == ctypes.addressof(buffer)
+    got = _param_bytes(buffer, address, [s for _, s in LAYOUT])
+    assert got == [
+        struct.pack("<Q", out.data_ptr()),
+        struct.pack("<Q", source.data_ptr()),
+        struct.pack("<i", -123456),
+        struct.pack("<q", 2**40 + 5),
+        struct.pack("<f", 0.1),
+        tmap.raw,
+    ]
+    # Pointers keep the kernel's relative parameter offsets (the 64-byte alignment of the map).
+    pointers = struct.unpack_from("<6Q", buffer, 0)
+    assert [p - pointers[0] for p in pointers] == [o for o, _ in LAYOUT]
+
+
+def test_repacking_with_new_values_rewrites_the_buffer():
+    packer = ArgumentPacker([(0, 4), (8, 8)], CPU, "test")
+    packer.pack((u32(1), u64(2)))
+    buffer, address = packer.pack((u32(2**32 - 1), u64(2**64 - 1)))
+    assert _param_bytes(buffer, address, [4, 8]) == [b"\xff" * 4, b"\xff" * 8]
+    # A different type tuple gets its own plan, then the first one still works.
+    buffer, address = packer.pack((f32(2.5), f64(-1.25)))
+    assert _param_bytes(buffer, address, [4, 8]) == [
+        struct.pack("<f", 2.5),
+        struct.pack("<d", -1.25),
+    ]
+    buffer, address = packer.pack((u32(7), u64(8)))
+    assert _param_bytes(buffer, address, [4, 8]) == [struct.pack("<I", 7), struct.pack("<Q", 8)]
+
+
+def test_kernel_without_parameters():
+    assert ArgumentPacker([], CPU, "test").pack(()) == (None, 0)
+
+
+@pytest.mark.parametrize("plain", [5, 2.0, True])
+def test_plain_python_numbers_are_rejected(plain):
+    packer = ArgumentPacker([(0, 4)], CPU, "k")
+    with pytest.raises(TypeError, match=r"plain Python .* wrap it as flashinfer_jit\.i32"):
+        packer.pack((plain,))
+
+
+def test_wrong_width_is_rejected_before_it_shifts_later_arguments():
+    packer = ArgumentPacker([(0, 4), (8, 8)], CPU, "k")
+    with pytest.raises(TypeError, match=r"argument 0: the C parameter is 4 bytes but a i64 is 8"):
+        packer.pack((i64(1), i64(2)))
+
+
+def test_wrong_argument_count_is_rejected():
+    packer = ArgumentPacker([(0, 4), (8, 8)], CPU, "k")
+    with pytest.raises(TypeError, match="takes 2 parameters"):
+        packer.pack((i32(1),))
+
+
+def test_unsupported_type_is_rejected():
+    packer = ArgumentPacker([(0, 8)], CPU, "k")
+    with pytest.raises(TypeError, match="unsupported type list"):
+        packer.pack(([1, 2],))
+
+
+def test_tensor_on_another_device_is_rejected():
+    packer = ArgumentPacker([(0, 8)], 0, "k")
+    with pytest.raises(ValueError, match="runs on cuda:0 but got a tensor on cpu"):
+        packer.pack((torch.ones(3),))
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "value", "error"),
+    [
+        (i32, 2**31, ValueError),
+        (i32, -(2**31) - 1, ValueError),
+        (u32, -1, ValueError),
+        (u64, 2**64, ValueError),
+        (i64, 1.0, TypeError),
+        (i32, True, TypeError),
+        (f32, 1e39, ValueError),
+        (f32, "1.0", TypeError),
+    ],
+)
+def test_scalar_wrappers_check_their_range(wrapper, value, error):
+    with pytest.raises(error):
+        wrapper(value)
+
+
+def test_scalar_wrappers_accept_integer_like_values():
+    assert i32(torch.tensor(5, dtype=torch.int32).item()).value == 5
+    assert i64(torch.tensor(7)).value == 7  # 0-d integer tensor has __index__
+    assert f32(torch.tensor(0.5)).value == 0.5

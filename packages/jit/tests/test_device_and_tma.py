@@ -1,0 +1,111 @@
+"""Device helpers and TMA argument checks that need no GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flashinfer_jit import arch_for_capability, make_tensor_map, require_supported_arch
+from flashinfer_jit import device as device_module
+from flashinfer_jit.tma import validate_tensor_map_args
+
+
+@pytest.mark.parametrize(
+    ("capability", "arch"),
+    [
+        ((9, 0), "sm_90a"),
+        ((10, 0), "sm_100a"),
+        ((12, 0), "sm_120a"),
+        ((8, 9), "sm_89"),
+        ((8, 0), "sm_80"),
+    ],
+)
+def test_arch_for_capability(capability, arch):
+    assert arch_for_capability(*capability) == arch
+
+
+def _fake_device(monkeypatch, name: str, capability: tuple[int, int]) -> None:
+    info = device_module.DeviceInfo(
+        index=0,
+        name=name,
+        compute_capability=capability,
+        arch=arch_for_capability(*capability),
+        sm_count=108,
+        max_shared_memory_per_block=49152,
+        max_shared_memory_per_block_optin=166912,
+        max_shared_memory_per_sm=167936,
+        l2_cache_bytes=40 * 2**20,
+        handle=None,
+    )
+    monkeypatch.setattr(device_module, "_device_info", lambda index: info)
+
+
+def test_unsupported_gpu_error_names_gpu_capability_and_supported(monkeypatch):
+    _fake_device(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0))
+    with pytest.raises(RuntimeError) as info:
+        require_supported_arch(0)
+    message = str(info.value)
+    assert "NVIDIA A100-SXM4-80GB" in message
+    assert "compute capability 8.0" in message
+    assert "sm_90a" in message
+
+
+def test_supported_gpu_passes(monkeypatch):
+    _fake_device(monkeypatch, "NVIDIA H200", (9, 0))
+    assert require_supported_arch(0) == "sm_90a"
+    assert require_supported_arch("cuda:0", supported=("sm_90a", "sm_100a")) == "sm_90a"
+
+
+@pytest.mark.parametrize(
+    ("device", "error"),
+    [(-1, ValueError), ("cpu", ValueError), (1.0, TypeError)],
+)
+def test_bad_device_arguments(device, error):
+    with pytest.raises(error):
+        device_module.resolve_device_index(device)
+
+
+GOOD = {
+    "address": 0x7F0000000000,
+    "element_size": 4,
+    "global_dims": (100, 200),
+    "global_strides_bytes": (400,),
+    "box_dims": (32, 64),
+    "element_strides": None,
+    "swizzle": "128B",
+    "interleave": "none",
+}
+
+
+def test_valid_tensor_map_arguments_pass():
+    dims, strides, box, elems = validate_tensor_map_args(**GOOD)
+    assert (dims, strides, box, elems) == ((100, 200), (400,), (32, 64), (1, 1))
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"address": 0x7F0000000008}, "16-byte aligned"),
+        ({"global_strides_bytes": (404,)}, "multiple of 16"),
+        ({"global_strides_bytes": ()}, "expected 1 strides"),
+        ({"box_dims": (32, 300)}, r"box_dims\[1\] = 300"),
+        ({"box_dims": (64, 64)}, "exceeds the 128B swizzle span"),
+        ({"box_dims": (32, 64), "swizzle": "64B"}, "exceeds the 64B swizzle span"),
+        ({"box_dims": (3, 64), "swizzle": "none"}, "multiple of 16"),
+        ({"global_dims": (), "global_strides_bytes": (), "box_dims": ()}, "rank 1 to 5"),
+        ({"element_strides": (1, 9)}, r"element_strides\[1\] = 9"),
+        ({"global_dims": (0, 200)}, r"global_dims\[0\] = 0"),
+    ],
+)
+def test_tensor_map_rules_give_readable_errors(change, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        validate_tensor_map_args(**{**GOOD, **change})
+
+
+def test_tensor_map_needs_a_cuda_tensor():
+    with pytest.raises(ValueError, match="needs a CUDA tensor"):
+        make_tensor_map(torch.ones(16, 16), None, (16, 16), (64,), (16, 16))
+
+
+def test_tensor_map_rejects_unknown_option_names():
+    with pytest.raises(ValueError, match="swizzle"):
+        make_tensor_map(0x1000, torch.float32, (16,), (), (16,), swizzle="256B")

@@ -1,0 +1,55 @@
+"""Parsing ptxas' resource report."""
+
+from __future__ import annotations
+
+from flashinfer_jit.resources import FunctionResources, parse_ptxas_report, resources_from_json
+
+# A real report (NVRTC 13, sm_90a, --maxrregcount=32) of two kernels and a device function.
+REPORT = """\
+ptxas info    : Overriding maximum register limit 256 for 'spill' with  32 of maxrregcount option
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'local_arr' for 'sm_90a'
+ptxas info    : Function properties for local_arr
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 30 registers, used 0 barriers
+ptxas info    : Compile time = 13.181 ms
+ptxas info    : Compiling entry function 'spill' for 'sm_90a'
+ptxas info    : Function properties for spill
+ptxas         .     312 bytes stack frame, 316 bytes spill stores, 364 bytes spill loads
+ptxas info    : Used 32 registers, used 1 barriers, 1024 bytes smem, 380 bytes cmem[0], 312 bytes cumulative stack size
+ptxas info    : Compile time = 40.445 ms
+ptxas info    : Function properties for _Z6helperPKfi
+ptxas         .     16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+"""
+
+
+def test_report_is_parsed_per_function():
+    functions = parse_ptxas_report(REPORT)
+    assert list(functions) == ["local_arr", "spill", "_Z6helperPKfi"]
+    assert functions["local_arr"] == FunctionResources(
+        name="local_arr", is_entry=True, registers=30
+    )
+    assert functions["spill"] == FunctionResources(
+        name="spill",
+        is_entry=True,
+        registers=32,
+        barriers=1,
+        static_shared_bytes=1024,
+        constant_bytes=380,
+        stack_frame_bytes=312,
+        cumulative_stack_bytes=312,
+        spill_store_bytes=316,
+        spill_load_bytes=364,
+    )
+    assert functions["spill"].spills and not functions["local_arr"].spills
+    helper = functions["_Z6helperPKfi"]
+    assert not helper.is_entry and helper.stack_frame_bytes == 16 and not helper.spills
+
+
+def test_manifest_round_trip():
+    functions = parse_ptxas_report(REPORT)
+    assert resources_from_json({k: v.to_json() for k, v in functions.items()}) == functions
+
+
+def test_empty_log_gives_no_functions():
+    assert parse_ptxas_report("") == {}

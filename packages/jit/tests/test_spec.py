@@ -1,0 +1,65 @@
+"""KernelSpec normalisation, hashing and pickling."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from flashinfer_jit import KernelSpec
+
+
+def test_dict_and_pairs_normalise_to_the_same_sorted_spec():
+    a = KernelSpec.make("k", "/x/k.cu", {"B": 2, "A": "x"})
+    b = KernelSpec("k", Path("/x/k.cu"), (("A", "x"), ("B", 2)))
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a.defines == (("A", "x"), ("B", 2))
+    assert a.label == "k[A=x, B=2]"
+
+
+def test_label_does_not_take_part_in_equality():
+    a = KernelSpec.make("k", "/x/k.cu", {"A": 1}, label="first")
+    b = KernelSpec.make("k", "/x/k.cu", {"A": 1}, label="second")
+    assert a == b and hash(a) == hash(b)
+
+
+def test_different_defines_differ():
+    assert KernelSpec.make("k", "/x/k.cu", {"A": 1}) != KernelSpec.make("k", "/x/k.cu", {"A": 2})
+
+
+def test_pickle_round_trip_keeps_equality_and_hash():
+    spec = KernelSpec.make("k", "/x/k.cu", {"A": 1}, include_dirs=["/inc"], options=["-lineinfo"])
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec and hash(again) == hash(spec)
+    assert {spec: 1}[again] == 1
+
+
+def test_with_defines_adds_and_replaces():
+    spec = KernelSpec.make("k", "/x/k.cu", {"A": 1, "B": 2})
+    assert spec.with_defines(B=5, C="z").defines == (("A", 1), ("B", 5), ("C", "z"))
+
+
+@pytest.mark.parametrize(
+    ("defines", "error", "fragment"),
+    [
+        ({"A": 1.5}, TypeError, "expected str or int"),
+        ({"A": True}, TypeError, "expected str or int"),
+        ({"1A": 1}, ValueError, "C identifier"),
+        ([("A", 1), ("A", 2)], ValueError, "given twice"),
+        ([("A",)], TypeError, "(name, value) pairs"),
+    ],
+)
+def test_bad_defines_are_rejected(defines, error, fragment):
+    with pytest.raises(error, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        KernelSpec.make("k", "/x/k.cu", defines)
+
+
+def test_bare_string_options_are_rejected():
+    with pytest.raises(TypeError, match="options"):
+        KernelSpec("k", Path("/x/k.cu"), options="-lineinfo")  # type: ignore[arg-type]
+
+
+def test_name_must_be_a_name_expression_when_templates_are_used():
+    with pytest.raises(ValueError, match="name_expressions"):
+        KernelSpec.make("f<1>", "/x/k.cu", name_expressions=["f<2>"])
