@@ -307,12 +307,13 @@ def make_tensor_map(
     tensor_map = check(
         drv.cuTensorMapEncodeTiled(
             getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{data_type}"),
-            len(dims),
+            # Older cuda-bindings (13.3) accept only the wrapped integer types here.
+            drv.cuuint32_t(len(dims)),
             address,
-            list(dims),
-            list(strides),
-            list(box),
-            list(elems),
+            [drv.cuuint64_t(d) for d in dims],
+            [drv.cuuint64_t(s) for s in strides],
+            [drv.cuuint32_t(b) for b in box],
+            [drv.cuuint32_t(e) for e in elems],
             getattr(drv.CUtensorMapInterleave, interleave_enum),
             getattr(drv.CUtensorMapSwizzle, swizzle_enum),
             getattr(drv.CUtensorMapL2promotion, l2_enum),
