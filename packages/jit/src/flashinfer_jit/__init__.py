@@ -25,7 +25,7 @@ Typical launcher::
 __version__ = "0.1.0"
 
 from .cache import CACHE_SCHEMA_VERSION, default_cache_dir
-from .compiler import CompiledKernel, compile_kernel, supported_options
+from .compiler import CompiledKernel, compile_kernel, lookup_kernel, supported_options
 from .device import (
     DeviceInfo,
     arch_for_capability,
@@ -37,6 +37,7 @@ from .device import (
 )
 from .errors import KernelCompileError, KernelLaunchError
 from .kernel import Kernel, load_kernel, stream_handle
+from .precompile import PrecompileError, PrecompileResult, PrecompileSummary, precompile
 from .resources import FunctionResources
 from .scalars import f32, f64, i32, i64, u32, u64
 from .spec import KernelSpec
@@ -51,6 +52,9 @@ __all__ = [
     "KernelCompileError",
     "KernelLaunchError",
     "KernelSpec",
+    "PrecompileError",
+    "PrecompileResult",
+    "PrecompileSummary",
     "TensorMap",
     "__version__",
     "arch_for_capability",
@@ -63,8 +67,10 @@ __all__ = [
     "i32",
     "i64",
     "load_kernel",
+    "lookup_kernel",
     "make_tensor_map",
     "max_shared_memory_per_block_optin",
+    "precompile",
     "require_supported_arch",
     "sm_count",
     "stream_handle",

@@ -268,6 +268,10 @@ def _entry_name(spec: KernelSpec, lowered: dict[str, str]) -> str:
 
 
 def _check_entry(spec: KernelSpec, entry: str, functions: dict[str, FunctionResources]) -> None:
+    if not functions:
+        # No ptxas report in the NVRTC log (some cuda-core/NVRTC versions return no log for
+        # a clean compile): loading the module still fails clearly on a missing entry point.
+        return
     if entry not in functions or not functions[entry].is_entry:
         entries = sorted(name for name, f in functions.items() if f.is_entry)
         raise ValueError(
