@@ -190,17 +190,47 @@ def test_seq_lens_errors(seq_lens, error, match):
         compute_paged_mqa_logits_schedule(seq_lens, num_sms=4)
 
 
+def _length_mix(kind: str, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    lens = torch.randint(1, 20000, (batch_size,), generator=gen, dtype=torch.int32)
+    if kind == "all_zero":
+        lens.zero_()
+    elif kind == "half_zero":
+        lens[torch.randperm(batch_size, generator=gen)[: batch_size // 2]] = 0
+    elif kind == "one_huge":
+        lens = torch.randint(0, 3, (batch_size,), generator=gen, dtype=torch.int32)
+        lens[int(torch.randint(0, batch_size, (1,), generator=gen))] = 4_000_000
+    elif kind == "every_fifth_zero":
+        lens[::5] = 0
+    return lens
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch_size", [1, 33, 2048, 12288])
-def test_cuda_matches_cpu_bitwise(batch_size):
-    gen = torch.Generator().manual_seed(batch_size)
-    lens = torch.randint(0, 20000, (batch_size,), generator=gen, dtype=torch.int32)
-    lens[::5] = 0
+@pytest.mark.parametrize("kind", ["random", "all_zero", "half_zero", "one_huge", "every_fifth_zero"])
+@pytest.mark.parametrize(
+    "batch_size", [1, 7, 31, 32, 33, 63, 64, 65, 127, 128, 256, 2048, 12288]
+)
+@pytest.mark.parametrize("variant,next_n", [("fp8", 1), ("fp8", 3), ("fp4", 4)])
+def test_cuda_matches_cpu_bitwise(batch_size, kind, variant, next_n):
+    gen = torch.Generator().manual_seed(batch_size * 7 + len(kind))
+    lens = _length_mix(kind, batch_size, gen)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    got = compute_paged_mqa_logits_schedule(lens.cuda())
+    got = compute_paged_mqa_logits_schedule(lens.cuda(), next_n=next_n, variant=variant)
     assert got.device.type == "cuda" and got.shape == (num_sms + 1, 2)
-    expected = compute_paged_mqa_logits_schedule(lens, num_sms=num_sms)
+    expected = compute_paged_mqa_logits_schedule(
+        lens, num_sms=num_sms, next_n=next_n, variant=variant
+    )
     assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.gpu
+def test_cuda_strided_seq_lens_and_other_sm_counts():
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randint(0, 9000, (300, 3), generator=gen, dtype=torch.int32)
+    strided = wide.cuda()[:, 1]  # stride 3
+    for num_sms in (1, 7, 132, 1000):
+        got = compute_paged_mqa_logits_schedule(strided, num_sms=num_sms)
+        expected = compute_paged_mqa_logits_schedule(wide[:, 1].contiguous(), num_sms=num_sms)
+        assert torch.equal(got.cpu(), expected), num_sms
 
 
 @pytest.mark.gpu

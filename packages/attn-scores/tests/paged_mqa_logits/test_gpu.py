@@ -70,10 +70,18 @@ def poisoned_out(rows: int, max_seq_len: int, dtype: torch.dtype, extra_rows: in
     return torch.full((rows + extra_rows, cols), float("nan"), dtype=dtype, device="cuda")
 
 
-def check_result(got, out, expected, seq_lens, next_n, tol):
+def magnitude_of(reference, args, **kwargs):
+    """The reference with |weights|: the size of the head terms each logit sums."""
+    q_args = list(args)
+    weights_index = 2 if reference is fp8_paged_mqa_logits_reference else 3
+    q_args[weights_index] = q_args[weights_index].abs()
+    return reference(*q_args, **kwargs)
+
+
+def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None):
     rows = seq_lens.shape[0] * next_n
     mask = valid_mask(seq_lens.cpu(), next_n, got.shape[1])
-    assert_rows_close(got, expected, mask, tol)
+    assert_rows_close(got, expected, mask, tol, magnitude)
     out = out.cpu()
     for b, length in enumerate(seq_lens.tolist()):
         if length == 0:
@@ -123,9 +131,43 @@ def test_fp8_matches_reference(block_size, next_n, output_dtype, epi_dtype, acc_
     )
     assert got.shape == (case.rows, case.max_seq_len) and got.data_ptr() == out.data_ptr()
     expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
-    check_result(
-        got, out, expected, case.seq_lens, next_n, tolerance(output_dtype, epi_dtype, acc_dtype)
-    )
+    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
+    tol = tolerance(output_dtype, epi_dtype, acc_dtype)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
+
+
+# (num_heads, head_dim, next_n) beyond DeepSeek's (64, 128): the kernel is parametric.
+PARAMETRIC_SHAPES = [
+    (32, 128, 4),
+    (32, 128, 6),
+    (32, 128, 8),
+    (64, 64, 1),
+    (16, 128, 1),
+    (8, 96, 1),
+    (4, 128, 2),
+    (64, 256, 1),
+    (12, 160, 2),
+]
+
+
+@pytest.mark.parametrize(("num_heads", "head_dim", "next_n"), PARAMETRIC_SHAPES)
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
+    case = make_fp8_case(
+        EDGE_LENGTHS,
+        next_n=next_n,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=64,
+        seed=num_heads * head_dim + next_n,
+    ).to("cuda")
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
+    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(torch.float32), magnitude)
 
 
 @pytest.mark.parametrize("epi_dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -165,12 +165,12 @@ def _compute_schedule_torch(
 def _compute_schedule_cuda(
     seq_lens: torch.Tensor, num_sms: int, next_n: int, variant: str, out: torch.Tensor
 ) -> torch.Tensor:
-    """GPU schedule hook: to be replaced by a single small CUDA kernel.
+    """One small CUDA kernel (`csrc/paged_mqa_logits_schedule.cu`), bit-identical to
+    `_compute_schedule_torch` and free of host synchronisation (graph-capturable)."""
+    from ._schedule_cuda import launch_schedule_kernel
 
-    Must stay bit-identical to `_compute_schedule_torch`. Until the kernel lands it runs the
-    same torch ops on the GPU tensors (no host synchronisation, so it is graph-capturable).
-    """
-    return _compute_schedule_torch(seq_lens, num_sms, next_n, variant, out)
+    passes = passes_per_token(variant, next_n)
+    return launch_schedule_kernel(seq_lens, num_sms, passes, SCHEDULE_TOKENS_PER_UNIT, out)
 
 
 def compute_paged_mqa_logits_schedule(
