@@ -70,6 +70,7 @@ MODULE_TITLES = {
     "flashinfer_jit.spec": "Kernel specifications",
     "flashinfer_jit.compiler": "Compiling",
     "flashinfer_jit.kernel": "Loading and launching",
+    "flashinfer_jit.precompile": "Precompiling",
     "flashinfer_jit.scalars": "Typed scalar arguments",
     "flashinfer_jit.tma": "TMA descriptors",
     "flashinfer_jit.device": "Device queries",
