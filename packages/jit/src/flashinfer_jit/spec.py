@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -52,7 +53,7 @@ class KernelSpec:
             when `name_expressions` is given, one of those expressions (for example
             `"my_kernel<128, true>"`).
         source: Path of the main `.cu` file, usually shipped as package data next to its
-            launcher. Its folder is always on the include path.
+            launcher (made absolute). Its folder is always on the include path.
         defines: Specialisation constants as sorted `(name, value)` pairs, passed to NVRTC as
             `-Dname=value`. A dict or unsorted pairs are accepted and normalised.
         include_dirs: Extra include directories searched for `#include "..."` and
@@ -79,11 +80,15 @@ class KernelSpec:
             raise TypeError(
                 f"KernelSpec.source: expected a pathlib.Path or str, got {type(self.source).__name__}"
             )
-        object.__setattr__(self, "source", Path(self.source))
+        # Absolute (without resolving symlinks, which needs I/O) so equal files compare equal
+        # whatever the working directory was when the spec was built.
+        object.__setattr__(self, "source", Path(os.path.abspath(self.source)))
         object.__setattr__(self, "defines", _normalise_defines(self.defines))
         if isinstance(self.include_dirs, (str, Path)):
             raise TypeError("KernelSpec.include_dirs: expected a sequence of paths, got one path")
-        object.__setattr__(self, "include_dirs", tuple(Path(d) for d in self.include_dirs))
+        object.__setattr__(
+            self, "include_dirs", tuple(Path(os.path.abspath(d)) for d in self.include_dirs)
+        )
         for field in ("options", "name_expressions"):
             value = getattr(self, field)
             if isinstance(value, str):

@@ -7,7 +7,6 @@ Nothing here initialises CUDA; `cuda.*` modules are imported on first use so tha
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from pathlib import Path
 
 #: Helper headers shipped with this package (`#include "flashinfer_jit/hopper.cuh"`).
@@ -76,6 +75,8 @@ def toolchain_fingerprint() -> tuple[tuple[str, str], ...]:
         `cuda.core`. Where a wheel is not installed (a conda or toolkit setup), its header
         directory path stands in for its version.
     """
+    import importlib.metadata
+
     items = {"nvrtc": "{}.{}".format(*nvrtc_version())}
     header_dirs = dict(zip(("nvidia-cuda-runtime", "nvidia-cuda-cccl"), cuda_header_dirs()))
     for dist in _TOOLCHAIN_DISTRIBUTIONS:
