@@ -18,9 +18,7 @@ def _bench():
     tools = str(REPO / "tools")
     if tools not in sys.path:
         sys.path.insert(0, tools)
-    import bench.cli
-    import bench.models
-    import bench.shapes
+    import bench.cli  # imports every module of the package
 
     return bench
 
@@ -112,3 +110,32 @@ def test_bench_rejects_unknown_op(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2
     assert "--ops takes a comma-separated subset of fp8,fp4; got 'fp16'" in capsys.readouterr().err
     assert cli.parse_args(["--ops", "fp4"]).ops == ["fp4"]
+
+
+def test_check_flags_wrong_and_unwritten_elements_only_in_the_valid_region() -> None:
+    bench = _bench()  # bench.cli imports the check, data and ops modules
+    shape = bench.shapes.IndexerShape("fp8", 3, 200, 2, 32)
+    case = bench.data.build_case(shape, torch.device("cpu"))
+    first = case.sets[0]
+    first.out.fill_(float("nan"))
+    logits = bench.ops.op_call(case, first)()
+    assert bench.check.check_case(case, logits).passed
+
+    lens = case.seq_lens
+    # Row 1 (request 0, newest slot) is valid up to column lens[0] - 1; row 0 one column less.
+    outside = logits[0, lens[0] - 1].clone()
+    logits[0, lens[0] - 1] = 1e30
+    assert bench.check.check_case(case, logits).passed
+    logits[0, lens[0] - 1] = outside
+
+    inside = logits[1, lens[0] - 1].clone()
+    logits[1, lens[0] - 1] = inside + 0.01 * logits[1, : lens[0]].abs().max()
+    result = bench.check.check_case(case, logits)
+    assert not result.passed and result.unwritten == 0
+    assert "exceeds" in result.detail
+
+    logits[1, lens[0] - 1] = float("nan")
+    result = bench.check.check_case(case, logits)
+    assert not result.passed and result.unwritten == 1
+    logits[1, lens[0] - 1] = inside
+    assert bench.check.check_case(case, logits).passed

@@ -1,11 +1,13 @@
 """Check one result against the float64 reference on the valid region, before any timing.
 
 The output buffer is poisoned with NaN before the call, so a valid element the op forgot to
-write shows up as NaN. Errors are measured relative to the largest |reference| of the row's
-valid region: the per-head products are summed with weights of both signs, so an element can be
-far smaller than the terms it was summed from, and an element-wise relative bound would flag
-correct results. Requests are independent, so the check walks the batch in chunks of a bounded
-number of KV tokens: the float64 reference output of a chunk stays small however large the batch.
+write shows up as NaN. Errors are measured against the size of what each row sums: the row
+maximum of the reference computed with |weights| (sum_h |w_h| relu(q_h . k), times the token
+scale for fp8), as the attn-scores GPU tests do. The head terms are summed with weights of both
+signs, so a logit can be far smaller than the terms it came from and keeps their absolute
+error; an element-wise relative bound would flag correct results. Requests are independent, so
+the check walks the batch in chunks of a bounded number of KV tokens: the float64 reference
+output of a chunk stays small however large the batch.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 from .data import CaseData
 from .ops import reference_logits
 
-# Bound on max |got - ref| / max |ref of the row|, per output dtype.
-#   float32: the MMA accumulates the 128-long FP8 products in reduced precision on Hopper
-#            (about 2^-13 relative to the partial sums), and the epilogue sums 64 heads.
-#   float16: the rounding of the stored element (2^-11 of it, so of the row maximum at most)
-#            on top of the float32 bound.
-#   bfloat16: the rounding of the stored element (2^-9) plus the same, with a 4x margin for
-#            the MXFP4 kernel's dequantise-to-FP8 path.
-TOLERANCE = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 1.6e-2}
+# Bound on max |got - ref| / (row maximum of the |weights| reference), per output dtype; the
+# same values as the "output" row of the attn-scores GPU tests' tolerance table (the benchmark
+# runs every op with its default float32 epilogue and accumulator).
+#   float32: Hopper's FP8 WGMMA adds the aligned products with a narrower adder than IEEE
+#            float32 (as few as ~14 kept bits reported), about 2^-13 of the summed magnitude;
+#            2e-3 leaves a margin over the ~1e-3 that gives on random data.
+#   float16 / bfloat16: one more rounding of the stored element, 2^-11 / 2^-8 of it at most.
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 CHUNK_TOKENS = 1 << 16
 
 
@@ -35,7 +37,8 @@ class CheckResult:
 
     Attributes:
         passed: Every valid element was written and within tolerance.
-        max_error: Largest |got - ref| / max |ref| of its row, over the valid region.
+        max_error: Largest |got - ref| over the valid region, as a fraction of the row
+            maximum of the |weights| reference.
         tolerance: The bound `max_error` was held to.
         unwritten: Valid elements still NaN after the call (never written).
         detail: One line for a human when the check fails, else "".
@@ -88,12 +91,13 @@ def check_case(case: CaseData, result: torch.Tensor) -> CheckResult:
     for requests in _chunks(case.seq_lens):
         width = max(case.seq_lens[requests])
         expected = reference_logits(case, inputs, requests, width)
+        magnitude = reference_logits(case, inputs, requests, width, abs_weights=True)
         rows = slice(requests.start * n, requests.stop * n)
         got = result[rows, :width].double()
         mask = valid_mask(inputs.seq_lens[requests], n, width)
 
         unwritten += int((torch.isnan(got) & mask).sum())
-        row_scale = expected.abs().masked_fill(~mask, 0).amax(dim=1, keepdim=True)
+        row_scale = magnitude.abs().masked_fill(~mask, 0).amax(dim=1, keepdim=True)
         error = ((got - expected).abs() / row_scale.clamp_min(1e-30)).masked_fill(~mask, 0)
         worst = max(worst, float(error.nan_to_num(nan=0.0).amax()))
 
@@ -102,5 +106,5 @@ def check_case(case: CaseData, result: torch.Tensor) -> CheckResult:
     if unwritten:
         detail = f"{unwritten} valid elements were never written (still NaN)"
     elif not passed:
-        detail = f"max error {worst:.3g} of the row maximum exceeds {tolerance:.3g}"
+        detail = f"max error {worst:.3g} of the row magnitude exceeds {tolerance:.3g}"
     return CheckResult(passed, worst, tolerance, unwritten, detail)

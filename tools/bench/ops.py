@@ -31,18 +31,25 @@ def op_call(case: CaseData, inputs: CallInputs) -> Callable[[], torch.Tensor]:
 
 
 def reference_logits(
-    case: CaseData, inputs: CallInputs, requests: slice, max_seq_len: int
+    case: CaseData,
+    inputs: CallInputs,
+    requests: slice,
+    max_seq_len: int,
+    *,
+    abs_weights: bool = False,
 ) -> torch.Tensor:
     """Float64 reference logits `[len(requests)*next_n, max_seq_len]` of a slice of the batch.
 
     The reference gathers only the pages each request reads, so the pool's size does not
-    matter; `max_seq_len` bounds the chunk's float64 output.
+    matter; `max_seq_len` bounds the chunk's float64 output. With `abs_weights` the weights'
+    signs are dropped: the result is the size of the head terms each logit sums.
     """
     next_n = inputs.q.shape[1]
     rows = slice(requests.start * next_n, requests.stop * next_n)
+    weights = inputs.weights[rows]
     args = (
         case.kv_fused,
-        inputs.weights[rows],
+        weights.abs() if abs_weights else weights,
         inputs.block_tables[requests],
         inputs.seq_lens[requests],
         max_seq_len,
