@@ -273,3 +273,15 @@ def test_warm_cache_first_call_report(record_property):
     seconds = json.loads(result.stdout.strip().splitlines()[-1])["seconds"]
     record_property("warm_cache_first_call_ms", seconds * 1e3)
     print(f"warm-cache first call (import + load + launch): {seconds * 1e3:.1f} ms (target < 50)")
+
+
+def test_precompile_and_load_for_the_current_device(tmp_path):
+    specs = [SCALE_ADD.with_defines(OFFSET=v) for v in (11, 12, 13)]
+    summary = jit.precompile(specs, max_workers=2, progress=False, cache_dir=tmp_path, load=True)
+    assert summary.arch == "sm_90a" and summary.compiled == 3 and summary.failures == []
+    n = 512
+    a = torch.randn(n, device="cuda", generator=_generator(7))
+    out = torch.full_like(a, float("nan"))
+    load_kernel(specs[1]).launch(2, 256, out, a, a, f32(1.0), i32(n))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, (2 * a.double() + 12).float(), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,264 @@
+"""Kernel loading and launch logic against a recording stand-in for the CUDA driver.
+
+The real driver calls are covered by the GPU tests; these check, on any machine, what
+`Kernel` asks the driver to do: which handle, grid, stream and parameter bytes reach
+`cuLaunchKernel`, when the shared-memory limit is raised, how clusters are configured and
+when the context is switched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from types import SimpleNamespace
+
+import pytest
+import torch
+from cuda.bindings import driver as real_driver
+from flashinfer_jit import KernelLaunchError, compile_kernel, f32, i32
+from flashinfer_jit import device as device_module
+from flashinfer_jit import kernel as kernel_module
+from flashinfer_jit.selftest import SCALE_ADD
+
+OUR_CONTEXT = 0x5000
+OTHER_CONTEXT = 0x6000
+KERNEL_HANDLE = 0x1234
+STREAM = 0xABC000
+# scale_add(float* out, const float* a, const float* b, float alpha, int32_t n)
+PARAMS = [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4)]
+CPU = -1  # loading "on device -1" lets CPU tensors pass the device check
+
+
+class RecordingDriver:
+    """Answers the driver calls `Kernel` makes and records them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.current_context = OUR_CONTEXT
+        self.launch_result = 0
+        self.max_dynamic_shared = 49152
+        self.launched_params: list[list[bytes]] = []
+        # Types and enums are the real ones: they need no driver.
+        for name in (
+            "CUfunction",
+            "CUlaunchConfig",
+            "CUlaunchAttribute",
+            "CUlaunchAttributeID",
+            "CUfunction_attribute",
+            "CUcontext",
+        ):
+            setattr(self, name, getattr(real_driver, name))
+
+    def cuLibraryLoadData(self, code, *rest):
+        self.calls.append(("cuLibraryLoadData", bytes(code[:4])))
+        return 0, "library"
+
+    def cuLibraryGetKernel(self, library, name):
+        self.calls.append(("cuLibraryGetKernel", name))
+        return 0, real_driver.CUkernel(KERNEL_HANDLE)
+
+    def cuKernelGetFunction(self, kernel):
+        self.calls.append(("cuKernelGetFunction", int(kernel)))
+        return 0, real_driver.CUfunction(0x99)
+
+    def cuKernelGetParamInfo(self, kernel, index):
+        if index < len(PARAMS):
+            return (0, *PARAMS[index])
+        return 1, 0, 0
+
+    def cuKernelGetAttribute(self, attribute, kernel, device):
+        values = {
+            real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: 1024,
+            real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: self.max_dynamic_shared,
+        }
+        return 0, values[attribute]
+
+    def cuKernelSetAttribute(self, attribute, value, kernel, device):
+        self.calls.append(("cuKernelSetAttribute", attribute, value))
+        return (0,)
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        return 0, real_driver.CUcontext(OUR_CONTEXT)
+
+    def cuCtxGetCurrent(self):
+        return 0, real_driver.CUcontext(self.current_context)
+
+    def cuCtxSetCurrent(self, context):
+        self.calls.append(("cuCtxSetCurrent", int(context)))
+        self.current_context = int(context)
+        return (0,)
+
+    def _read_params(self, address: int) -> list[bytes]:
+        if not address:
+            return []
+        pointers = struct.unpack(f"<{len(PARAMS)}Q", ctypes.string_at(address, 8 * len(PARAMS)))
+        return [ctypes.string_at(p, size) for p, (_, size) in zip(pointers, PARAMS)]
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        self.calls.append(
+            (
+                "cuLaunchKernel",
+                int(f),
+                (gx, gy, gz),
+                (bx, by, bz),
+                smem,
+                stream,
+                self.current_context,
+            )
+        )
+        self.launched_params.append(self._read_params(params))
+        return (self.launch_result,)
+
+    def cuLaunchKernelEx(self, config, f, params, extra):
+        cluster = config.attrs[0].value.clusterDim
+        self.calls.append(
+            (
+                "cuLaunchKernelEx",
+                int(f),
+                (config.gridDimX, config.gridDimY, config.gridDimZ),
+                (cluster.x, cluster.y, cluster.z),
+                int(config.hStream),
+                config.sharedMemBytes,
+            )
+        )
+        self.launched_params.append(self._read_params(params))
+        return (self.launch_result,)
+
+    def cuGetErrorName(self, err):
+        return 0, b"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
+
+    def cuGetErrorString(self, err):
+        return 0, b"too many resources requested for launch"
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    fake = RecordingDriver()
+    info = SimpleNamespace(handle=real_driver.CUdevice(0), max_shared_memory_per_block_optin=232448)
+    monkeypatch.setattr(device_module, "_driver_module", fake)
+    monkeypatch.setattr(device_module, "_device_info", lambda index: info)
+    monkeypatch.setattr(kernel_module, "device_info", lambda index: info)
+    device_module.primary_context.cache_clear()
+    yield fake
+    device_module.primary_context.cache_clear()
+
+
+@pytest.fixture
+def kernel(fake_driver, cache_dir):
+    compiled = compile_kernel(SCALE_ADD, "sm_90a", cache_dir=cache_dir)
+    loaded = kernel_module.Kernel(compiled, CPU)
+    loaded._raw_stream = lambda index: STREAM  # what torch would report as current stream
+    fake_driver.calls.clear()
+    return loaded
+
+
+def _args(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    out, a, b = (torch.randn(8, generator=gen) for _ in range(3))
+    return out, a, b, f32(1.5), i32(8)
+
+
+def _expected_bytes(args) -> list[bytes]:
+    out, a, b, alpha, n = args
+    return [
+        struct.pack("<Q", out.data_ptr()),
+        struct.pack("<Q", a.data_ptr()),
+        struct.pack("<Q", b.data_ptr()),
+        struct.pack("<f", alpha.value),
+        struct.pack("<i", n.value),
+    ]
+
+
+def test_loading_goes_through_the_library_api(fake_driver, cache_dir):
+    compiled = compile_kernel(SCALE_ADD, "sm_90a", cache_dir=cache_dir)
+    loaded = kernel_module.Kernel(compiled, CPU)
+    names = [call[0] for call in fake_driver.calls]
+    assert names[:3] == ["cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction"]
+    assert fake_driver.calls[0][1] == b"\x7fELF"
+    assert fake_driver.calls[1][1] == b"scale_add"
+    assert loaded.param_sizes == (8, 8, 8, 4, 4)
+
+
+def test_launch_on_the_current_stream_passes_the_packed_arguments(kernel, fake_driver):
+    args = _args()
+    kernel.launch(3, 128, *args)
+    assert fake_driver.calls == [
+        ("cuLaunchKernel", KERNEL_HANDLE, (3, 1, 1), (128, 1, 1), 0, STREAM, OUR_CONTEXT)
+    ]
+    assert fake_driver.launched_params == [_expected_bytes(args)]
+
+
+def test_explicit_streams_and_tuple_dims(kernel, fake_driver):
+    class ProtocolStream:
+        def __cuda_stream__(self):
+            return (0, 0xDEF000)
+
+    args = _args(1)
+    kernel.launch((2, 3), (32, 4, 1), *args, stream=ProtocolStream())
+    kernel.launch(1, 32, *args, stream=SimpleNamespace(cuda_stream=0xFED000))
+    launches = [c for c in fake_driver.calls if c[0] == "cuLaunchKernel"]
+    assert [(c[2], c[3], c[5]) for c in launches] == [
+        ((2, 3, 1), (32, 4, 1), 0xDEF000),
+        ((1, 1, 1), (32, 1, 1), 0xFED000),
+    ]
+
+
+def test_shared_memory_limit_is_raised_once(kernel, fake_driver):
+    args = _args()
+    for _ in range(3):
+        kernel.launch(1, 128, *args, shared_mem=100 * 1024)
+    kernel.launch(1, 128, *args, shared_mem=40 * 1024)  # below the raised limit
+    raises = [c for c in fake_driver.calls if c[0] == "cuKernelSetAttribute"]
+    assert raises == [
+        (
+            "cuKernelSetAttribute",
+            real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            100 * 1024,
+        )
+    ]
+    with pytest.raises(ValueError, match=r"allows at most 231424 per block"):
+        kernel.launch(1, 128, *args, shared_mem=232448 - 1024 + 4)
+
+
+def test_cluster_launch_uses_launch_kernel_ex(kernel, fake_driver):
+    args = _args()
+    kernel.launch(8, 64, *args, cluster=(2, 1, 1))
+    kernel.launch(16, 64, *args, cluster=16)
+    ex = [c for c in fake_driver.calls if c[0] == "cuLaunchKernelEx"]
+    assert ex == [
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), STREAM, 0),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (16, 1, 1), (16, 1, 1), STREAM, 0),
+    ]
+    assert fake_driver.launched_params == [_expected_bytes(args)] * 2
+    non_portable = [c for c in fake_driver.calls if c[0] == "cuKernelSetAttribute"]
+    assert len(non_portable) == 1  # only the 16-block cluster needed it
+    with pytest.raises(ValueError, match="not a multiple of cluster"):
+        kernel.launch(9, 64, *args, cluster=2)
+
+
+def test_default_stream_switches_to_the_kernels_context_and_back(kernel, fake_driver):
+    kernel._raw_stream = lambda index: 0
+    fake_driver.current_context = OTHER_CONTEXT
+    kernel.launch(1, 32, *_args())
+    assert fake_driver.calls == [
+        ("cuCtxSetCurrent", OUR_CONTEXT),
+        ("cuLaunchKernel", KERNEL_HANDLE, (1, 1, 1), (32, 1, 1), 0, 0, OUR_CONTEXT),
+        ("cuCtxSetCurrent", OTHER_CONTEXT),
+    ]
+    fake_driver.calls.clear()
+    fake_driver.current_context = OUR_CONTEXT
+    kernel.launch(1, 32, *_args())
+    assert [c[0] for c in fake_driver.calls] == ["cuLaunchKernel"]  # no switch needed
+
+
+def test_driver_errors_become_kernel_launch_errors(kernel, fake_driver):
+    fake_driver.launch_result = 701
+    with pytest.raises(KernelLaunchError, match="CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES") as info:
+        kernel.launch(4, 1024, *_args())
+    assert "grid=(4, 1, 1) block=(1024, 1, 1)" in str(info.value)
+
+
+@pytest.mark.parametrize(("grid", "block"), [(0, 32), (1, (32, 0)), (1, (1, 2, 3, 4)), (1.0, 32)])
+def test_bad_launch_dimensions(kernel, grid, block):
+    with pytest.raises(ValueError, match="positive int"):
+        kernel.launch(grid, block, *_args())
