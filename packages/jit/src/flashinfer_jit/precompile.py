@@ -1,8 +1,8 @@
 """Compile many kernel configurations ahead of time, in parallel worker processes.
 
 NVRTC releases the GIL, but concurrent compiles in one process serialise inside the library
-(two threads took about as long as three sequential compiles in our measurement), so
-parallelism comes from processes. Workers are plain `python -m flashinfer_jit._worker`
+(on a 2-core machine, two threads took at least as long as compiling back to back, two
+processes ran in parallel), so parallelism comes from processes. Workers are plain `python -m flashinfer_jit._worker`
 subprocesses fed over pipes, not `multiprocessing`: that neither re-imports the caller's
 `__main__` (spawn) nor forks a process that has CUDA and threads running (fork).
 """
