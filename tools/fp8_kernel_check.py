@@ -20,7 +20,7 @@ import sys
 
 import torch
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
-from flashinfer_schedule import padded_seq_len
+from flashinfer_schedule import compute_paged_mqa_logits_schedule, padded_seq_len
 
 
 def make_timing_case(batch, next_n, heads, head_dim, block_size, lens, pool_blocks):
@@ -235,12 +235,69 @@ def timing(quick: bool):
                 t = bench(call)
                 nbytes = total * (132 + 4 * next_n)
                 rows.append(
-                    (next_n, block_size, batch, avg, t * 1e6, nbytes / t / 1e9, nbytes / t / copy_bw)
+                    (
+                        next_n,
+                        block_size,
+                        batch,
+                        avg,
+                        t * 1e6,
+                        nbytes / t / 1e9,
+                        nbytes / t / copy_bw,
+                    )
                 )
     print(f"device copy bandwidth again: {copy_bandwidth() / 1e12:.2f} TB/s")
+    experiments(copy_bw)
     print("\nnext_n  bs     B      L     time_us    GB/s   frac_copy")
     for r in rows:
         print(f"{r[0]:6d} {r[1]:4d} {r[2]:5d} {r[3]:6d} {r[4]:10.1f} {r[5]:8.0f} {r[6]:8.2f}")
+
+
+EXPERIMENTS = [
+    ("production", ()),
+    ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("1 consumer", (("NUM_CONSUMERS", 1),)),
+    ("1 consumer no math", (("NUM_CONSUMERS", 1), ("EXP_SKIP_MATH", 1))),
+    ("4 stages", (("NUM_STAGES", 4),)),
+    ("8 stages", (("NUM_STAGES", 8),)),
+]
+
+
+def experiments(copy_bw: float) -> None:
+    """Drop-a-stage variants at one large shape: where does the time go?"""
+    print("\nvariant                  next_n  bs     B      L  time_us  frac_copy")
+    for next_n, block_size, batch, avg in [
+        (1, 64, 128, 32768),
+        (4, 64, 128, 32768),
+        (1, 64, 8, 16384),
+    ]:
+        gen = torch.Generator().manual_seed(3)
+        lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
+        total = sum(lens)
+        width = max(lens) // block_size + 1
+        pool_blocks = max(batch * width, math.ceil(max(2e9, 2 * total * 132) / (block_size * 132)))
+        case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
+        storage = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
+        schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+        for name, experiment in EXPERIMENTS:
+            call = functools.partial(
+                fp8_sm90.launch,
+                case["q"],
+                case["kv_fused"],
+                case["weights"],
+                case["block_tables"],
+                case["seq_lens"],
+                storage,
+                schedule,
+                output_dtype=torch.float32,
+                epi_dtype=torch.float32,
+                acc_dtype=torch.float32,
+                experiment=experiment,
+            )
+            t = bench(call)
+            nbytes = total * (132 + 4 * next_n)
+            print(
+                f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f}"
+            )
 
 
 def bench(fn, iters=50):

@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src${PYTHONPATH:+:$PYTHONPATH}
 export FLASHINFER_JIT_CACHE_DIR=${FLASHINFER_JIT_CACHE_DIR:-/tmp/flashinfer-jit-cache}
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
 date -u
 
 python -m pytest -m gpu -q -p no:cacheprovider --maxfail=40 "$@" > "$OUT/pytest-gpu.log" 2>&1

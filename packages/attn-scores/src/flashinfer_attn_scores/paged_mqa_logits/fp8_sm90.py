@@ -17,7 +17,6 @@ CSRC = Path(__file__).with_name("csrc")
 
 TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_UNIT
 NUM_CONSUMERS = 2
-THREADS = 128 * (NUM_CONSUMERS + 1)
 MAX_STAGES = 12
 # Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
 SM90_SHARED_MEMORY_LIMIT = 232_448
@@ -37,6 +36,9 @@ class Fp8KernelConfig:
     output_dtype: torch.dtype = torch.float32
     epi_dtype: torch.dtype = torch.float32
     acc_dtype: torch.dtype = torch.float32
+    # Developer measurement knobs, e.g. (("EXP_SKIP_MATH", 1),) or (("NUM_STAGES", 4),);
+    # they override the defines below. Empty in production.
+    experiment: tuple[tuple[str, int], ...] = ()
 
     @property
     def n(self) -> int:
@@ -54,10 +56,16 @@ class Fp8KernelConfig:
     @functools.cached_property
     def stages(self) -> int:
         """Deepest KV pipeline (<= MAX_STAGES) that fits; 0 when not even two stages fit."""
+        if "NUM_STAGES" in dict(self.experiment):
+            return dict(self.experiment)["NUM_STAGES"]
         for stages in range(MAX_STAGES, 1, -1):
             if self.shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
                 return stages
         return 0
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + dict(self.experiment).get("NUM_CONSUMERS", NUM_CONSUMERS))
 
     @property
     def fits(self) -> bool:
@@ -80,6 +88,7 @@ class Fp8KernelConfig:
                 "OUT_FP16": _DTYPE_FLAG[self.output_dtype],
                 "EPI_FP16": _DTYPE_FLAG[self.epi_dtype],
                 "ACC_FP16": _DTYPE_FLAG[self.acc_dtype],
+                **dict(self.experiment),
             },
             label=(
                 f"fp8_paged_mqa_logits[bs={self.block_size}, D={self.head_dim}, "
@@ -102,9 +111,10 @@ def fp8_config(
     output_dtype: torch.dtype,
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
+    experiment: tuple[tuple[str, int], ...] = (),
 ) -> Fp8KernelConfig:
     return Fp8KernelConfig(
-        block_size, head_dim, num_heads, next_n, output_dtype, epi_dtype, acc_dtype
+        block_size, head_dim, num_heads, next_n, output_dtype, epi_dtype, acc_dtype, experiment
     )
 
 
@@ -202,6 +212,7 @@ def launch(
     output_dtype: torch.dtype,
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
+    experiment: tuple[tuple[str, int], ...] = (),
 ) -> None:
     """Launch the kernel on the current stream; `schedule_meta=None` computes it on the GPU."""
     from flashinfer_jit import i32, i64, load_kernel
@@ -209,7 +220,14 @@ def launch(
 
     batch_size, next_n, num_heads, head_dim = q.shape
     config = fp8_config(
-        kv_fused.shape[1], head_dim, num_heads, next_n, output_dtype, epi_dtype, acc_dtype
+        kv_fused.shape[1],
+        head_dim,
+        num_heads,
+        next_n,
+        output_dtype,
+        epi_dtype,
+        acc_dtype,
+        experiment,
     )
     kernel = load_kernel(config.spec, q.device)
     if schedule_meta is None:
@@ -221,7 +239,7 @@ def launch(
     weights = _contiguous_aligned(weights)
     kernel.launch(
         schedule_meta.shape[0] - 1,
-        THREADS,
+        config.threads,
         _kv_tensor_map(kv_fused, config),
         kv_fused,
         q,

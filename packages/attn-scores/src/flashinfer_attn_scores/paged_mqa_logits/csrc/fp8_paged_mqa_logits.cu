@@ -48,7 +48,13 @@ constexpr int kKvTileBytes = kTile * HEAD_DIM;
 constexpr int kQSlotBytes = kN * HEAD_DIM;
 constexpr int kProducerRegs = 56;
 // Registers left per consumer thread: 65536 = 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs).
-constexpr int kConsumerRegs = NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
+constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
+
+// Measurement variants (never set in production): EXP_SKIP_MATH=1 drops the MMA and the
+// epilogue (consumers only release stages and write the token scale), timing the load pipeline.
+#ifndef EXP_SKIP_MATH
+#define EXP_SKIP_MATH 0
+#endif
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
@@ -302,6 +308,13 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const int slot = request_ordinal & 1;
     mbar_wait(&full[stage], (k / NUM_STAGES) & 1);
 
+    if (EXP_SKIP_MATH) {
+      const float scale = scales[stage * kTile + row0];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      if (quad == 0) out[static_cast<long long>(walk.b) * NEXT_N * out_stride + walk.u * kTile + row0] = to_out(scale);
+      continue;
+    }
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
 #pragma unroll
