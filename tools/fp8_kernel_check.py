@@ -300,6 +300,29 @@ def experiments(copy_bw: float) -> None:
             )
 
 
+def profile_one(next_n=1, block_size=64, batch=128, avg=32768):
+    gen = torch.Generator().manual_seed(3)
+    lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
+    width = max(lens) // block_size + 1
+    pool_blocks = max(batch * width, math.ceil(2 * sum(lens) * 132 / (block_size * 132)))
+    case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
+    storage = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
+    for _ in range(3):
+        fp8_sm90.launch(
+            case["q"],
+            case["kv_fused"],
+            case["weights"],
+            case["block_tables"],
+            case["seq_lens"],
+            storage,
+            None,
+            output_dtype=torch.float32,
+            epi_dtype=torch.float32,
+            acc_dtype=torch.float32,
+        )
+    torch.cuda.synchronize()
+
+
 def bench(fn, iters=50):
     fn()
     torch.cuda.synchronize()
@@ -326,7 +349,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="one large launch, for ncu")
     args = parser.parse_args()
+    if args.profile:
+        profile_one()
+        sys.exit(0)
     ok = correctness(args.quick)
     if not args.no_timing:
         timing(args.quick)

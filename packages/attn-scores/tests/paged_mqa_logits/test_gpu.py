@@ -17,6 +17,12 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
 
 pytestmark = pytest.mark.gpu
 
+# The SM90 MXFP4 kernel is the next issue; until it lands its launcher raises
+# NotImplementedError. strict=True turns these into failures the day the kernel appears.
+fp4_kernel_pending = pytest.mark.xfail(
+    raises=NotImplementedError, strict=True, reason="SM90 fp4 kernel not built yet"
+)
+
 # Allowed |kernel - float64 reference| on the valid region, as a fraction of the largest
 # |reference| in the same row. One table: the output dtype sets the base bound; a
 # reduced-precision epilogue or accumulator raises it to its own entry (the max is used).
@@ -176,6 +182,7 @@ def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
 @pytest.mark.parametrize(
     ("block_size", "interleaved"), [(32, False), (64, False), (128, False), (128, True)]
 )
+@fp4_kernel_pending
 def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, epi_dtype):
     case = fp4_case(block_size, next_n, seed=block_size + next_n, interleaved=interleaved)
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
@@ -237,7 +244,7 @@ def test_fp8_row_slice_of_a_wider_buffer():
     assert_rows_close(got, expected, mask, tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+@pytest.mark.parametrize("variant", ["fp8", pytest.param("fp4", marks=fp4_kernel_pending)])
 def test_deterministic(variant):
     if variant == "fp8":
         case = fp8_case(64, 2, seed=5)
@@ -283,7 +290,7 @@ GRAPH_LENGTHS = [300, 64, 500, 129]
 REPLAY_LENGTHS = [200, 0, 480, 1]
 
 
-@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+@pytest.mark.parametrize("variant", ["fp8", pytest.param("fp4", marks=fp4_kernel_pending)])
 def test_cuda_graph_replay_follows_new_seq_lens(variant, monkeypatch):
     # Validation mode on: its device reads must be skipped inside the capture.
     monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")

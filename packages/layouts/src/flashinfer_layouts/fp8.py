@@ -87,7 +87,10 @@ def quantize_fp8_per_token(
     xf = x.to(torch.float32)
     amax = xf.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
     scales = _pow2_scale(amax) if scale_mode == "pow2" else amax / E4M3_MAX
-    scaled = (xf / scales.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
+    # The quotient is formed in float64 so that CPU and CUDA round it identically (the
+    # float32 division of the two backends was seen to differ in the last bit on the H200).
+    quotient = xf.to(torch.float64) / scales.to(torch.float64).unsqueeze(-1)
+    scaled = quotient.to(torch.float32).clamp(-E4M3_MAX, E4M3_MAX)
     return scaled.to(torch.float8_e4m3fn), scales
 
 
