@@ -83,6 +83,7 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
 
     payload = json.loads((out / "results.json").read_text())
     assert payload["mode"] == "cpu-reference"
+    assert payload["complete"] is True
     assert payload["torch"]
     results = payload["results"]
     assert {r["op"] for r in results} == {"fp8", "fp4"}

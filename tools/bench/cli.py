@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -21,7 +22,8 @@ from .report import (
     TOO_LARGE,
     CaseResult,
     environment,
-    print_table,
+    table_header,
+    table_row,
     write_json,
     write_plots,
 )
@@ -149,40 +151,43 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{name} {value / 1e9:.1f} GB/s" for name, value in ceilings.items() if value)
     )
 
-    results: list[CaseResult] = []
-    unbuilt: dict[str, str] = {}
-    for shape in shapes:
-        if shape.op in unbuilt:
-            results.append(CaseResult(shape, KERNEL_NOT_BUILT, detail=unbuilt[shape.op]))
-            continue
-        try:
-            result = run_case(shape, device)
-        except Exception as exc:  # one broken case must not lose a long run's other results
-            traceback.print_exc()
-            result = CaseResult(shape, ERROR, detail=f"{type(exc).__name__}: {exc}")
-        if result.status == KERNEL_NOT_BUILT:
-            unbuilt[shape.op] = result.detail
-            print(f"{shape.op}: kernel not built ({result.detail}); skipping its other cases")
-        result.derive(ceilings["copy"], ceilings["gather_copy"])
-        results.append(result)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    print()
-    print_table(results)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / JSON_NAME
-    write_json(json_path, environment(mode, device), ceilings, results)
+    env = environment(mode, device)
+    results: list[CaseResult] = []
+    unbuilt: dict[str, str] = {}
+    print(table_header(), flush=True)
+    for shape in shapes:
+        if shape.op in unbuilt:
+            result = CaseResult(shape, KERNEL_NOT_BUILT, detail=unbuilt[shape.op])
+        else:
+            try:
+                result = run_case(shape, device)
+            except Exception as exc:  # one broken case must not lose a long run's other results
+                traceback.print_exc()
+                result = CaseResult(shape, ERROR, detail=f"{type(exc).__name__}: {exc}")
+            if result.status == KERNEL_NOT_BUILT:
+                unbuilt[shape.op] = result.detail
+            result.derive(ceilings["copy"], ceilings["gather_copy"])
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        results.append(result)
+        print(table_row(result), flush=True)
+        write_json(json_path, env, ceilings, results, complete=False)
+
+    write_json(json_path, env, ceilings, results, complete=True)
     note = (
         "CPU reference path, NOT kernel performance"
         if not_sm90
         else torch.cuda.get_device_name(device)
     )
     plots = write_plots(args.out, results, note)
-    print(f"\nwrote {json_path}" + "".join(f", {p}" for p in plots))
+    counts = Counter(r.status for r in results)
+    print("\n" + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    print(f"wrote {json_path}" + "".join(f", {p}" for p in plots))
 
-    failed = [r for r in results if r.status in (FAIL, ERROR)]
+    failed = counts[FAIL] + counts[ERROR]
     if failed:
-        print(f"{len(failed)} case(s) failed or crashed", file=sys.stderr)
+        print(f"{failed} case(s) failed or crashed", file=sys.stderr)
         return 1
     return 0

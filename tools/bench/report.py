@@ -99,21 +99,24 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(results: list[CaseResult]) -> None:
+def table_header() -> str:
+    """The header line (and rule) of the results table."""
     header = (
         f"{'op':<4} {'B':>4} {'L':>6} {'next_n':>6} {'block':>5} {'time us':>10} "
         f"{'GB/s':>8} {'copy BW':>7} {'TFLOP/s':>8}  status"
     )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        s, t, d = r.shape, r.timing, r.derived
-        status = r.status if not r.detail else f"{r.status}: {r.detail}"
-        print(
-            f"{s.op:<4} {s.batch:>4} {s.avg_len:>6} {s.next_n:>6} {s.block_size:>5} "
-            f"{_fmt(t.median_us if t else None, '10.2f')} {_fmt(d.get('gb_per_s'), '8.4g')} "
-            f"{_fmt(d.get('copy_fraction'), '7.3f')} {_fmt(d.get('tflop_per_s'), '8.3g')}  {status}"
-        )
+    return header + "\n" + "-" * len(header)
+
+
+def table_row(r: CaseResult) -> str:
+    """One row of the results table."""
+    s, t, d = r.shape, r.timing, r.derived
+    status = r.status if not r.detail else f"{r.status}: {r.detail}"
+    return (
+        f"{s.op:<4} {s.batch:>4} {s.avg_len:>6} {s.next_n:>6} {s.block_size:>5} "
+        f"{_fmt(t.median_us if t else None, '10.2f')} {_fmt(d.get('gb_per_s'), '8.4g')} "
+        f"{_fmt(d.get('copy_fraction'), '7.3f')} {_fmt(d.get('tflop_per_s'), '8.3g')}  {status}"
+    )
 
 
 def _record(r: CaseResult) -> dict[str, object]:
@@ -132,10 +135,24 @@ def _record(r: CaseResult) -> dict[str, object]:
 
 
 def write_json(
-    path: Path, env: dict[str, object], ceilings: dict[str, float | None], results: list[CaseResult]
+    path: Path,
+    env: dict[str, object],
+    ceilings: dict[str, float | None],
+    results: list[CaseResult],
+    *,
+    complete: bool,
 ) -> None:
-    payload = {**env, "ceilings_bytes_per_s": ceilings, "results": [_record(r) for r in results]}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    """Write the results so far; `complete` is False while cases remain (a killed run keeps
+    what it measured). Written to a temporary name and renamed, so the file is never torn."""
+    payload = {
+        **env,
+        "complete": complete,
+        "ceilings_bytes_per_s": ceilings,
+        "results": [_record(r) for r in results],
+    }
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(payload, indent=2) + "\n")
+    partial.replace(path)
 
 
 def _length_label(length: int) -> str:
