@@ -1,4 +1,4 @@
-"""Public paged MQA logits ops: signature, validation, dispatch to the kernel or reference."""
+"""Public paged MQA logits ops: signature, validation, dispatch through the custom ops."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 from flashinfer_schedule import padded_seq_len
 
 from .. import _validation as v
-from . import launcher
-from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
+from . import custom_ops, launcher
 
 __all__ = [
     "PagedMqaLogitsConfig",
@@ -150,6 +149,32 @@ def _check_call_outputs(
     return schedule_meta, out
 
 
+@torch.compiler.assume_constant_result
+def _cuda_arch_error(op: str, device: torch.device) -> str:
+    """`check_cuda_arch`'s message for `device`, or "" for an SM90 GPU.
+
+    Marked as a constant result so that torch.compile runs it once while tracing (dynamo
+    cannot trace the capability query) and keeps the answer, which never changes for a
+    device; tensor guards already pin the device.
+    """
+    try:
+        v.check_cuda_arch(op, device)
+    except RuntimeError as err:
+        return str(err)
+    return ""
+
+
+def _device_data_checks_wanted() -> bool:
+    """Whether to run the opt-in `FLASHINFER_VALIDATE_INPUTS` checks on this call.
+
+    Never while torch.compile traces the op (they copy device data to the host and branch
+    on it, which would break the graph) nor during CUDA-graph capture.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return v.validate_inputs_enabled() and not v.graph_capture_active()
+
+
 def _run(
     op: str,
     variant: str,
@@ -161,11 +186,10 @@ def _run(
     schedule_meta: torch.Tensor | None,
     out: torch.Tensor | None,
     output_dtype: torch.dtype,
-    reference: Callable[[], torch.Tensor],
-    launch: Callable[[torch.Tensor], None],
+    compute: Callable[[torch.Tensor], None],
 ) -> torch.Tensor:
-    """Opt-in device-data checks, output allocation and device dispatch."""
-    if v.validate_inputs_enabled() and not v.graph_capture_active():
+    """Opt-in device-data checks, output allocation, then `compute(storage)` (a custom op)."""
+    if _device_data_checks_wanted():
         v.check_device_data(
             seq_lens=seq_lens,
             block_tables=block_tables,
@@ -177,7 +201,9 @@ def _run(
             variant=variant,
         )
     if q.device.type == "cuda":
-        v.check_cuda_arch(op, q.device)
+        arch_error = _cuda_arch_error(op, q.device)
+        if arch_error:
+            raise RuntimeError(arch_error)
     storage = out
     if storage is None:
         storage = torch.empty(
@@ -186,15 +212,7 @@ def _run(
     logits = storage[: problem.rows, : problem.max_seq_len]
     if problem.rows == 0:
         return logits
-    if q.device.type == "cuda":
-        launch(storage)
-        return logits
-    # CPU: write the region the kernel computes (every slot, positions p < seq_lens[b]);
-    # everything else, including rows of empty requests, is left untouched.
-    expected = reference()
-    row_lens = seq_lens.to(torch.int64).repeat_interleave(problem.next_n)
-    computed = torch.arange(problem.max_seq_len)[None, :] < row_lens[:, None]
-    logits[computed] = expected[computed].to(output_dtype)
+    compute(storage)
     return logits
 
 
@@ -359,23 +377,19 @@ def fp8_paged_mqa_logits(
     v.check_dtype_choice("acc_dtype", acc_dtype, FP8_ACC_DTYPES)
     schedule_meta, out = _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
 
-    def reference() -> torch.Tensor:
-        return fp8_paged_mqa_logits_reference(
-            q, kv_fused, weights, block_tables, seq_lens, max_seq_len
-        )
-
-    def launch(storage: torch.Tensor) -> None:
-        launcher.launch_fp8_paged_mqa_logits(
+    def compute(storage: torch.Tensor) -> None:
+        custom_ops.fp8_paged_mqa_logits_into(
             q,
             kv_fused,
             weights,
             block_tables,
             seq_lens,
+            max_seq_len,
             storage,
             schedule_meta,
-            output_dtype=output_dtype,
-            epi_dtype=epi_dtype,
-            acc_dtype=acc_dtype,
+            output_dtype,
+            epi_dtype,
+            acc_dtype,
         )
 
     return _run(
@@ -388,8 +402,7 @@ def fp8_paged_mqa_logits(
         schedule_meta=schedule_meta,
         out=out,
         output_dtype=output_dtype,
-        reference=reference,
-        launch=launch,
+        compute=compute,
     )
 
 
@@ -578,8 +591,8 @@ def fp4_paged_mqa_logits(
     v.check_dtype_choice("epi_dtype", epi_dtype, FP4_EPI_DTYPES)
     schedule_meta, out = _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
 
-    def reference() -> torch.Tensor:
-        return fp4_paged_mqa_logits_reference(
+    def compute(storage: torch.Tensor) -> None:
+        custom_ops.fp4_paged_mqa_logits_into(
             q,
             q_sf,
             kv_fused,
@@ -587,23 +600,12 @@ def fp4_paged_mqa_logits(
             block_tables,
             seq_lens,
             max_seq_len,
-            is_kv_sf_interleaved=is_kv_sf_interleaved,
-        )
-
-    def launch(storage: torch.Tensor) -> None:
-        launcher.launch_fp4_paged_mqa_logits(
-            q,
-            q_sf,
-            kv_fused,
-            weights,
-            block_tables,
-            seq_lens,
             storage,
             schedule_meta,
-            sf_vec_size=sf_vec_size,
-            output_dtype=output_dtype,
-            epi_dtype=epi_dtype,
-            is_kv_sf_interleaved=is_kv_sf_interleaved,
+            sf_vec_size,
+            output_dtype,
+            epi_dtype,
+            is_kv_sf_interleaved,
         )
 
     return _run(
@@ -616,8 +618,7 @@ def fp4_paged_mqa_logits(
         schedule_meta=schedule_meta,
         out=out,
         output_dtype=output_dtype,
-        reference=reference,
-        launch=launch,
+        compute=compute,
     )
 
 

@@ -49,12 +49,18 @@ constexpr int kQSlotBytes = kN * HEAD_DIM;
 constexpr int kProducerRegs = 56;
 // Registers left per consumer thread: 65536 = 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs).
 constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
+static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgroups");
 
 // Measurement variants (never set in production): EXP_SKIP_MATH=1 drops the MMA and the
 // epilogue (consumers only release stages and write the token scale), timing the load pipeline.
 #ifndef EXP_SKIP_MATH
 #define EXP_SKIP_MATH 0
 #endif
+// Producer warps in warpgroup 0; unit k is issued by warp k % NUM_PRODUCERS.
+#ifndef NUM_PRODUCERS
+#define NUM_PRODUCERS 1
+#endif
+static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
@@ -190,6 +196,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
                                          const int* block_tables, long long block_table_stride,
                                          UnitWalker walk, uint8_t* smem) {
   const int lane = threadIdx.x % 32;
+  const int producer_index = threadIdx.x / 32;
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
   float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
@@ -201,36 +208,45 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   uint64_t* q_empty = q_full + 2;
 
   int request_ordinal = -1, current_b = -1;
-  int table_base = 0, table_entry = 0, table_valid = 0;  // 32 cached block-table entries, one per lane
+  // Block-table entries, one per lane: `table_entry` covers blocks [table_base, table_base + 32)
+  // of the current request, `table_next` the following 32, loaded one batch ahead so the
+  // producer never waits on a table read in steady state.
+  int table_base = 0, table_entry = 0, table_next = 0, table_valid = 0;
   const int* table_row = nullptr;
   int blocks_in_request = 0;
+  auto table_load = [&](int block) {
+    return block < blocks_in_request ? table_row[block] : 0;
+  };
 
   for (int k = 0; walk.valid(); walk.next(), ++k) {
     if (walk.b != current_b) {
       current_b = walk.b;
       ++request_ordinal;
-      const int slot = request_ordinal & 1;
-      if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
-      // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
-      const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(current_b) * kQSlotBytes);
-      uint8_t* q_dst = q_slots + slot * kQSlotBytes;
-      constexpr int kUnitsPerRow = HEAD_DIM / 16;
-      constexpr int kUnitsPerChunkRow = kSwizzle / 16;
+      if (producer_index == 0) {  // one warp stages q and the weights of each request
+        const int slot = request_ordinal & 1;
+        if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
+        // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
+        const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(current_b) * kQSlotBytes);
+        uint8_t* q_dst = q_slots + slot * kQSlotBytes;
+        constexpr int kUnitsPerRow = HEAD_DIM / 16;
+        constexpr int kUnitsPerChunkRow = kSwizzle / 16;
 #pragma unroll 4
-      for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
-        const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
-        const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
-        *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
+        for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
+          const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
+          const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
+          *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
+        }
+        const float* w_src = weights + static_cast<long long>(current_b) * kN;
+        for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
+        fence_proxy_async_smem();
+        mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
       }
-      const float* w_src = weights + static_cast<long long>(current_b) * kN;
-      for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
-      fence_proxy_async_smem();
-      mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
       table_row = block_tables + static_cast<long long>(current_b) * block_table_stride;
       blocks_in_request = (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE;
       table_valid = 0;
     }
 
+    if (k % NUM_PRODUCERS != producer_index) continue;
     const int stage = k % NUM_STAGES;
     if (k >= NUM_STAGES) mbar_wait(&empty[stage], ((k / NUM_STAGES) - 1) & 1);
 
@@ -243,9 +259,14 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       if (token < walk.len) {
         const int block = token / BLOCK_SIZE;
         if (!table_valid || block < table_base || block >= table_base + 32) {
+          if (table_valid && block == table_base + 32) {
+            table_entry = table_next;  // sequential walk: the prefetched batch
+          } else {
+            table_entry = table_load(block + lane);
+          }
           table_base = block;
           table_valid = 1;
-          table_entry = table_base + lane < blocks_in_request ? table_row[table_base + lane] : 0;
+          table_next = table_load(table_base + 32 + lane);
         }
         block_ids[s] = __shfl_sync(0xffffffffu, table_entry, block - table_base);
         ++boxes;
@@ -417,7 +438,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     regs_decrease<kProducerRegs>();
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
       producer(kv_map, kv_base, q, weights, block_tables, block_table_stride, walk, smem);
     }

@@ -1,0 +1,212 @@
+"""`torch.library` registrations of the paged MQA logits computations.
+
+The public functions in `api.py` validate their arguments and choose the padded output
+storage in Python (which `torch.compile` traces), then hand the work to one of these custom
+ops. To the compiler an op is opaque: it takes the validated tensors and writes the logits
+into `out_storage` in place (`mutates_args`), returning nothing, so its fake implementation
+has nothing to compute. Dispatch is by device: CPU tensors write the float64 reference
+rounded to the output dtype, CUDA tensors launch the SM90 kernel.
+
+Ops (namespace `flashinfer_attn_scores`, reachable as `torch.ops.flashinfer_attn_scores.*`):
+
+* `fp8_paged_mqa_logits_into(q, kv_fused, weights, block_tables, seq_lens, max_seq_len,
+  out_storage, schedule_meta, output_dtype, epi_dtype, acc_dtype) -> ()`
+* `fp4_paged_mqa_logits_into(q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len,
+  out_storage, schedule_meta, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved)
+  -> ()`
+
+They do no argument checking: call the public functions, which do.
+"""
+
+import torch
+
+from . import launcher
+from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
+
+__all__ = ["NAMESPACE", "fp4_paged_mqa_logits_into", "fp8_paged_mqa_logits_into"]
+
+NAMESPACE = "flashinfer_attn_scores"
+
+
+def _write_computed_region(
+    out_storage: torch.Tensor, expected: torch.Tensor, seq_lens: torch.Tensor, next_n: int
+) -> None:
+    """Store the reference where the kernel writes: every slot, positions p < seq_lens[b].
+
+    Everything else, including the rows of empty requests, is left untouched, as the
+    kernel leaves it.
+    """
+    rows, max_seq_len = expected.shape
+    logits = out_storage[:rows, :max_seq_len]
+    row_lens = seq_lens.to(torch.int64).repeat_interleave(next_n)
+    computed = torch.arange(max_seq_len)[None, :] < row_lens[:, None]
+    logits[computed] = expected[computed].to(out_storage.dtype)
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::fp8_paged_mqa_logits_into", mutates_args=("out_storage",), device_types="cpu"
+)
+def fp8_paged_mqa_logits_into(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+) -> None:
+    """Write FP8 paged MQA logits into `out_storage` (validated arguments only).
+
+    CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta`,
+    `epi_dtype` and `acc_dtype` do not change it.
+    """
+    if q.shape[0] == 0:
+        return
+    expected = fp8_paged_mqa_logits_reference(
+        q, kv_fused, weights, block_tables, seq_lens, max_seq_len
+    )
+    _write_computed_region(out_storage, expected, seq_lens, q.shape[1])
+
+
+@fp8_paged_mqa_logits_into.register_kernel("cuda")
+def _fp8_paged_mqa_logits_into_cuda(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+) -> None:
+    if q.shape[0] == 0:
+        return
+    launcher.launch_fp8_paged_mqa_logits(
+        q,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        out_storage,
+        schedule_meta,
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
+    )
+
+
+@fp8_paged_mqa_logits_into.register_fake
+def _fp8_paged_mqa_logits_into_fake(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+) -> None:
+    # The op only writes into out_storage, whose metadata does not change.
+    return None
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::fp4_paged_mqa_logits_into", mutates_args=("out_storage",), device_types="cpu"
+)
+def fp4_paged_mqa_logits_into(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    sf_vec_size: int,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    is_kv_sf_interleaved: bool,
+) -> None:
+    """Write MXFP4 paged MQA logits into `out_storage` (validated arguments only).
+
+    CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta` and
+    `epi_dtype` do not change it.
+    """
+    if q.shape[0] == 0:
+        return
+    expected = fp4_paged_mqa_logits_reference(
+        q,
+        q_sf,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        is_kv_sf_interleaved=is_kv_sf_interleaved,
+    )
+    _write_computed_region(out_storage, expected, seq_lens, q.shape[1])
+
+
+@fp4_paged_mqa_logits_into.register_kernel("cuda")
+def _fp4_paged_mqa_logits_into_cuda(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    sf_vec_size: int,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    is_kv_sf_interleaved: bool,
+) -> None:
+    if q.shape[0] == 0:
+        return
+    launcher.launch_fp4_paged_mqa_logits(
+        q,
+        q_sf,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        out_storage,
+        schedule_meta,
+        sf_vec_size=sf_vec_size,
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        is_kv_sf_interleaved=is_kv_sf_interleaved,
+    )
+
+
+@fp4_paged_mqa_logits_into.register_fake
+def _fp4_paged_mqa_logits_into_fake(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    sf_vec_size: int,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    is_kv_sf_interleaved: bool,
+) -> None:
+    # The op only writes into out_storage, whose metadata does not change.
+    return None
