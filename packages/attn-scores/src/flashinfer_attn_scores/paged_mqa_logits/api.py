@@ -248,7 +248,9 @@ def fp8_paged_mqa_logits(
 
     CPU tensors run the float64 reference (`fp8_paged_mqa_logits_reference`) through the
     same validation, then round to `output_dtype`; `epi_dtype`/`acc_dtype` are checked but do
-    not change the CPU result. CUDA tensors run the SM90 kernel.
+    not change the CPU result. CUDA tensors run the SM90 kernel. Either runs inside the
+    custom op `torch.ops.flashinfer_attn_scores.fp8_paged_mqa_logits_into` (which writes into
+    the padded storage), so `torch.compile(fullgraph=True)` traces through this function.
 
     Example (rename of the spec's example; `device="cpu"` runs the reference):
 
@@ -292,7 +294,9 @@ def fp8_paged_mqa_logits(
             out-of-bounds device write (undefined behaviour), not a checked error. Both this
             and the table width are checked, on the host, only when the environment variable
             `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call); the check is a
-            development aid and is skipped during CUDA-graph capture.
+            development aid and is skipped during CUDA-graph capture and in code traced by
+            `torch.compile` (it copies device data to the host, which would break the
+            graph), so validate in eager mode.
         output_dtype: float32 (default) or float16. bfloat16 is refused on purpose: the FP8
             epilogue has no bfloat16 store path. `fp4_paged_mqa_logits` defaults to bfloat16,
             so pass `output_dtype` explicitly in code that calls both.
@@ -440,7 +444,9 @@ def fp4_paged_mqa_logits(
 
     CPU tensors run the float64 reference (`fp4_paged_mqa_logits_reference`) through the
     same validation, then round to `output_dtype`; `epi_dtype` is checked but does not change
-    the CPU result. CUDA tensors run the SM90 kernel.
+    the CPU result. CUDA tensors run the SM90 kernel. Either runs inside the custom op
+    `torch.ops.flashinfer_attn_scores.fp4_paged_mqa_logits_into`, so
+    `torch.compile(fullgraph=True)` traces through this function.
 
     Example (rename of the spec's example; zero-filled tensors are valid placeholders for a
     shape check, real callers quantise with `flashinfer_layouts.quantize_mxfp4_q` and
@@ -484,7 +490,8 @@ def fp4_paged_mqa_logits(
             entry may exceed `max_seq_len`.
         max_seq_len: int, the logits' column count, `>= max(seq_lens)`; a smaller value is an
             out-of-bounds device write. Set `FLASHINFER_VALIDATE_INPUTS=1` (read on each call,
-            skipped during CUDA-graph capture) to have these preconditions checked.
+            skipped during CUDA-graph capture and in code traced by `torch.compile`) to have
+            these preconditions checked.
         sf_vec_size: FP4 values per UE8M0 scale; must be 32. Fixes the packing of both `q_sf`
             and the cache's scale bytes.
         output_dtype: bfloat16 (default), float32 or float16. The FP8 variant defaults to

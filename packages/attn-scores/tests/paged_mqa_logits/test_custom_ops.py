@@ -1,0 +1,314 @@
+"""The `torch.library` custom ops behind the public logits functions, and torch.compile.
+
+`torch.compile(fullgraph=True)` must trace through the public functions (validation and
+output allocation in Python, the computation as one opaque custom op) and give the same
+bits as eager. CPU tests use the reference path; the `gpu` ones run the SM90 kernel.
+"""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits import api, custom_ops
+from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+
+FP8_OP = "fp8_paged_mqa_logits_into"
+FP4_OP = "fp4_paged_mqa_logits_into"
+# Zero-length requests between others: their rows must stay untouched in both modes.
+LENGTHS = [37, 0, 300, 5]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch (no cached graphs or recompile limits carried over)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class GraphRecorder:
+    """A torch.compile backend that keeps the FX graphs dynamo hands it and runs them as is."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def poisoned(rows: int, cols: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    return torch.full((rows, cols), float("nan"), dtype=dtype, device=device)
+
+
+def assert_same_valid_region(compiled: torch.Tensor, eager: torch.Tensor, seq_lens, next_n):
+    assert compiled.shape == eager.shape and compiled.dtype == eager.dtype
+    mask = valid_mask(seq_lens.cpu(), next_n, eager.shape[1]).to(eager.device)
+    assert mask.any()
+    assert torch.isfinite(compiled[mask]).all(), "a valid element was not written"
+    assert torch.equal(compiled[mask], eager[mask])
+
+
+def assert_empty_rows_untouched(storage: torch.Tensor, seq_lens, next_n):
+    for b, length in enumerate(seq_lens.tolist()):
+        if length == 0:
+            assert torch.isnan(storage[b * next_n : (b + 1) * next_n]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+
+
+def test_ops_are_listed_under_torch_ops_namespace():
+    namespace = torch.ops.flashinfer_attn_scores
+    for name, mutated_index in ((FP8_OP, 6), (FP4_OP, 7)):
+        schema = getattr(namespace, name).default._schema
+        assert schema.name == f"flashinfer_attn_scores::{name}"
+        assert schema.returns == []
+        mutated = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+        assert mutated == ["out_storage"]
+        assert schema.arguments[mutated_index].name == "out_storage"
+        # dtype arguments travel as torch.dtype (ScalarType), not as int codes.
+        assert "ScalarType output_dtype, ScalarType epi_dtype" in str(schema)
+    assert (
+        custom_ops.fp8_paged_mqa_logits_into._opoverload
+        is namespace.fp8_paged_mqa_logits_into.default
+    )
+
+
+def test_eager_public_call_dispatches_through_the_custom_op(monkeypatch):
+    calls = []
+    original = custom_ops.fp8_paged_mqa_logits_into
+
+    def spy(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(custom_ops, "fp8_paged_mqa_logits_into", spy)
+    case = make_fp8_case(LENGTHS, next_n=2, seed=11)
+    out = poisoned(case.rows, fa.padded_seq_len(case.max_seq_len), torch.float16)
+    fa.fp8_paged_mqa_logits(*case.fp8_args(), output_dtype=torch.float16, out=out)
+    assert len(calls) == 1
+    assert calls[0][6] is out  # the caller's storage itself, not a copy
+    assert calls[0][8:] == (torch.float16, torch.float32, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile on CPU
+
+
+@pytest.mark.parametrize("output_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fp8_compiled_fullgraph_matches_eager(with_out, output_dtype):
+    next_n = 2
+    case = make_fp8_case(LENGTHS, next_n=next_n, seed=21 + with_out)
+    cols = fa.padded_seq_len(case.max_seq_len) + 256  # a wider buffer than needed
+
+    def call(q, kv_fused, weights, block_tables, seq_lens, out):
+        return fa.fp8_paged_mqa_logits(
+            q,
+            kv_fused,
+            weights,
+            block_tables,
+            seq_lens,
+            case.max_seq_len,
+            output_dtype=output_dtype,
+            out=out,
+        )
+
+    eager_out = poisoned(case.rows + 1, cols, output_dtype) if with_out else None
+    compiled_out = poisoned(case.rows + 1, cols, output_dtype) if with_out else None
+    eager = call(*case.fp8_args()[:5], eager_out)
+    compiled = torch.compile(call, fullgraph=True)(*case.fp8_args()[:5], compiled_out)
+
+    assert_same_valid_region(compiled, eager, case.seq_lens, next_n)
+    mask = valid_mask(case.seq_lens, next_n, case.max_seq_len)
+    tol = 1e-6 if output_dtype == torch.float32 else 1e-3
+    assert_rows_close(compiled, case.expected(), mask, tol)
+    if with_out:
+        assert compiled.data_ptr() == compiled_out.data_ptr()
+        assert torch.equal(compiled_out[: case.rows, : case.max_seq_len][mask], eager[mask])
+        assert torch.isnan(compiled_out[case.rows :]).all(), "a row past batch*next_n written"
+        assert_empty_rows_untouched(compiled_out, case.seq_lens, next_n)
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fp4_compiled_fullgraph_matches_eager(with_out):
+    next_n = 3
+    case = make_fp4_case(LENGTHS, next_n=next_n, block_size=64, seed=31 + with_out)
+    cols = fa.padded_seq_len(case.max_seq_len)
+
+    def call(q, q_sf, kv_fused, weights, block_tables, seq_lens, out):
+        return fa.fp4_paged_mqa_logits(
+            q, q_sf, kv_fused, weights, block_tables, seq_lens, case.max_seq_len, out=out
+        )
+
+    eager_out = poisoned(case.rows, cols, torch.bfloat16) if with_out else None
+    compiled_out = poisoned(case.rows, cols, torch.bfloat16) if with_out else None
+    eager = call(*case.fp4_args()[:6], eager_out)
+    compiled = torch.compile(call, fullgraph=True)(*case.fp4_args()[:6], compiled_out)
+
+    assert compiled.dtype == torch.bfloat16
+    assert_same_valid_region(compiled, eager, case.seq_lens, next_n)
+    mask = valid_mask(case.seq_lens, next_n, case.max_seq_len)
+    assert_rows_close(compiled, case.expected(), mask, 1e-2)  # one bfloat16 rounding
+    if with_out:
+        assert compiled.data_ptr() == compiled_out.data_ptr()
+        assert_empty_rows_untouched(compiled_out, case.seq_lens, next_n)
+
+
+def test_graph_holds_the_custom_op_and_no_reference_math():
+    case = make_fp8_case(LENGTHS, next_n=1, seed=41)
+    recorder = GraphRecorder()
+
+    def call(*args):
+        return fa.fp8_paged_mqa_logits(*args, case.max_seq_len)
+
+    compiled = torch.compile(call, backend=recorder, fullgraph=True)(*case.fp8_args()[:5])
+    assert len(recorder.graphs) == 1
+    code = recorder.graphs[0].code
+    assert f"flashinfer_attn_scores.{FP8_OP}" in code
+    # The reference's per-request loop reads seq_lens on the host; it must not be traced.
+    assert "repeat_interleave" not in code and "float64" not in code
+    assert_same_valid_region(compiled, call(*case.fp8_args()[:5]), case.seq_lens, 1)
+
+
+def test_new_shapes_recompile_without_graph_breaks():
+    # The second distinct max_seq_len / batch size makes dynamo retrace with symbolic sizes.
+    compiled = torch.compile(fa.fp8_paged_mqa_logits, fullgraph=True)
+    for seed, lens in enumerate([[37, 0, 300, 5], [700, 12], [1, 64, 65]]):
+        case = make_fp8_case(lens, next_n=2, seed=50 + seed)
+        got = compiled(*case.fp8_args())
+        assert got.shape == (case.rows, case.max_seq_len)
+        assert_same_valid_region(got, fa.fp8_paged_mqa_logits(*case.fp8_args()), case.seq_lens, 2)
+
+
+def test_validate_mode_is_skipped_while_compiling(monkeypatch):
+    """FLASHINFER_VALIDATE_INPUTS reads device data, which would break the graph."""
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    case = make_fp8_case(LENGTHS, next_n=2, seed=61)
+    schedule = fa.compute_paged_mqa_logits_schedule(
+        case.seq_lens, device="cpu", next_n=2, variant="fp8"
+    )
+
+    def call(*args):
+        return fa.fp8_paged_mqa_logits(*args, schedule_meta=schedule)
+
+    compiled = torch.compile(call, fullgraph=True)(*case.fp8_args())
+    assert_same_valid_region(compiled, call(*case.fp8_args()), case.seq_lens, 2)
+
+    # Eager still runs the checks: a max_seq_len below max(seq_lens) is caught there.
+    short = (*case.fp8_args()[:5], 256)
+    with pytest.raises(ValueError, match="exceeds max_seq_len = 256"):
+        call(*short)
+
+
+@pytest.mark.parametrize(
+    ("capability", "expect_error"), [((9, 0), False), ((8, 0), True), ((10, 0), True)]
+)
+def test_cuda_arch_check_traces_as_a_constant(monkeypatch, capability, expect_error):
+    # No GPU here: stand in for the device query. Dynamo cannot trace the query itself, so
+    # the check runs once at trace time and its message is a constant of the graph.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Stand-in GPU")
+
+    def arch_message_length(x):
+        message = api._cuda_arch_error("fp8_paged_mqa_logits", torch.device("cuda", 0))
+        return x + len(message)
+
+    x = torch.randn(3)
+    got = torch.compile(arch_message_length, fullgraph=True)(x)
+    message = api._cuda_arch_error("fp8_paged_mqa_logits", torch.device("cuda", 0))
+    assert bool(message) == expect_error
+    if expect_error:
+        assert f"compute capability {capability[0]}.{capability[1]}" in message
+    assert torch.equal(got, x + len(message))
+
+
+# ---------------------------------------------------------------------------------------------
+# opcheck
+
+
+def test_opcheck_fp8_op():
+    case = make_fp8_case(LENGTHS, next_n=2, seed=71)
+    out = poisoned(case.rows, fa.padded_seq_len(case.max_seq_len), torch.float32)
+    dtypes = (torch.float32, torch.float32, torch.float32)
+    # test_schema detects mutations by comparing every input before and after with
+    # torch.allclose, which has no CPU kernel for float8_e4m3fn; run it separately below.
+    results = torch.library.opcheck(
+        custom_ops.fp8_paged_mqa_logits_into,
+        (*case.fp8_args(), out, None, *dtypes),
+        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+    assert set(results.values()) == {"SUCCESS"}
+    # The op does no dtype checking and the CPU reference dequantises q with .to(float64),
+    # so float32 q holding the same FP8 values exercises the same code for test_schema.
+    q_as_float32 = case.q.to(torch.float32)
+    args = (q_as_float32, *case.fp8_args()[1:], out, None, *dtypes)
+    results = torch.library.opcheck(
+        custom_ops.fp8_paged_mqa_logits_into, args, test_utils="test_schema"
+    )
+    assert results == {"test_schema": "SUCCESS"}
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_opcheck_fp4_op(interleaved):
+    case = make_fp4_case([5, 200], next_n=1, block_size=128, interleaved=interleaved, seed=81)
+    out = poisoned(case.rows, fa.padded_seq_len(case.max_seq_len), torch.float16)
+    results = torch.library.opcheck(
+        custom_ops.fp4_paged_mqa_logits_into,
+        (*case.fp4_args(), out, None, 32, torch.float16, torch.float32, interleaved),
+    )
+    assert set(results) == {
+        "test_schema",
+        "test_autograd_registration",
+        "test_faketensor",
+        "test_aot_dispatch_dynamic",
+    }
+    assert set(results.values()) == {"SUCCESS"}
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile on the SM90 kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_schedule", [False, True])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fp8_compiled_fullgraph_matches_eager_on_gpu(with_out, with_schedule):
+    next_n = 2
+    lens = [1, 127, 0, 256, 257, 1000]
+    case = make_fp8_case(
+        lens, next_n=next_n, num_heads=64, head_dim=128, block_size=64, seed=91, spare_blocks=16
+    ).to("cuda")
+    max_seq_len = 1100
+    cols = fa.padded_seq_len(max_seq_len)
+    schedule = None
+    if with_schedule:
+        schedule = fa.compute_paged_mqa_logits_schedule(
+            case.seq_lens, device=case.q.device, next_n=next_n, variant="fp8"
+        )
+
+    def call(q, kv_fused, weights, block_tables, seq_lens, out):
+        return fa.fp8_paged_mqa_logits(
+            q, kv_fused, weights, block_tables, seq_lens, max_seq_len,
+            schedule_meta=schedule, out=out,
+        )  # fmt: skip
+
+    def storage():
+        return poisoned(case.rows + 2, cols, torch.float32, "cuda") if with_out else None
+
+    eager_out, compiled_out = storage(), storage()
+    eager = call(*case.fp8_args()[:5], eager_out)
+    compiled = torch.compile(call, fullgraph=True)(*case.fp8_args()[:5], compiled_out)
+    torch.cuda.synchronize()
+
+    assert compiled.device == case.q.device
+    # The kernel is deterministic, so compiled and eager agree bit for bit.
+    assert_same_valid_region(compiled, eager, case.seq_lens, next_n)
+    if with_out:
+        assert compiled.data_ptr() == compiled_out.data_ptr()
+        assert torch.isnan(compiled_out[case.rows :]).all(), "a row past batch*next_n written"
+        assert_empty_rows_untouched(compiled_out, case.seq_lens, next_n)
