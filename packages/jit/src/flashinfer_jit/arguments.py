@@ -43,6 +43,17 @@ def _kind_of(kind: type, tensor_type: type) -> str:
     return "unsupported"
 
 
+def _natural_size(kind: type, tensor_type: type) -> int:
+    category = _kind_of(kind, tensor_type)
+    if category == "tensor":
+        return 8
+    if category == "scalar":
+        return kind.size
+    if category == "tensormap":
+        return 128
+    return 0  # plain numbers and unsupported types are rejected by the caller
+
+
 class ArgumentPacker:
     """Packs launch arguments for one kernel, with a generated packer per argument-type tuple.
 
@@ -101,6 +112,10 @@ class ArgumentPacker:
 
         params = self.params
         count = len(types)
+        if not params and count:
+            # The driver reported no parameter list (seen on the H200 with driver 580 and
+            # cuda-bindings 13.3 for some kernels): the explicitly typed arguments say the sizes.
+            params = tuple((0, _natural_size(kind, torch.Tensor)) for kind in types)
         if count != len(params):
             raise TypeError(
                 f"kernel {self.label!r} takes {len(params)} parameters (sizes "

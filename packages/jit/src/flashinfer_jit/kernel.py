@@ -121,10 +121,12 @@ class Kernel:
             # Loads the code into the primary context now (lazy loading would otherwise do it
             # on the first launch, possibly inside a CUDA-graph capture).
             self._function = check(drv.cuKernelGetFunction(self._kernel), "cuKernelGetFunction")
+            # Needs a current context: outside it the driver answers INVALID_CONTEXT, which
+            # read as "no parameters" in a process where PyTorch had not yet made one current.
+            self._params = self._param_layout(drv)
         self._context_int = int(ctx)
         # Launch a CUkernel cast to CUfunction: the driver takes the context from the stream.
         self._launch_handle = drv.CUfunction(int(self._kernel))
-        self._params = self._param_layout(drv)
         self.param_sizes = tuple(size for _, size in self._params)
         attr = drv.CUfunction_attribute
         self._static_smem = self._get_attr(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
@@ -148,8 +150,11 @@ class Kernel:
         params = []
         while True:
             result = drv.cuKernelGetParamInfo(self._kernel, len(params))
-            if result[0]:  # CUDA_ERROR_INVALID_VALUE past the last parameter
+            code = int(result[0])
+            if code == 1:  # CUDA_ERROR_INVALID_VALUE: past the last parameter
                 break
+            if code:
+                check(result, f"cuKernelGetParamInfo({self.spec.label}, {len(params)})")
             params.append((int(result[1]), int(result[2])))
         return tuple(params)
 

@@ -76,9 +76,27 @@ def compile_paged_mqa_logits_kernels(configs: Sequence[object], device: torch.de
     """Compile (into the on-disk JIT cache) and load every configuration in `configs`.
 
     `configs` are `PagedMqaLogitsConfig` entries from `precompile_paged_mqa_logits`; the
-    device is an SM90 CUDA device. Not implemented until the kernels land.
+    device is an SM90 CUDA device. Compiles run in parallel worker processes with a progress
+    bar (`flashinfer_jit.precompile`); the kernels are then loaded on `device`, so the first
+    serving call neither compiles nor loads code.
     """
-    raise NotImplementedError(
-        "precompile_paged_mqa_logits: the SM90 kernels are not built yet "
-        f"(issues: {_FP8_ISSUE}; {_FP4_ISSUE})"
-    )
+    from flashinfer_jit import precompile
+
+    if any(config.variant == "fp4" for config in configs):
+        raise NotImplementedError(
+            "precompile_paged_mqa_logits: the SM90 fp4 kernel is not built yet "
+            f"(issue: {_FP4_ISSUE}); pass variants=('fp8',)"
+        )
+    specs = [
+        fp8_sm90.fp8_config(
+            c.block_size,
+            c.head_dim,
+            c.num_heads,
+            c.next_n,
+            c.output_dtype,
+            c.epi_dtype,
+            c.acc_dtype,
+        ).spec
+        for c in configs
+    ]
+    precompile(specs, device, load=True)
