@@ -85,6 +85,12 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
     assert payload["mode"] == "cpu-reference"
     assert payload["complete"] is True
     assert payload["torch"]
+    # GPU-only measurements are skipped, and say why.
+    assert payload["ceilings_bytes_per_s"].keys() == {"copy"}
+    host_time = payload["host_time"]
+    assert host_time["status"] == "skipped" and host_time["results"] == []
+    assert "needs an SM90 GPU" in host_time["detail"]
+    assert "host time of one eager call: skipped" in proc.stdout
     results = payload["results"]
     assert {r["op"] for r in results} == {"fp8", "fp4"}
     for r in results:
@@ -93,6 +99,8 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
         assert check["unwritten"] == 0
         assert 0.0 <= check["max_error"] <= check["tolerance"]
         assert r["timing"]["median_us"] > 0
+        assert r["gather"] is None and r["gather_fraction"] is None
+        assert r["copy_fraction"] > 0
         # The byte model: 132 B (fp8) or 68 B (fp4) per KV token, plus next_n outputs.
         work = r["work"]
         per_token = 132 if r["op"] == "fp8" else 68

@@ -6,12 +6,20 @@ import argparse
 import sys
 import traceback
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from .check import check_case
-from .data import GIB, CaseTooLarge, build_case
+from .data import GIB, CaseData, CaseTooLarge, build_case
+from .gather import GatherCeiling, PagedGather, geometry_for
+from .host_time import BATCH as HOST_BATCH
+from .host_time import BLOCK_SIZE as HOST_BLOCK_SIZE
+from .host_time import LENGTH as HOST_LENGTH
+from .host_time import NEXT_N as HOST_NEXT_N
+from .host_time import TARGET_US as HOST_TARGET_US
+from .host_time import HostTime, host_time_table, measure_host_times
 from .models import work_model
 from .ops import op_call
 from .report import (
@@ -28,11 +36,12 @@ from .report import (
     write_plots,
 )
 from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
-from .timing import copy_bandwidth, gather_copy_bandwidth, time_graph_replays, time_host
+from .timing import copy_bandwidth, time_graph_replays, time_host
 
 JSON_NAME = "results.json"
-# The gather ceiling reads fp8 pages of 64 tokens (8448 bytes) from a 2 GiB pool.
-GATHER_PAGE_BYTES = 64 * 132
+# The gather ceiling is a steadier measurement than an op: fewer samples are enough.
+GATHER_MIN_SAMPLES = 10
+GATHER_BUDGET_S = 0.15
 
 
 def _parse_ops(text: str) -> list[str]:
@@ -64,6 +73,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ops", type=_parse_ops, default=list(OPS), help="comma-separated ops (default: fp8,fp4)"
     )
     parser.add_argument(
+        "--no-gather",
+        action="store_true",
+        help="skip the per-case paged-gather ceiling kernel (GPU only)",
+    )
+    parser.add_argument(
+        "--no-host-time",
+        action="store_true",
+        help="skip the host time of one eager call (GPU only)",
+    )
+    parser.add_argument(
+        "--host-time-only",
+        action="store_true",
+        help="measure only the host time of one eager call, not the grid",
+    )
+    parser.add_argument(
         "--device",
         choices=("auto", "cpu"),
         default="auto",
@@ -86,22 +110,29 @@ def pick_device(choice: str) -> tuple[torch.device, str | None]:
 
 
 def measure_ceilings(device: torch.device) -> dict[str, float | None]:
-    """Copy bandwidth (and, on CUDA, the gather-copy bandwidth) of this run, bytes/s."""
+    """Copy bandwidth of this run, bytes/s (the gather ceiling is measured per case)."""
     if device.type != "cuda":
-        return {"copy": copy_bandwidth(device, 64 << 20, repeats=5), "gather_copy": None}
+        return {"copy": copy_bandwidth(device, 64 << 20, repeats=5)}
     free_bytes, _ = torch.cuda.mem_get_info(device)
     copy_bytes = min(GIB, free_bytes // 4)
     ceilings: dict[str, float | None] = {"copy": copy_bandwidth(device, copy_bytes)}
-    pool_pages = min(2 * GIB, free_bytes // 3) // GATHER_PAGE_BYTES
-    pool = torch.empty(pool_pages, GATHER_PAGE_BYTES, dtype=torch.uint8, device=device)
-    page_ids = torch.randperm(pool_pages, device=device)[: pool_pages // 2]
-    ceilings["gather_copy"] = gather_copy_bandwidth(pool, page_ids)
-    del pool, page_ids
     torch.cuda.empty_cache()
     return ceilings
 
 
-def run_case(shape: IndexerShape, device: torch.device) -> CaseResult:
+def measure_gather(case: CaseData, device: torch.device) -> GatherCeiling:
+    """Time the read-only gather kernel on the case's own pool, tables and lengths, replaying
+    every rotation set like the op, so its pages come from HBM too."""
+    shape = case.shape
+    gather = PagedGather(geometry_for(shape.op, shape.block_size, shape.head_dim), device)
+    calls = [
+        gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens) for inputs in case.sets
+    ]
+    timing = time_graph_replays(calls, min_samples=GATHER_MIN_SAMPLES, budget_s=GATHER_BUDGET_S)
+    return GatherCeiling(gather.geometry.bytes_read(case.seq_lens), timing, gather.grid)
+
+
+def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) -> CaseResult:
     """Build, check and (when correct) time one case."""
     try:
         case = build_case(shape, device)
@@ -125,9 +156,46 @@ def run_case(shape: IndexerShape, device: torch.device) -> CaseResult:
         return result
     if device.type == "cuda":
         result.timing = time_graph_replays([op_call(case, inputs) for inputs in case.sets])
+        if gather:
+            try:
+                result.gather = measure_gather(case, device)
+            except Exception as exc:  # the op's own measurement stands; report the ceiling's
+                traceback.print_exc()
+                result.gather_error = f"{type(exc).__name__}: {exc}"
     else:
         result.timing = time_host(op_call(case, first))
     return result
+
+
+def host_time_section(
+    ops: list[str], device: torch.device, not_sm90: str | None
+) -> tuple[dict[str, object], bool]:
+    """Measure and print the host time of one eager call; return its JSON and whether it
+    crashed. Without an SM90 GPU it is skipped with the reason."""
+    section: dict[str, object] = {
+        "target_us": HOST_TARGET_US,
+        "problem": {
+            "batch": HOST_BATCH,
+            "seq_len": HOST_LENGTH,
+            "next_n": HOST_NEXT_N,
+            "block_size": HOST_BLOCK_SIZE,
+            "out": True,
+        },
+    }
+    if not_sm90:
+        reason = f"needs an SM90 GPU; {not_sm90}"
+        print(f"\nhost time of one eager call: skipped ({reason})")
+        return {**section, "status": "skipped", "detail": reason, "results": []}, False
+    print("\nhost time of one eager call", flush=True)
+    try:
+        rows: list[HostTime] = measure_host_times(ops, device)
+    except Exception as exc:  # report it, keep the grid's results
+        traceback.print_exc()
+        detail = f"{type(exc).__name__}: {exc}"
+        print(f"host time: error: {detail}")
+        return {**section, "status": "error", "detail": detail, "results": []}, True
+    print(host_time_table(rows), flush=True)
+    return {**section, "status": "done", "detail": "", "results": [asdict(r) for r in rows]}, False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,38 +212,49 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shapes, mode = gpu_grid(args.ops, args.quick), "sm90"
         print(f"Benchmarking on {torch.cuda.get_device_name(device)}: {len(shapes)} cases")
+    if args.host_time_only:
+        shapes = []
 
     ceilings = measure_ceilings(device)
     print(
         "ceilings: "
         + ", ".join(f"{name} {value / 1e9:.1f} GB/s" for name, value in ceilings.items() if value)
+        + ("" if not_sm90 or args.no_gather else "; paged gather: measured per case")
     )
 
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / JSON_NAME
     env = environment(mode, device)
+    host_time: dict[str, object] = {"status": "not run (--no-host-time)", "results": []}
+    host_time_crashed = False
+    # Before the grid: a long grid that runs out of time still leaves this table behind.
+    if not args.no_host_time:
+        host_time, host_time_crashed = host_time_section(args.ops, device, not_sm90)
+        write_json(json_path, env, ceilings, [], complete=False, host_time=host_time)
+
     results: list[CaseResult] = []
     unbuilt: dict[str, str] = {}
-    print(table_header(), flush=True)
+    if shapes:
+        print("\n" + table_header(), flush=True)
     for shape in shapes:
         if shape.op in unbuilt:
             result = CaseResult(shape, KERNEL_NOT_BUILT, detail=unbuilt[shape.op])
         else:
             try:
-                result = run_case(shape, device)
+                result = run_case(shape, device, gather=not args.no_gather)
             except Exception as exc:  # one broken case must not lose a long run's other results
                 traceback.print_exc()
                 result = CaseResult(shape, ERROR, detail=f"{type(exc).__name__}: {exc}")
             if result.status == KERNEL_NOT_BUILT:
                 unbuilt[shape.op] = result.detail
-            result.derive(ceilings["copy"], ceilings["gather_copy"])
+            result.derive(ceilings["copy"])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         results.append(result)
         print(table_row(result), flush=True)
-        write_json(json_path, env, ceilings, results, complete=False)
+        write_json(json_path, env, ceilings, results, complete=False, host_time=host_time)
 
-    write_json(json_path, env, ceilings, results, complete=True)
+    write_json(json_path, env, ceilings, results, complete=True, host_time=host_time)
     note = (
         "CPU reference path, NOT kernel performance"
         if not_sm90
@@ -186,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     print(f"wrote {json_path}" + "".join(f", {p}" for p in plots))
 
-    failed = counts[FAIL] + counts[ERROR]
+    gather_errors = sum(1 for r in results if r.gather_error)
+    failed = counts[FAIL] + counts[ERROR] + gather_errors + int(host_time_crashed)
     if failed:
-        print(f"{failed} case(s) failed or crashed", file=sys.stderr)
+        print(f"{failed} case(s) or measurement(s) failed or crashed", file=sys.stderr)
         return 1
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .check import CheckResult
+from .gather import GatherCeiling
 from .models import DEFAULT_OUTPUT_DTYPE, WorkModel
 from .shapes import IndexerShape
 from .timing import Timing
@@ -39,6 +40,10 @@ class CaseResult:
         rotations: Rotation sets replayed per sample.
         pool_bytes: Size of the page pool.
         detail: Human-readable reason for anything but PASS.
+        gather: The read-only paged-gather ceiling measured on this case's own pages
+            (CUDA only, for timed cases).
+        gather_error: Why the gather ceiling could not be measured, else "".
+        derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 
     shape: IndexerShape
@@ -49,18 +54,27 @@ class CaseResult:
     rotations: int = 0
     pool_bytes: int = 0
     detail: str = ""
+    gather: GatherCeiling | None = None
+    gather_error: str = ""
     derived: dict[str, float | None] = field(default_factory=dict)
 
-    def derive(self, copy_bw: float | None, gather_bw: float | None) -> None:
-        """Fill GB/s, fractions of the ceilings and TFLOP/s from the timing and the model."""
+    def derive(self, copy_bw: float | None) -> None:
+        """Fill GB/s, fractions of the ceilings and TFLOP/s from the timing and the model.
+
+        Both fractions divide the op's effective bandwidth (model bytes, inputs and outputs,
+        over its time) by a ceiling: the copy bandwidth of the run, and the bandwidth of the
+        gather kernel on this case's own pages (bytes it read over its time).
+        """
         if self.timing is None or self.work is None:
             return
         seconds = self.timing.median_us * 1e-6
         achieved = self.work.total_bytes / seconds
+        gather_bw = self.gather.bytes_per_s if self.gather else None
         self.derived = {
             "gb_per_s": achieved / 1e9,
             "copy_fraction": achieved / copy_bw if copy_bw else None,
-            "gather_copy_fraction": achieved / gather_bw if gather_bw else None,
+            "gather_gb_per_s": gather_bw / 1e9 if gather_bw else None,
+            "gather_fraction": achieved / gather_bw if gather_bw else None,
             "tflop_per_s": self.work.flops / seconds / 1e12,
         }
 
@@ -96,14 +110,17 @@ def environment(mode: str, device: torch.device) -> dict[str, object]:
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    if value is None:
+        width = spec.split(".")[0]
+        return "-".rjust(int(width) if width.isdigit() else 1)
+    return format(value, spec)
 
 
 def table_header() -> str:
     """The header line (and rule) of the results table."""
     header = (
         f"{'op':<4} {'B':>4} {'L':>6} {'next_n':>6} {'block':>5} {'time us':>10} "
-        f"{'GB/s':>8} {'copy BW':>7} {'TFLOP/s':>8}  status"
+        f"{'GB/s':>8} {'of copy':>7} {'gather GB/s':>11} {'of gather':>9} {'TFLOP/s':>8}  status"
     )
     return header + "\n" + "-" * len(header)
 
@@ -112,10 +129,13 @@ def table_row(r: CaseResult) -> str:
     """One row of the results table."""
     s, t, d = r.shape, r.timing, r.derived
     status = r.status if not r.detail else f"{r.status}: {r.detail}"
+    if r.gather_error:
+        status += f" (gather ceiling failed: {r.gather_error})"
     return (
         f"{s.op:<4} {s.batch:>4} {s.avg_len:>6} {s.next_n:>6} {s.block_size:>5} "
         f"{_fmt(t.median_us if t else None, '10.2f')} {_fmt(d.get('gb_per_s'), '8.4g')} "
-        f"{_fmt(d.get('copy_fraction'), '7.3f')} {_fmt(d.get('tflop_per_s'), '8.3g')}  {status}"
+        f"{_fmt(d.get('copy_fraction'), '7.3f')} {_fmt(d.get('gather_gb_per_s'), '11.4g')} "
+        f"{_fmt(d.get('gather_fraction'), '9.3f')} {_fmt(d.get('tflop_per_s'), '8.3g')}  {status}"
     )
 
 
@@ -128,6 +148,10 @@ def _record(r: CaseResult) -> dict[str, object]:
         "work": None if r.work is None else {**asdict(r.work), "total_bytes": r.work.total_bytes},
         "check": None if r.check is None else asdict(r.check),
         "timing": None if r.timing is None else asdict(r.timing),
+        "gather": None
+        if r.gather is None
+        else {**asdict(r.gather), "bytes_per_s": r.gather.bytes_per_s},
+        "gather_error": r.gather_error,
         "rotations": r.rotations,
         "pool_bytes": r.pool_bytes,
         **r.derived,
@@ -141,13 +165,16 @@ def write_json(
     results: list[CaseResult],
     *,
     complete: bool,
+    host_time: dict[str, object] | None = None,
 ) -> None:
     """Write the results so far; `complete` is False while cases remain (a killed run keeps
-    what it measured). Written to a temporary name and renamed, so the file is never torn."""
+    what it measured). Written to a temporary name and renamed, so the file is never torn.
+    `host_time` is the host-time section (see `host_time.py`), stored under "host_time"."""
     payload = {
         **env,
         "complete": complete,
         "ceilings_bytes_per_s": ceilings,
+        "host_time": host_time,
         "results": [_record(r) for r in results],
     }
     partial = path.with_name(path.name + ".tmp")

@@ -1,4 +1,4 @@
-"""Timing: CUDA events around CUDA-graph replays, and the copy / gather ceilings of the same run.
+"""Timing: CUDA events around CUDA-graph replays, the copy ceiling, and host time per call.
 
 Every GPU figure is a median over many samples. A sample is one replay of a graph holding
 `calls` back-to-back calls, each on its own rotation set of inputs (see data.py), so the per-call
@@ -54,11 +54,18 @@ def _summarise(per_call_us: list[float], method: str) -> Timing:
     )
 
 
-def time_graph_replays(calls: list[Callable[[], object]]) -> Timing:
+def time_graph_replays(
+    calls: list[Callable[[], object]],
+    *,
+    min_samples: int = MIN_SAMPLES,
+    budget_s: float = SAMPLE_BUDGET_S,
+) -> Timing:
     """Capture `calls` into one CUDA graph and time its replays with CUDA events.
 
     Args:
         calls: Closures, one per rotation set; each launches one op call on the current stream.
+        min_samples: Samples taken whatever the budget.
+        budget_s: GPU seconds after which sampling stops (once `min_samples` are taken).
 
     Returns:
         The median (and spread) of replay time divided by `len(calls)`.
@@ -82,9 +89,7 @@ def time_graph_replays(calls: list[Callable[[], object]]) -> Timing:
 
     per_call_us: list[float] = []
     spent_s = 0.0
-    while len(per_call_us) < MAX_SAMPLES and (
-        len(per_call_us) < MIN_SAMPLES or spent_s < SAMPLE_BUDGET_S
-    ):
+    while len(per_call_us) < MAX_SAMPLES and (len(per_call_us) < min_samples or spent_s < budget_s):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -144,24 +149,3 @@ def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 20) -> floa
             samples.append(time.perf_counter() - start)
         seconds = statistics.median(samples)
     return 2 * nbytes / seconds
-
-
-def gather_copy_bandwidth(
-    pool_pages: torch.Tensor, page_ids: torch.Tensor, repeats: int = 20
-) -> float:
-    """Bandwidth of gathering shuffled pages with `torch.index_select`, bytes read plus written.
-
-    This is the access pattern of the paged ops (random pages of a large pool) measured with a
-    stock PyTorch kernel. It copies what it reads, so it is a copy-like ceiling, not the
-    read-only gather ceiling of PERFORMANCE.md (which needs a dedicated read-only kernel).
-
-    Args:
-        pool_pages: `[num_pages, page_bytes]` uint8 CUDA tensor, the page pool.
-        page_ids: int64 CUDA tensor of page ids to gather, in shuffled order.
-        repeats: Samples; the median is returned.
-    """
-    out = torch.empty(
-        page_ids.numel(), pool_pages.shape[1], dtype=torch.uint8, device=pool_pages.device
-    )
-    seconds = _time_events(lambda: torch.index_select(pool_pages, 0, page_ids, out=out), repeats)
-    return 2 * out.numel() / seconds
