@@ -171,7 +171,10 @@ def test_gather_xor_equals_torch_xor_of_the_same_bytes(op, block_size, lens) -> 
     lens_storage = torch.tensor([[n, 7] for n in lens], dtype=torch.int32)
 
     runner = gather.PagedGather(geometry, device)
-    run = runner.launcher(pool.to(device), table.to(device), lens_storage.to(device)[:, 0])
+    # Slice after the copy: .to() of a strided view would make it contiguous.
+    table_dev = storage.to(device)[:, :width]
+    assert table_dev.stride(0) == width + 5
+    run = runner.launcher(pool.to(device), table_dev, lens_storage.to(device)[:, 0])
     got = _xor_reduce(run().cpu())
     torch.cuda.synchronize()
     expected = _expected_xor(pool, table, lens, block_size, geometry.value_bytes)
