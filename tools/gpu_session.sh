@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # One device call on the H200: the GPU test suite, the kernel bring-up check, the JIT launch
-# benchmark, the op benchmark, and (PROFILE=1) an ncu profile; short tables last.
+# benchmark, the op benchmark, (PROFILE=1) an ncu profile and (SANITIZE=1) compute-sanitizer
+# runs; short tables last.
 # Runs the packages from their src/ folders (the device image has no package registry).
 #   bash tools/gpu_session.sh [extra pytest args...]
+#   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+# Knobs: BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
+# --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
+# SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
+# (240 s per tool).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +41,36 @@ if [ "${PROFILE:-0}" = 1 ]; then
     python tools/fp8_kernel_check.py --profile > "$OUT/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|No Eligible|One or More" "$OUT/ncu.txt" | head -40
 fi
+if [ "${SANITIZE:-0}" = 1 ]; then
+  # tools/sanitize_cases.py: a handful of small fp8 (and, once built, fp4) calls checked against
+  # the float64 reference; exit 1 on a mismatch, 9 (--error-exitcode) on a sanitizer error.
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  timeout 180 python tools/sanitize_cases.py > "$OUT/sanitize-plain.log" 2>&1
+  echo "sanitize cases without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
+  if [ -z "$SANITIZER" ]; then
+    echo "compute-sanitizer not found on PATH or in /usr/local/cuda/bin: sanitizer runs skipped"
+  else
+    runs="${SANITIZE_TOOLS:-memcheck racecheck synccheck}"
+    [ "${SANITIZE_NOCACHE:-1}" = 1 ] && case " $runs " in *" memcheck "*) runs="$runs memcheck-nocache" ;; esac
+    for run in $runs; do
+      tool=${run%-nocache}
+      if [ "$run" = memcheck-nocache ]; then
+        # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
+        env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-240}" "$SANITIZER" --tool "$tool" \
+          --error-exitcode 9 python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
+      else
+        timeout "${SANITIZE_TIMEOUT:-240}" "$SANITIZER" --tool "$tool" --error-exitcode 9 \
+          python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
+      fi
+      rc=$?
+      summary=$(grep -m1 "ERROR SUMMARY" "$OUT/sanitize-$run.log" || echo "no ERROR SUMMARY line (see sanitize-$run.log)")
+      echo "$run: exit $rc; ${summary#========= }; $(grep -E "cases match the reference" "$OUT/sanitize-$run.log" | tail -n 1)"
+    done
+  fi
+fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 300 python tools/bench --ops "${BENCH_OPS:-fp8}" --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  # shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose
+  timeout "${BENCH_TIMEOUT:-300}" python tools/bench --ops "${BENCH_OPS:-fp8}" ${BENCH_ARGS:-} --out "$OUT/bench" > "$OUT/bench.log" 2>&1
   echo "bench exit $?"
   tail -n 60 "$OUT/bench.log"
 fi

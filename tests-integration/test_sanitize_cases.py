@@ -1,0 +1,99 @@
+"""tools/sanitize_cases.py: its cases pass through the CPU reference path, and its check flags
+wrong, unwritten and out-of-place elements."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+
+
+def _sanitize_cases():
+    tools = str(REPO / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import sanitize_cases
+
+    return sanitize_cases
+
+
+def test_fp8_cases_cover_the_listed_shapes() -> None:
+    sc = _sanitize_cases()
+    calls = sc.fp8_calls(CPU)
+    seen = {(c.args["kv_fused"].shape[1], c.next_n, c.output_dtype) for c, _ in calls}
+    assert {bs for bs, _, _ in seen} == {32, 64, 128}
+    assert {n for _, n, _ in seen} == {1, 4}
+    assert {dtype for _, _, dtype in seen} == {torch.float32, torch.float16}
+    assert any(scheduled for _, scheduled in calls)
+    for call, _ in calls:
+        assert call.args["seq_lens"].tolist() == [1, 0, 129, 1000]
+
+
+def test_eager_cases_pass_on_the_cpu_reference_path(capsys: pytest.CaptureFixture[str]) -> None:
+    sc = _sanitize_cases()
+    assert sc.main(["--device", "cpu", "--only", "eager"]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out
+    assert "9 of 9 cases match the reference" in out
+
+
+def test_an_fp4_interleaved_case_passes_on_the_cpu_reference_path() -> None:
+    sc = _sanitize_cases()
+    call = sc.build_call(
+        "fp4 interleaved",
+        "fp4",
+        block_size=128,
+        next_n=2,
+        output_dtype=torch.bfloat16,
+        device=CPU,
+        interleaved=True,
+    )
+    assert sc.run_eager(call, CPU) == []
+
+
+def test_graph_case_is_skipped_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    sc = _sanitize_cases()
+    assert sc.main(["--device", "cpu", "--only", "graph"]) == 0
+    assert "graph skipped: CUDA graphs need a GPU" in capsys.readouterr().out
+
+
+def test_check_flags_each_kind_of_wrong_output() -> None:
+    sc = _sanitize_cases()
+    call = sc.build_call(
+        "small", "fp8", block_size=32, next_n=1, output_dtype=torch.float32, device=CPU
+    )
+    call.out.fill_(float("nan"))
+    result = call.run()
+    assert sc.check_output(call, result) == []
+    lengths = call.args["seq_lens"].tolist()  # [1, 0, 129, 1000]
+
+    def problems_after(row: int, col: int, value: float) -> list[str]:
+        saved = call.out[row, col].clone()
+        call.out[row, col] = value
+        try:
+            return sc.check_output(call, result)
+        finally:
+            call.out[row, col] = saved
+
+    row_max = float(result[3, : lengths[3]].abs().max())
+    assert "max error" in problems_after(3, 500, float(result[3, 500]) + 0.01 * row_max)[0]
+    assert "never written" in problems_after(2, 128, float("nan"))[0]
+    assert "zero-length" in problems_after(1, 0, 1.0)[0]
+    assert "spare rows" in problems_after(4, 0, 1.0)[0]
+    spare_col = call.out.shape[1] - 1
+    assert "1 in spare columns" in problems_after(0, spare_col, 1.0)[0]
+    # Beyond a row's valid region (but inside the padded row) anything may be written.
+    assert problems_after(0, 5, 1.0) == []
+    assert sc.check_output(call, result) == []
+
+
+def test_without_a_gpu_the_default_device_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device exists here")
+    assert _sanitize_cases().main([]) == 2
+    assert "needs an SM90 GPU" in capsys.readouterr().err

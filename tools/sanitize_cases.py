@@ -1,0 +1,350 @@
+"""A representative handful of paged MQA logits calls, for compute-sanitizer runs.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python tools/sanitize_cases.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python tools/sanitize_cases.py
+    python tools/sanitize_cases.py --device cpu     # the same cases through the CPU reference
+
+Every call is small (compute-sanitizer slows kernels 10-100x) and is checked against the
+float64 reference: the output buffer is NaN-poisoned and has spare rows and columns, so the
+check also catches valid elements left unwritten, rows of a zero-length request that were
+written, and writes outside the padded rows. Cases:
+
+- fp8: block size 32/64/128 x next_n 1/4, output float32 and float16, lengths 1, 0, 129, 1000
+  (a zero-length request between others), one call with a precomputed schedule;
+- fp8 in a CUDA graph captured once (schedule_meta=None) and replayed after changing the
+  contents of seq_lens (other lengths, other zero positions, all zero);
+- fp4: block size 32 and 128 token-major, 128 with interleaved scales, once the fp4 kernel
+  exists (until then its NotImplementedError is caught and "fp4 skipped" printed).
+
+Inputs are built on the CPU and copied over, so the GPU runs little besides the ops. With
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own allocation, so memcheck sees exact
+bounds) the graph case is skipped: graph capture needs PyTorch's caching allocator.
+
+Exit status: 0 when every case matches, 1 on a mismatch, 2 when no suitable device exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import flashinfer_attn_scores as fa
+import flashinfer_layouts as fl
+import torch
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
+
+NUM_HEADS, HEAD_DIM = 64, 128
+LENGTHS = [1, 0, 129, 1000]
+MAX_SEQ_LEN = 1100  # beyond every length
+# Spare output rows and columns that no call may write.
+SPARE_ROWS, SPARE_COLS = 2, 64
+# Bound on max |got - ref| / (row maximum of the |weights| reference), per output dtype: the
+# GPU tests' "output" tolerances (Hopper's FP8 MMA accumulates with ~2^-13 relative error of
+# the summed magnitude; a 16-bit output adds one rounding).
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+# Graph replays: new lengths cross block boundaries and move the zero; the last is all zero.
+GRAPH_LENGTHS = [[129, 0, 1000, 1], [1000, 1, 0, 129], [64, 65, 999, 0], [0, 0, 0, 0]]
+
+
+@dataclass
+class Call:
+    """One op call's inputs, on the target device, and how to run it."""
+
+    name: str
+    op: str
+    args: dict[str, object]
+    next_n: int
+    output_dtype: torch.dtype
+    out: torch.Tensor
+    interleaved: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.args["seq_lens"].shape[0] * self.next_n  # type: ignore[union-attr]
+
+    def run(self, schedule_meta: torch.Tensor | None = None) -> torch.Tensor:
+        a = self.args
+        common = dict(out=self.out, output_dtype=self.output_dtype, schedule_meta=schedule_meta)
+        tail = (a["kv_fused"], a["weights"], a["block_tables"], a["seq_lens"], MAX_SEQ_LEN)
+        if self.op == "fp8":
+            return fa.fp8_paged_mqa_logits(a["q"], *tail, **common)
+        return fa.fp4_paged_mqa_logits(
+            a["q"], a["q_sf"], *tail, is_kv_sf_interleaved=self.interleaved, **common
+        )
+
+    def reference(self, abs_weights: bool = False) -> torch.Tensor:
+        """Float64 reference on the CPU (with |weights|: the size of the summed terms)."""
+        a = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in self.args.items()}
+        weights = a["weights"].abs() if abs_weights else a["weights"]
+        tail = (a["kv_fused"], weights, a["block_tables"], a["seq_lens"], MAX_SEQ_LEN)
+        if self.op == "fp8":
+            return fp8_paged_mqa_logits_reference(a["q"], *tail)
+        return fp4_paged_mqa_logits_reference(
+            a["q"], a["q_sf"], *tail, is_kv_sf_interleaved=self.interleaved
+        )
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def build_call(
+    name: str,
+    op: str,
+    *,
+    block_size: int,
+    next_n: int,
+    output_dtype: torch.dtype,
+    device: torch.device,
+    lengths: list[int] = LENGTHS,
+    interleaved: bool = False,
+    table_tokens: int | None = None,
+    seed: int = 0,
+) -> Call:
+    """Random inputs on the CPU, quantised with flashinfer_layouts, moved to `device`.
+
+    Every request owns `ceil(table_tokens / block_size)` shuffled blocks (its own length by
+    default); table entries past a request's own blocks hold -1000000, an id that faults if
+    it is ever read.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lengths)
+    owned = [_ceil_div(table_tokens or n, block_size) for n in lengths]
+    num_blocks = sum(owned) + 3
+    width = max(owned) + 1
+    physical = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    table = torch.full((batch, width), -1_000_000, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(owned):
+        table[b, :n] = physical[start : start + n]
+        start += n
+
+    k = torch.randn(num_blocks, block_size, HEAD_DIM, generator=gen)
+    q = torch.randn(batch, next_n, NUM_HEADS, HEAD_DIM, generator=gen)
+    args: dict[str, object] = {
+        "weights": torch.randn(batch * next_n, NUM_HEADS, generator=gen),
+        "block_tables": table,
+        "seq_lens": torch.tensor(lengths, dtype=torch.int32),
+    }
+    if op == "fp8":
+        args["kv_fused"] = fl.pack_fp8_kv_cache(*fl.quantize_fp8_per_token(k))
+        args["q"] = q.to(torch.float8_e4m3fn)
+    else:
+        args["kv_fused"] = fl.quantize_mxfp4_kv_cache(k, interleaved=interleaved)
+        args["q"], args["q_sf"] = fl.quantize_mxfp4_q(q)
+    args = {key: value.to(device) for key, value in args.items()}  # type: ignore[union-attr]
+    out = torch.full(
+        (batch * next_n + SPARE_ROWS, fa.padded_seq_len(MAX_SEQ_LEN) + SPARE_COLS),
+        float("nan"),
+        dtype=output_dtype,
+        device=device,
+    )
+    return Call(name, op, args, next_n, output_dtype, out, interleaved)
+
+
+def check_output(call: Call, result: torch.Tensor) -> list[str]:
+    """Problems of `call.out` after one call (empty when it matches the reference)."""
+    problems = []
+    rows, next_n = call.rows, call.next_n
+    if tuple(result.shape) != (rows, MAX_SEQ_LEN) or result.data_ptr() != call.out.data_ptr():
+        return [f"returned {tuple(result.shape)}, not the [{rows}, {MAX_SEQ_LEN}] view of out"]
+    storage = call.out.detach().cpu().double()
+    lengths = call.args["seq_lens"].cpu()  # type: ignore[union-attr]
+    mask = valid_mask(lengths, next_n, MAX_SEQ_LEN)
+    got = storage[:rows, :MAX_SEQ_LEN]
+
+    unwritten = int((torch.isnan(got) & mask).sum())
+    if unwritten:
+        problems.append(f"{unwritten} valid elements never written (still NaN)")
+    expected = call.reference()
+    magnitude = call.reference(abs_weights=True).abs().masked_fill(~mask, 0)
+    row_scale = magnitude.amax(dim=1, keepdim=True).clamp_min(1e-30)
+    error = ((got - expected).abs() / row_scale).masked_fill(~mask, 0).nan_to_num(nan=0.0)
+    worst = float(error.amax()) if error.numel() else 0.0
+    if worst > TOLERANCE[call.output_dtype]:
+        problems.append(
+            f"max error {worst:.3g} of the row magnitude > {TOLERANCE[call.output_dtype]:g}"
+        )
+
+    empty_rows = (lengths == 0).repeat_interleave(next_n)
+    written_empty = int((~torch.isnan(got[empty_rows])).sum())
+    if written_empty:
+        problems.append(f"{written_empty} elements written in rows of zero-length requests")
+    outside_rows = int((~torch.isnan(storage[rows:])).sum())
+    outside_cols = int((~torch.isnan(storage[:, fa.padded_seq_len(MAX_SEQ_LEN) :])).sum())
+    if outside_rows or outside_cols:
+        problems.append(
+            f"writes outside the padded rows: {outside_rows} in spare rows, "
+            f"{outside_cols} in spare columns"
+        )
+    return problems
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_eager(call: Call, device: torch.device, precomputed_schedule: bool = False) -> list[str]:
+    schedule = None
+    if precomputed_schedule:
+        schedule = fa.compute_paged_mqa_logits_schedule(
+            call.args["seq_lens"],  # type: ignore[arg-type]
+            device,
+            next_n=call.next_n,
+            variant=call.op,
+        )
+    call.out.fill_(float("nan"))
+    result = call.run(schedule)
+    _sync(device)
+    return check_output(call, result)
+
+
+def run_graph(device: torch.device) -> list[tuple[str, list[str]]]:
+    """Capture one fp8 call (schedule inside) and replay it with other seq_lens contents."""
+    call = build_call(
+        "fp8 graph bs=64 next_n=1",
+        "fp8",
+        block_size=64,
+        next_n=1,
+        output_dtype=torch.float32,
+        device=device,
+        lengths=GRAPH_LENGTHS[0],
+        table_tokens=max(max(lengths) for lengths in GRAPH_LENGTHS),
+    )
+    seq_lens: torch.Tensor = call.args["seq_lens"]  # type: ignore[assignment]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        call.run()  # compile and load outside the capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = call.run()
+    outcomes = []
+    for lengths in GRAPH_LENGTHS:
+        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        call.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize(device)
+        outcomes.append((f"{call.name} replay lengths={lengths}", check_output(call, result)))
+    return outcomes
+
+
+def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
+    """(call, with a precomputed schedule) for every block size x next_n 1/4, both dtypes."""
+    calls = []
+    for block_size in (32, 64, 128):
+        for next_n in (1, 4):
+            dtypes = [torch.float32 if next_n == 1 else torch.float16]
+            if block_size == 64:
+                dtypes = [torch.float32, torch.float16]
+            for dtype in dtypes:
+                name = f"fp8 bs={block_size} next_n={next_n} out={str(dtype)[6:]}"
+                calls.append(
+                    (
+                        build_call(
+                            name,
+                            "fp8",
+                            block_size=block_size,
+                            next_n=next_n,
+                            output_dtype=dtype,
+                            device=device,
+                            seed=block_size + next_n,
+                        ),
+                        False,
+                    )
+                )
+    scheduled = build_call(
+        "fp8 bs=128 next_n=1 out=float32, precomputed schedule",
+        "fp8",
+        block_size=128,
+        next_n=1,
+        output_dtype=torch.float32,
+        device=device,
+        seed=7,
+    )
+    return [*calls, (scheduled, True)]
+
+
+def fp4_calls(device: torch.device) -> list[Call]:
+    specs = [(32, 1, False), (128, 4, False), (128, 2, True)]
+    return [
+        build_call(
+            f"fp4 bs={bs} next_n={n}{' interleaved' if inter else ''} out=bfloat16",
+            "fp4",
+            block_size=bs,
+            next_n=n,
+            output_dtype=torch.bfloat16,
+            device=device,
+            interleaved=inter,
+            seed=100 + bs + n,
+        )
+        for bs, n, inter in specs
+    ]
+
+
+def pick_device(choice: str) -> tuple[torch.device | None, str]:
+    if choice == "cpu":
+        return torch.device("cpu"), ""
+    if not torch.cuda.is_available():
+        return None, "no CUDA device is available"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return None, f"{torch.cuda.get_device_name()} is not an SM90 (Hopper) GPU"
+    return torch.device("cuda", torch.cuda.current_device()), ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the reference path"
+    )
+    parser.add_argument("--only", choices=("eager", "graph", "fp4"), help="run one group only")
+    args = parser.parse_args(argv)
+    device, why_not = pick_device(args.device)
+    if device is None:
+        print(f"sanitize_cases: needs an SM90 GPU ({why_not}); use --device cpu", file=sys.stderr)
+        return 2
+
+    outcomes: list[tuple[str, list[str]]] = []
+
+    def report(name: str, problems: list[str]) -> None:
+        outcomes.append((name, problems))
+        lines = [f"{'FAIL' if problems else 'ok  '} {name}", *(f"     {p}" for p in problems)]
+        print("\n".join(lines), flush=True)
+
+    if args.only in (None, "eager"):
+        for call, scheduled in fp8_calls(device):
+            report(call.name, run_eager(call, device, precomputed_schedule=scheduled))
+    if args.only in (None, "graph"):
+        if device.type != "cuda":
+            print("graph skipped: CUDA graphs need a GPU")
+        elif os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+            print("graph skipped: capture needs PyTorch's caching allocator")
+        else:
+            for name, problems in run_graph(device):
+                report(name, problems)
+    if args.only in (None, "fp4"):
+        for call in fp4_calls(device):
+            try:
+                problems = run_eager(call, device)
+            except NotImplementedError as exc:
+                print(f"fp4 skipped: {str(exc).splitlines()[0]}")
+                break
+            report(call.name, problems)
+
+    failed = [name for name, problems in outcomes if problems]
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cases match the reference")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
