@@ -203,3 +203,40 @@ def test_each_row_reports_its_fraction_of_the_gather_ceiling_next_to_copy() -> N
     row = report.table_row(result)
     assert f"{op_bytes_per_s / 8e9:9.3f}" in row and "      8" in row
     assert "of gather" in report.table_header() and "of copy" in report.table_header()
+
+
+def test_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flashinfer_jit
+
+    gather = _bench().gather
+    launches = []
+
+    class RecordingKernel:
+        def max_active_blocks_per_sm(self, threads: int) -> int:
+            assert threads == gather.THREADS
+            return 3
+
+        def launch(self, grid, block, *args):
+            launches.append((grid, block, args))
+
+    monkeypatch.setattr(flashinfer_jit, "load_kernel", lambda spec, device: RecordingKernel())
+    monkeypatch.setattr(flashinfer_jit, "sm_count", lambda device: 132)
+    geometry = gather.geometry_for("fp8", 32, 128)
+    runner = gather.PagedGather(geometry, torch.device("cpu"))
+    assert runner.grid == 132 * 3 and runner.out.shape == (396,)
+
+    pool = torch.zeros(10, 32, 1, 132, dtype=torch.uint8)
+    table = torch.zeros(3, 9, dtype=torch.int32)[:, :4]
+    lens = torch.zeros(3, 2, dtype=torch.int32)[:, 1]
+    assert runner.launcher(pool, table, lens)() is runner.out
+    grid, block, args = launches[0]
+    assert (grid, block) == (396, 256)
+    assert args[0] is pool and args[2] is table and args[4] is lens and args[7] is runner.out
+    assert [a.value for a in (args[1], args[3], args[5], args[6])] == [32 * 132, 9, 2, 3]
+
+    with pytest.raises(ValueError, match="contiguous blocks of 4224 bytes"):
+        runner.launcher(torch.zeros(10, 64, 1, 132, dtype=torch.uint8), table, lens)
+    with pytest.raises(ValueError, match="block_tables: expected 3 rows"):
+        runner.launcher(pool, table[:2], lens)
+    with pytest.raises(ValueError, match="seq_lens: expected a 1-D int32"):
+        runner.launcher(pool, table, lens.long())
