@@ -8,7 +8,7 @@
 # Knobs: BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
-# (240 s per tool).
+# (110 s per tool run; five runs then fit one 600 s device call even if each one times out).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # tools/sanitize_cases.py: a handful of small fp8 (and, once built, fp4) calls checked against
   # the float64 reference; exit 1 on a mismatch, 9 (--error-exitcode) on a sanitizer error.
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  timeout 180 python tools/sanitize_cases.py > "$OUT/sanitize-plain.log" 2>&1
+  timeout 100 python tools/sanitize_cases.py > "$OUT/sanitize-plain.log" 2>&1
   echo "sanitize cases without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
   if [ -z "$SANITIZER" ]; then
     echo "compute-sanitizer not found on PATH or in /usr/local/cuda/bin: sanitizer runs skipped"
@@ -56,10 +56,10 @@ if [ "${SANITIZE:-0}" = 1 ]; then
       tool=${run%-nocache}
       if [ "$run" = memcheck-nocache ]; then
         # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
-        env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-240}" "$SANITIZER" --tool "$tool" \
+        env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" \
           --error-exitcode 9 python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
       else
-        timeout "${SANITIZE_TIMEOUT:-240}" "$SANITIZER" --tool "$tool" --error-exitcode 9 \
+        timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" --error-exitcode 9 \
           python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
       fi
       rc=$?
