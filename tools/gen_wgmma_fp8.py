@@ -13,7 +13,10 @@ HEADER = """\
 //
 // WgmmaFp8<N, Acc>::mma(acc, desc_a, desc_b, accumulate) issues
 //   wgmma.mma_async.sync.aligned.m64n{N}k32.{f32|f16}.e4m3.e4m3
-// with A and B both K-major in shared memory (FP8 WGMMA has no transpose).
+// with A and B both K-major in shared memory (FP8 WGMMA has no transpose);
+// mma_rs(acc, a, desc_b, accumulate) takes A from registers instead: a[0..3] hold, for this
+// thread's rows r = 16*warp + lane/4 and r + 8, the bytes of A[r][4q..4q+3], A[r+8][4q..4q+3],
+// A[r][16+4q..16+4q+3], A[r+8][16+4q..16+4q+3] with q = lane % 4 (the m16n8k32 A fragment).
 // Accumulator fragment: f32 -> N/2 floats per thread, f16 -> N/4 packed half2 (as uint32).
 #pragma once
 #include "sm90_primitives.cuh"
@@ -31,6 +34,8 @@ def wrapper(n: int, f32: bool) -> str:
     reg_list = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"{constraint}"(d[{i}])' for i in range(regs))
     a, b, p = regs, regs + 1, regs + 2
+    a_regs = ", ".join(f"%{regs + i}" for i in range(4))
+    rs_b, rs_p = regs + 4, regs + 5
     return f"""
 template <>
 struct WgmmaFp8<{n}, {"true" if f32 else "false"}> {{
@@ -41,6 +46,13 @@ struct WgmmaFp8<{n}, {"true" if f32 else "false"}> {{
         "wgmma.mma_async.sync.aligned.m64n{n}k32.{acc}.e4m3.e4m3 {{{reg_list}}}, %{a}, %{b}, p, 1, 1;\\n}}\\n"
         : {operands}
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }}
+  __device__ __forceinline__ static void mma_rs({ctype} (&d)[{regs}], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{rs_p}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k32.{acc}.e4m3.e4m3 {{{reg_list}}}, {{{a_regs}}}, %{rs_b}, p, 1, 1;\\n}}\\n"
+        : {operands}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
   }}
 }};
 """

@@ -1,7 +1,4 @@
-"""SM90 kernels against the float64 reference (skipped without an SM90 GPU).
-
-Until the Hopper kernels land these fail with NotImplementedError from the launcher.
-"""
+"""SM90 kernels against the float64 reference (skipped without an SM90 GPU)."""
 
 from __future__ import annotations
 
@@ -16,12 +13,6 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
 )
 
 pytestmark = pytest.mark.gpu
-
-# The SM90 MXFP4 kernel is the next issue; until it lands its launcher raises
-# NotImplementedError. strict=True turns these into failures the day the kernel appears.
-fp4_kernel_pending = pytest.mark.xfail(
-    raises=NotImplementedError, strict=True, reason="SM90 fp4 kernel not built yet"
-)
 
 # Allowed |kernel - float64 reference| on the valid region, as a fraction of the largest
 # |reference| in the same row. One table: the output dtype sets the base bound; a
@@ -182,7 +173,6 @@ def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
 @pytest.mark.parametrize(
     ("block_size", "interleaved"), [(32, False), (64, False), (128, False), (128, True)]
 )
-@fp4_kernel_pending
 def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, epi_dtype):
     case = fp4_case(block_size, next_n, seed=block_size + next_n, interleaved=interleaved)
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
@@ -194,7 +184,11 @@ def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, ep
         out=out,
     )
     expected = fp4_paged_mqa_logits_reference(*case.fp4_args(), is_kv_sf_interleaved=interleaved)
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(output_dtype, epi_dtype))
+    magnitude = magnitude_of(
+        fp4_paged_mqa_logits_reference, case.fp4_args(), is_kv_sf_interleaved=interleaved
+    )
+    tol = tolerance(output_dtype, epi_dtype)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
 
 
 def test_fp8_spec_example_on_gpu():
@@ -244,7 +238,7 @@ def test_fp8_row_slice_of_a_wider_buffer():
     assert_rows_close(got, expected, mask, tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("variant", ["fp8", pytest.param("fp4", marks=fp4_kernel_pending)])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_deterministic(variant):
     if variant == "fp8":
         case = fp8_case(64, 2, seed=5)
@@ -290,7 +284,7 @@ GRAPH_LENGTHS = [300, 64, 500, 129]
 REPLAY_LENGTHS = [200, 0, 480, 1]
 
 
-@pytest.mark.parametrize("variant", ["fp8", pytest.param("fp4", marks=fp4_kernel_pending)])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_cuda_graph_replay_follows_new_seq_lens(variant, monkeypatch):
     # Validation mode on: its device reads must be skipped inside the capture.
     monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
@@ -326,4 +320,5 @@ def test_cuda_graph_replay_follows_new_seq_lens(variant, monkeypatch):
     torch.cuda.synchronize()
     got = out[: case.rows, :max_seq_len]
     expected = reference(*args)  # args hold the same seq_lens tensor, now with new contents
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(dtype))
+    magnitude = magnitude_of(reference, args)
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(dtype), magnitude)

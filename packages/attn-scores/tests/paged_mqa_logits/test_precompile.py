@@ -87,7 +87,6 @@ def test_precompile_fp8_grid_on_sm90():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="SM90 fp4 kernel not built yet")
 def test_precompile_default_grid_on_sm90():
     configs = fa.precompile_paged_mqa_logits()
     # fp8: 3 block sizes x 4 next_n; fp4: 3 x 4 x (bf16, fp32) plus the interleaved order at

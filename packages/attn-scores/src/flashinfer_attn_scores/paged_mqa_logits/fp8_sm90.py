@@ -16,6 +16,8 @@ import torch
 CSRC = Path(__file__).with_name("csrc")
 
 TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_UNIT
+
+
 # Consumer warpgroups. The epilogue is latency-bound (ncu on the H200, 2026-11-29: 7 cycles per
 # issued instruction, 0.38 eligible warps per scheduler with 2 consumers), so more warps help
 # wherever the accumulator (N/2 fp32 registers per thread) leaves room: 104 registers per
@@ -29,7 +31,8 @@ MAX_STAGES = 12
 SM90_SHARED_MEMORY_LIMIT = 232_448
 _ALIGNMENT_SLACK = 1024  # the kernel rounds its dynamic shared memory base up to 1024 bytes
 
-_DTYPE_FLAG = {torch.float32: 0, torch.float16: 1}
+# OUT_DTYPE / EPI_DTYPE codes of csrc/paged_mqa_common.cuh.
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +98,9 @@ class Fp8KernelConfig:
                 # One producer warp could not issue the TMA copies fast enough: 0.47 -> 0.70
                 # of copy bandwidth with 4 (H200, next_n 1, block 64, B 128, L 32k, 2026-11-29).
                 "NUM_PRODUCERS": 4,
-                "OUT_FP16": _DTYPE_FLAG[self.output_dtype],
-                "EPI_FP16": _DTYPE_FLAG[self.epi_dtype],
-                "ACC_FP16": _DTYPE_FLAG[self.acc_dtype],
+                "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
+                "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
+                "ACC_FP16": int(self.acc_dtype == torch.float16),
                 **dict(self.experiment),
             },
             label=(

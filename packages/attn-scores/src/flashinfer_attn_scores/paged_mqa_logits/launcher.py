@@ -7,7 +7,8 @@ launches on `torch.cuda.current_stream()` with no host synchronisation, writing
 `batch_size*next_n` rows of `out_storage` (a `[>= rows, >= padded_seq_len(max_seq_len)]`
 2-D buffer with `stride(1) == 1`, padding columns included).
 
-The FP8 kernel is `fp8_sm90`; the FP4 kernel has not landed yet and raises `NotImplementedError`.
+The FP8 kernel is `fp8_sm90`, the MXFP4 kernel `fp4_sm90`; both share the pipeline pieces in
+`csrc/paged_mqa_common.cuh`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import fp8_sm90
-
-_FP8_ISSUE = "fp8_paged_mqa_logits on Hopper"
-_FP4_ISSUE = "fp4_paged_mqa_logits on Hopper"
+from . import fp4_sm90, fp8_sm90
 
 
 def launch_fp8_paged_mqa_logits(
@@ -65,10 +63,23 @@ def launch_fp4_paged_mqa_logits(
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
 ) -> None:
-    """Launch the SM90 MXFP4 logits kernel into `out_storage` (not implemented yet)."""
-    raise NotImplementedError(
-        f"fp4_paged_mqa_logits: the SM90 kernel is not built yet (issue: {_FP4_ISSUE}); "
-        "CPU tensors run the reference implementation"
+    """Launch the SM90 MXFP4 logits kernel into `out_storage` (see `fp4_sm90`).
+
+    `sf_vec_size` is always 32 here (validated); the kernel hard-codes it.
+    """
+    del sf_vec_size
+    fp4_sm90.launch(
+        q,
+        q_sf,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        out_storage,
+        schedule_meta,
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        is_kv_sf_interleaved=is_kv_sf_interleaved,
     )
 
 
@@ -82,13 +93,12 @@ def compile_paged_mqa_logits_kernels(configs: Sequence[object], device: torch.de
     """
     from flashinfer_jit import precompile
 
-    if any(config.variant == "fp4" for config in configs):
-        raise NotImplementedError(
-            "precompile_paged_mqa_logits: the SM90 fp4 kernel is not built yet "
-            f"(issue: {_FP4_ISSUE}); pass variants=('fp8',)"
-        )
     specs = [
-        fp8_sm90.fp8_config(
+        fp4_sm90.fp4_config(
+            c.block_size, c.next_n, c.output_dtype, c.epi_dtype, c.is_kv_sf_interleaved
+        ).spec
+        if c.variant == "fp4"
+        else fp8_sm90.fp8_config(
             c.block_size,
             c.head_dim,
             c.num_heads,

@@ -24,20 +24,14 @@
 //   barriers   full[STAGES], empty[STAGES], q_full[2], q_empty[2]
 //
 // Specialisation constants (defines): BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NEXT_N, NUM_STAGES,
-// NUM_CONSUMERS, OUT_FP16, EPI_FP16, ACC_FP16.
+// NUM_CONSUMERS, NUM_PRODUCERS, OUT_DTYPE, EPI_DTYPE (0 = fp32, 1 = fp16), ACC_FP16.
 
-#include <cuda_fp16.h>
-#include <cuda/std/cstdint>
-
-#include "sm90_primitives.cuh"
+#include "paged_mqa_common.cuh"
 #include "wgmma_fp8.cuh"
 
 namespace {
 
-using namespace fi_sm90;
-
-constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M
-constexpr int kN = NEXT_N * NUM_HEADS;
+using namespace fi_paged_mqa;
 constexpr int kSwizzle = HEAD_DIM % 128 == 0 ? 128 : HEAD_DIM % 64 == 0 ? 64 : 32;
 constexpr int kChunks = HEAD_DIM / kSwizzle;
 constexpr int kKStepsPerChunk = kSwizzle / 32;
@@ -73,22 +67,7 @@ using AccReg = uint32_t;  // packed half2
 #else
 using AccReg = float;
 #endif
-#if EPI_FP16
-using Epi = __half;
-#else
-using Epi = float;
-#endif
-#if OUT_FP16
-using Out = __half;
-#else
-using Out = float;
-#endif
 using Mma = WgmmaFp8<kN, !ACC_FP16>;
-
-// Opaque 128-byte CUtensorMap, passed by value as a __grid_constant__ parameter.
-struct alignas(64) TensorMap {
-  uint64_t opaque[16];
-};
 
 struct SharedLayout {
   static constexpr int kKv = 0;
@@ -106,75 +85,11 @@ __device__ __forceinline__ uint32_t swizzled_offset(uint32_t row, uint32_t unit)
   return linear ^ (((linear >> 7) & (kSwizzle / 16 - 1)) << 4);
 }
 
-__device__ __forceinline__ int units_of(int len) { return (len + kTile - 1) / kTile; }
-
-// Walks this CTA's work units (request, unit) in order, skipping zero-length requests.
-// The range is [schedule row blockIdx.x, schedule row blockIdx.x + 1).
-struct UnitWalker {
-  const int* seq_lens;
-  long long seq_lens_stride;
-  int batch_size, end_b, end_u;
-  int b, u, len, units;
-
-  __device__ void start(const int* schedule, const int* lens, long long stride, int batch) {
-    seq_lens = lens;
-    seq_lens_stride = stride;
-    batch_size = batch;
-    b = schedule[2 * blockIdx.x];
-    u = schedule[2 * blockIdx.x + 1];
-    end_b = min(schedule[2 * blockIdx.x + 2], batch_size);
-    end_u = schedule[2 * blockIdx.x + 3];
-    load_request();
-    while (units == 0 && b < end_b) {
-      ++b;
-      u = 0;
-      load_request();
-    }
-  }
-  __device__ void load_request() {
-    len = b < batch_size && (b < end_b || end_u > 0) ? seq_lens[b * seq_lens_stride] : 0;
-    units = units_of(len);
-  }
-  __device__ bool valid() const { return (b < end_b || (b == end_b && u < end_u)) && u < units; }
-  __device__ void next() {
-    if (++u < units) return;
-    u = 0;
-    do {
-      ++b;
-      load_request();
-    } while (units == 0 && b < end_b);
-  }
-};
-
-__device__ __forceinline__ Epi to_epi(float x) {
-#if EPI_FP16
-  return __float2half_rn(x);
-#else
-  return x;
-#endif
-}
-
-__device__ __forceinline__ Epi relu(Epi x) {
-#if EPI_FP16
-  return __hmax(x, __float2half_rn(0.f));
-#else
-  return fmaxf(x, 0.f);
-#endif
-}
-
-__device__ __forceinline__ Out to_out(float x) {
-#if OUT_FP16
-  return __float2half_rn(x);
-#else
-  return x;
-#endif
-}
-
 // The two accumulator values (row r0 + 8*i, columns c, c+1) of 8-column group j.
 __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j, int i, Epi& x0, Epi& x1) {
 #if ACC_FP16
   const __half2 h = *reinterpret_cast<const __half2*>(&acc[2 * j + i]);
-#if EPI_FP16
+#if EPI_DTYPE == 1
   x0 = __low2half(h);
   x1 = __high2half(h);
 #else
@@ -185,10 +100,6 @@ __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j,
   x0 = to_epi(acc[4 * j + 2 * i]);
   x1 = to_epi(acc[4 * j + 2 * i + 1]);
 #endif
-}
-
-__device__ __forceinline__ Epi shfl_xor(Epi v, int mask) {
-  return __shfl_xor_sync(0xffffffffu, v, mask);
 }
 
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base,
@@ -208,45 +119,39 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   uint64_t* q_empty = q_full + 2;
 
   int request_ordinal = -1, current_b = -1;
-  // Block-table entries, one per lane: `table_entry` covers blocks [table_base, table_base + 32)
-  // of the current request, `table_next` the following 32, loaded one batch ahead so the
-  // producer never waits on a table read in steady state.
-  int table_base = 0, table_entry = 0, table_next = 0, table_valid = 0;
-  const int* table_row = nullptr;
-  int blocks_in_request = 0;
-  auto table_load = [&](int block) {
-    return block < blocks_in_request ? table_row[block] : 0;
-  };
+  BlockTableWindow table;
 
-  for (int k = 0; walk.valid(); walk.next(), ++k) {
-    if (walk.b != current_b) {
-      current_b = walk.b;
-      ++request_ordinal;
-      if (producer_index == 0) {  // one warp stages q and the weights of each request
-        const int slot = request_ordinal & 1;
-        if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
-        // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
-        const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(current_b) * kQSlotBytes);
-        uint8_t* q_dst = q_slots + slot * kQSlotBytes;
-        constexpr int kUnitsPerRow = HEAD_DIM / 16;
-        constexpr int kUnitsPerChunkRow = kSwizzle / 16;
+  // Runs whenever the walk enters a request: stage q (warp 0) and reset the table window.
+  auto on_request = [&]() {
+    current_b = walk.b;
+    ++request_ordinal;
+    if (producer_index == 0) {  // one warp stages q and the weights of each request
+      const int slot = request_ordinal & 1;
+      if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
+      // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
+      const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(current_b) * kQSlotBytes);
+      uint8_t* q_dst = q_slots + slot * kQSlotBytes;
+      constexpr int kUnitsPerRow = HEAD_DIM / 16;
+      constexpr int kUnitsPerChunkRow = kSwizzle / 16;
 #pragma unroll 4
-        for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
-          const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
-          const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
-          *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
-        }
-        const float* w_src = weights + static_cast<long long>(current_b) * kN;
-        for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
-        fence_proxy_async_smem();
-        mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
+      for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
+        const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
+        const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
+        *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
       }
-      table_row = block_tables + static_cast<long long>(current_b) * block_table_stride;
-      blocks_in_request = (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE;
-      table_valid = 0;
+      const float* w_src = weights + static_cast<long long>(current_b) * kN;
+      for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
+      fence_proxy_async_smem();
+      mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
     }
-
-    if (k % NUM_PRODUCERS != producer_index) continue;
+    table.reset(block_tables + static_cast<long long>(current_b) * block_table_stride,
+                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  int k = 0;
+  walk.advance(k, producer_index, on_request);
+  for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
     const int stage = k % NUM_STAGES;
     if (k >= NUM_STAGES) mbar_wait(&empty[stage], ((k / NUM_STAGES) - 1) & 1);
 
@@ -257,18 +162,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       const int token = walk.u * kTile + s * kBoxRows;
       block_ids[s] = -1;
       if (token < walk.len) {
-        const int block = token / BLOCK_SIZE;
-        if (!table_valid || block < table_base || block >= table_base + 32) {
-          if (table_valid && block == table_base + 32) {
-            table_entry = table_next;  // sequential walk: the prefetched batch
-          } else {
-            table_entry = table_load(block + lane);
-          }
-          table_base = block;
-          table_valid = 1;
-          table_next = table_load(table_base + 32 + lane);
-        }
-        block_ids[s] = __shfl_sync(0xffffffffu, table_entry, block - table_base);
+        block_ids[s] = table.lookup(token / BLOCK_SIZE);
         ++boxes;
       }
     }
@@ -309,22 +203,24 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   uint64_t* q_empty = q_full + 2;
 
   AccReg acc[Mma::kRegs];
-  int request_ordinal = -1, current_b = -1;
+  int request_ordinal = -1;
 
-  for (int k = 0; walk.valid(); walk.next(), ++k) {
-    if (walk.b != current_b) {
-      if (request_ordinal >= 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
-      }
-      current_b = walk.b;
-      ++request_ordinal;
-      // Wait even when this consumer gets no unit of the request: it keeps the q-slot
-      // arrivals of the two consumers in the same phase.
-      mbar_wait(&q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
+  // Runs whenever the walk enters a request: release the previous q slot, wait for the next.
+  auto on_request = [&]() {
+    if (request_ordinal >= 0) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
     }
-    if (k % NUM_CONSUMERS != consumer_index) continue;
-
+    ++request_ordinal;
+    // Wait even when this consumer gets no unit of the request: it keeps the q-slot
+    // arrivals of all consumers in the same phase.
+    mbar_wait(&q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  int k = 0;
+  walk.advance(k, consumer_index, on_request);
+  for (; walk.valid(); walk.advance(k, NUM_CONSUMERS, on_request)) {
     const int stage = k % NUM_STAGES;
     const int slot = request_ordinal & 1;
     mbar_wait(&full[stage], (k / NUM_STAGES) & 1);
@@ -363,41 +259,28 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     // Epilogue: partial[t][i] = sum over this thread's columns of slot t of w * relu(acc).
     // Columns of slot t are [t*H, (t+1)*H); H % 4 == 0, so each half of an 8-column group
     // (quads 0-1 and 2-3) belongs to one slot, known at compile time after unrolling.
-    Epi partial[NEXT_N][2];
-#pragma unroll
-    for (int t = 0; t < NEXT_N; ++t) partial[t][0] = partial[t][1] = to_epi(0.f);
+    SlotSums sums;
+    sums.clear();
     const float* w = weight_slots + slot * kN;
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
       const float2 wf = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
       const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
-      const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         Epi x0, x1;
         acc_pair(acc, j, i, x0, x1);
-        const Epi v = w0 * relu(x0) + w1 * relu(x1);
-        if (t_lo == t_hi) {
-          partial[t_lo][i] += v;
-        } else {
-          const Epi zero = to_epi(0.f);
-          partial[t_lo][i] += quad < 2 ? v : zero;
-          partial[t_hi][i] += quad < 2 ? zero : v;
-        }
+        sums.add_weighted(j, i, quad, w0, x0, w1, x1);
       }
     }
+    sums.reduce_quad();
     const long long column = static_cast<long long>(walk.u) * kTile + row0;
     Out* out_request = out + static_cast<long long>(walk.b) * NEXT_N * out_stride + column;
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        partial[t][i] += shfl_xor(partial[t][i], 1);
-        partial[t][i] += shfl_xor(partial[t][i], 2);
-      }
       if ((t & 3) == quad) {
-        out_request[t * out_stride] = to_out(static_cast<float>(partial[t][0]) * scale0);
-        out_request[t * out_stride + 8] = to_out(static_cast<float>(partial[t][1]) * scale1);
+        out_request[t * out_stride] = to_out(to_float(sums.partial[t][0]) * scale0);
+        out_request[t * out_stride + 8] = to_out(to_float(sums.partial[t][1]) * scale1);
       }
     }
   }
@@ -415,7 +298,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
                           const int* schedule, int batch_size, Out* out, long long out_stride) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
 
   if (threadIdx.x == 0) {

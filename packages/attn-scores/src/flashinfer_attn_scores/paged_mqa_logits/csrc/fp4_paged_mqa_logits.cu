@@ -1,0 +1,454 @@
+// MXFP4 paged MQA logits for Hopper (SM90a).
+//
+//   out[b*NEXT_N + t, p] = sum_h w[b*NEXT_N + t, h] * relu(q[b, t, h, :] . k[p, :])
+//
+// with q and k E2M1 values times one UE8M0 scale per 32-element group. Hopper has no FP4
+// tensor cores, so the kernel decodes E2M1 into E4M3 and runs the same FP8 WGMMA as the FP8
+// kernel (tokens as M, every draft slot's heads as N, one pass over the KV for next_n 1..4).
+// The pipeline, schedule walk, block-table window and epilogue sums are the FP8 kernel's
+// (paged_mqa_common.cuh); what differs:
+//
+//   * KV tiles are the raw packed bytes (64 B per token, no swizzle): consumers read them
+//     with LDS.128, decode in registers and feed WGMMA's A operand from registers (RS form),
+//     so the decoded tile never goes back to shared memory.
+//   * The producer decodes q once per request into the WGMMA B layout in shared memory.
+//
+// Group scales (the re-expression, and its error bound)
+// ------------------------------------------------------
+// E4M3 holds every E2M1 value times 2^s exactly for s in [-8, 6] (6 * 2^6 = 384 <= 448;
+// 0.5 * 2^-8 = 2^-9 is E4M3's smallest subnormal and 1.5 * 2^-8 = 3 * 2^-9 is on its grid).
+// For a k token with group exponents e_g (UE8M0 bytes) let M = max_g e_g and d_g = M - e_g.
+// The kernel stores group g's values as v * 2^(6 - d_g), i.e. the true values times
+// 2^(133 - M), a positive per-token factor that commutes with the ReLU and is undone after
+// the head sum. q is treated the same way per (draft slot, head) row with Mq = max_g eq_g;
+// its factor 2^(133 - Mq) differs between heads, so the kernel divides it out of each head's
+// weight: w'_h = w_h * 2^(Mq_h - Q_t) with Q_t = max_h Mq_h over the slot's heads (<= 1, so no
+// overflow), and multiplies the slot's sum by 2^(M + Q_t - 266) at the end.
+//
+// Exactness: every decoded value is exact while d_g <= 14 (a token's or a q row's group
+// scales within a factor 2^14 of each other), and then the only roundings are the FP8 WGMMA
+// accumulation and the epilogue, as in the FP8 kernel. A group with d_g > 14 is rounded to the
+// E4M3 grid (round-to-nearest-even, flushed to zero below 2^-10): each of its values moves by
+// at most 2^-10 in units where the token's largest-scale group spans [-384, 384], i.e. by at
+// most 2^(M - 127) * 2^-16 in true units. The error of one head's dot product is therefore
+// bounded by
+//   |delta(q_h . k)| <= 2^-16 * (2^(M - 127) * sum_{i in rounded k groups} |q_hi|
+//                                + 2^(Mq_h - 127) * sum_{i in rounded q groups} |k_i|)   (+ the product of both terms)
+// (each term at most 2^-16 of what the largest-scale group could contribute). Data written by an
+// MXFP4 quantiser has groups within a few binades of each other and stays in the exact range;
+// the tests exercise both regimes (tests/paged_mqa_logits/test_gpu.py).
+//
+// Specialisation constants: BLOCK_SIZE, NEXT_N, NUM_STAGES, NUM_CONSUMERS, NUM_PRODUCERS,
+// OUT_DTYPE, EPI_DTYPE (0 fp32, 1 fp16, 2 bf16), SF_INTERLEAVED. NUM_HEADS = 64, HEAD_DIM = 128.
+
+#include <cuda_fp8.h>
+
+#define NUM_HEADS 64
+#define HEAD_DIM 128
+#include "paged_mqa_common.cuh"
+#include "wgmma_fp8.cuh"
+
+namespace {
+
+using namespace fi_paged_mqa;
+
+constexpr int kRowBytes = HEAD_DIM / 2;  // packed E2M1 bytes per token / per q row
+constexpr int kGroups = HEAD_DIM / 32;   // UE8M0 scales per token (one 32-bit word)
+constexpr int kBoxRows = BLOCK_SIZE < kTile ? BLOCK_SIZE : kTile;
+constexpr int kBoxesPerTile = kTile / kBoxRows;
+constexpr int kBlockBytes = BLOCK_SIZE * (kRowBytes + kGroups);
+constexpr int kKvTileBytes = kTile * kRowBytes;
+constexpr int kQRowBytes = HEAD_DIM;  // decoded E4M3, one 128-byte swizzle row per q row
+constexpr int kQSlotBytes = kN * kQRowBytes;
+// Interleaved scale slots permute a whole 128-token block, so each unit takes all of them.
+constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
+constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
+constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
+
+static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgroups");
+static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
+static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
+static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");
+static_assert(BLOCK_SIZE == 32 || BLOCK_SIZE == 64 || BLOCK_SIZE == 128, "block size must be 32, 64 or 128");
+
+using Mma = WgmmaFp8<kN, true>;
+
+struct SharedLayout {
+  static constexpr int kQ = 0;  // 1024-byte aligned for the 128-byte swizzle
+  static constexpr int kKv = kQ + 2 * kQSlotBytes;
+  static constexpr int kWeights = kKv + NUM_STAGES * kKvTileBytes;
+  static constexpr int kHeadScale = kWeights + 2 * kN * 4;
+  static constexpr int kSlotExp = kHeadScale + 2 * kN * 4;
+  static constexpr int kLut = kSlotExp + 2 * 4 * 4;
+  static constexpr int kScales = kLut + kLutLevels * 8;
+  static constexpr int kBarriers = kScales + NUM_STAGES * kScaleBytes;
+  static constexpr int kBytes = kBarriers + (2 * NUM_STAGES + 4) * 8;
+};
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
+__device__ __forceinline__ int max_byte(uint32_t word) {
+  const int b0 = word & 0xff, b1 = (word >> 8) & 0xff, b2 = (word >> 16) & 0xff, b3 = word >> 24;
+  return max(max(b0, b1), max(b2, b3));
+}
+
+// Eight E2M1 nibbles (element i in bits [4i, 4i+4)) -> eight E4M3 bytes via the group's
+// 8-entry magnitude table `lut` (byte c = E4M3 of code c's value times 2^(6 - d)).
+// lo gets elements 0..3, hi elements 4..7 (byte i = element i). prmt picks each magnitude with
+// the nibble's 3 code bits; for the sign, prmt's sign-replicate mode (selector bit 3) turns the
+// 0x80 source bytes into 0xFF exactly where the nibble is negative, and bit 0 of that byte is
+// moved to bit 7.
+__device__ __forceinline__ void decode_e2m1x8(uint32_t packed, uint2 lut, uint32_t& lo, uint32_t& hi) {
+  const uint32_t codes = packed & 0x77777777u;
+  const uint32_t mag_lo = prmt(lut.x, lut.y, codes);
+  const uint32_t mag_hi = prmt(lut.x, lut.y, codes >> 16);
+  const uint32_t neg_lo = prmt(0x80808080u, 0x80808080u, packed);
+  const uint32_t neg_hi = prmt(0x80808080u, 0x80808080u, packed >> 16);
+  lo = mag_lo | ((neg_lo << 7) & 0x80808080u);
+  hi = mag_hi | ((neg_hi << 7) & 0x80808080u);
+}
+
+// Where the decoded bytes go. A thread's A fragment holds, per k step s (32 logical columns),
+// columns 4q..4q+3 and 16+4q..16+4q+3 (q = lane % 4) of its two rows. Thread q takes
+// physical group q of its rows and word s of that group (elements 8s..8s+7): lo -> logical
+// columns 32s + 4q + i, hi -> 32s + 16 + 4q + i. Any permutation of the 128 columns is fine
+// as long as q uses the same one, which the producer's decode does with this function.
+__device__ __forceinline__ int logical_column(int group, int word, bool high) {
+  return 32 * word + (high ? 16 : 0) + 4 * group;
+}
+
+// Byte offset of (row, byte) in a 128-byte-swizzled K-major tile (TMA/WGMMA 128B swizzle:
+// the 16-byte unit index is XORed with row % 8).
+__device__ __forceinline__ uint32_t swizzled_128(uint32_t row, uint32_t byte) {
+  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+
+__device__ __forceinline__ void build_lut(uint8_t* lut) {
+  // Thread i writes entry (d = i / 8, code c = i % 8): E2M1 value of c times 2^(6 - d), RNE to
+  // E4M3 (exact for d <= 14, see the header comment).
+  for (int i = threadIdx.x; i < kLutLevels * 8; i += blockDim.x) {
+    const int code = i % 8;  // 0, 0.5, then (1 or 1.5) * 2^(code/2 - 1)
+    const float e2m1 = code < 2 ? 0.5f * code : ldexpf(code & 1 ? 1.5f : 1.f, code / 2 - 1);
+    const float value = ldexpf(e2m1, 6 - i / 8);
+    lut[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
+__device__ __forceinline__ uint2 lut_for(const uint2* luts, int max_exponent, int exponent) {
+  return luts[min(max_exponent - exponent, kLutLevels - 1)];
+}
+
+// Decode request b's q (kN rows of 64 packed bytes + one scale word) into a q slot, and write
+// the slot's folded weights, head scales and per-draft-slot exponents Q_t. One warp.
+__device__ __forceinline__ void stage_q(int b, const uint8_t* q, const uint32_t* q_sf, const float* weights,
+                                        const uint2* luts, uint8_t* q_dst, float* weight_dst,
+                                        float* head_scale_dst, int* slot_exp_dst) {
+  const int lane = threadIdx.x % 32;
+  // Rows lane + 32 i; with H = 64, draft slot t owns rows i = 2t and 2t + 1. Each row's
+  // largest group exponent is parked in head_scale_dst (as an int) until the slot maxima are known.
+  int* row_exp = reinterpret_cast<int*>(head_scale_dst);
+#pragma unroll 1
+  for (int row = lane; row < kN; row += 32) {
+    const long long global_row = static_cast<long long>(b) * kN + row;
+    const uint32_t sf = q_sf[global_row];
+    const int row_max = max_byte(sf);
+    row_exp[row] = row_max;
+    const uint4* src = reinterpret_cast<const uint4*>(q + global_row * kRowBytes);
+#pragma unroll 1
+    for (int g = 0; g < kGroups; ++g) {
+      const uint4 packed = src[g];
+      const uint2 lut = lut_for(luts, row_max, (sf >> (8 * g)) & 0xff);
+      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t lo, hi;
+        decode_e2m1x8(words[s], lut, lo, hi);
+        *reinterpret_cast<uint32_t*>(q_dst + swizzled_128(row, logical_column(g, s, false))) = lo;
+        *reinterpret_cast<uint32_t*>(q_dst + swizzled_128(row, logical_column(g, s, true))) = hi;
+      }
+    }
+  }
+#pragma unroll 1
+  for (int t = 0; t < NEXT_N; ++t) {
+    const int row_a = t * NUM_HEADS + lane, row_b = row_a + 32;
+    const int exp_a = row_exp[row_a], exp_b = row_exp[row_b];
+    const int slot_max = __reduce_max_sync(0xffffffffu, max(exp_a, exp_b));
+    if (lane == 0) slot_exp_dst[t] = slot_max;
+    const float scale_a = ldexpf(1.f, exp_a - slot_max), scale_b = ldexpf(1.f, exp_b - slot_max);  // in (0, 1]
+    const float w_a = weights[static_cast<long long>(b) * kN + row_a];
+    const float w_b = weights[static_cast<long long>(b) * kN + row_b];
+    __syncwarp();  // every lane has read row_exp before it is overwritten
+    weight_dst[row_a] = EPI_DTYPE == 0 ? w_a * scale_a : w_a;
+    weight_dst[row_b] = EPI_DTYPE == 0 ? w_b * scale_b : w_b;
+    head_scale_dst[row_a] = scale_a;
+    head_scale_dst[row_b] = scale_b;
+  }
+}
+
+__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, const uint8_t* q,
+                                         const uint32_t* q_sf, const float* weights, const int* block_tables,
+                                         long long block_table_stride, UnitWalker walk, uint8_t* smem) {
+  const int lane = threadIdx.x % 32;
+  const int producer_index = threadIdx.x / 32;
+  uint8_t* kv_tiles = smem + SharedLayout::kKv;
+  uint8_t* q_slots = smem + SharedLayout::kQ;
+  float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
+  float* head_scale_slots = reinterpret_cast<float*>(smem + SharedLayout::kHeadScale);
+  int* slot_exp = reinterpret_cast<int*>(smem + SharedLayout::kSlotExp);
+  const uint2* luts = reinterpret_cast<const uint2*>(smem + SharedLayout::kLut);
+  uint8_t* scales = smem + SharedLayout::kScales;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
+  uint64_t* full = bars;
+  uint64_t* empty = bars + NUM_STAGES;
+  uint64_t* q_full = bars + 2 * NUM_STAGES;
+  uint64_t* q_empty = q_full + 2;
+
+  int request_ordinal = -1, current_b = -1;
+  BlockTableWindow table;
+
+  // Runs whenever the walk enters a request: stage q (warp 0) and reset the table window.
+  auto on_request = [&]() {
+    current_b = walk.b;
+    ++request_ordinal;
+    if (producer_index == 0) {  // one warp stages q and the weights of each request
+      const int slot = request_ordinal & 1;
+      if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
+      stage_q(current_b, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kN,
+              head_scale_slots + slot * kN, slot_exp + slot * 4);
+      fence_proxy_async_smem();
+      mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
+    }
+    table.reset(block_tables + static_cast<long long>(current_b) * block_table_stride,
+                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  int k = 0;
+  walk.advance(k, producer_index, on_request);
+  for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
+    const int stage = k % NUM_STAGES;
+    if (k >= NUM_STAGES) mbar_wait(&empty[stage], ((k / NUM_STAGES) - 1) & 1);
+
+    int block_ids[kBoxesPerTile];
+    int boxes = 0;
+#pragma unroll
+    for (int s = 0; s < kBoxesPerTile; ++s) {
+      const int token = walk.u * kTile + s * kBoxRows;
+      block_ids[s] = -1;
+      if (token < walk.len) {
+        block_ids[s] = table.lookup(token / BLOCK_SIZE);
+        ++boxes;
+      }
+    }
+    if (lane == 0) {
+      const int scale_bytes = SF_INTERLEAVED ? kScaleBytes : boxes * kBoxRows * 4;
+      mbar_arrive_expect_tx(&full[stage], boxes * kBoxRows * kRowBytes + scale_bytes);
+#pragma unroll
+      for (int s = 0; s < kBoxesPerTile; ++s) {
+        if (block_ids[s] < 0) continue;
+        const int row_in_block = (walk.u * kTile + s * kBoxRows) % BLOCK_SIZE;
+        tma_load_3d(kv_tiles + stage * kKvTileBytes + s * kBoxRows * kRowBytes, &kv_map, &full[stage], 0,
+                    row_in_block, block_ids[s]);
+        const uint8_t* scale_region = kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes + BLOCK_SIZE * kRowBytes;
+        if (SF_INTERLEAVED) {
+          bulk_load(scales + stage * kScaleBytes, scale_region, kScaleBytes, &full[stage]);
+        } else {
+          bulk_load(scales + stage * kScaleBytes + s * kBoxRows * 4, scale_region + row_in_block * 4, kBoxRows * 4,
+                    &full[stage]);
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// The scale word (four UE8M0 bytes) of row `row` of unit `u`.
+__device__ __forceinline__ uint32_t token_scales(const uint8_t* stage_scales, int u, int row) {
+  if (SF_INTERLEAVED) {
+    // slot s of a 128-token block holds token (s % 4) * 32 + s / 4, so token t sits in slot
+    // 4 * (t % 32) + t / 32.
+    const int t = (u * kTile + row) % BLOCK_SIZE;
+    return reinterpret_cast<const uint32_t*>(stage_scales)[4 * (t % 32) + t / 32];
+  }
+  return reinterpret_cast<const uint32_t*>(stage_scales)[row];
+}
+
+__device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
+                                         uint8_t* smem) {
+  const int warp_in_group = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  const int quad = lane % 4;                       // column pair of each 8-column group; KV group
+  const int row0 = 16 * warp_in_group + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const uint8_t* kv_tiles = smem + SharedLayout::kKv;
+  const uint8_t* q_slots = smem + SharedLayout::kQ;
+  const float* weight_slots = reinterpret_cast<const float*>(smem + SharedLayout::kWeights);
+  const float* head_scale_slots = reinterpret_cast<const float*>(smem + SharedLayout::kHeadScale);
+  const int* slot_exp = reinterpret_cast<const int*>(smem + SharedLayout::kSlotExp);
+  const uint2* luts = reinterpret_cast<const uint2*>(smem + SharedLayout::kLut);
+  const uint8_t* scales = smem + SharedLayout::kScales;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
+  uint64_t* full = bars;
+  uint64_t* empty = bars + NUM_STAGES;
+  uint64_t* q_full = bars + 2 * NUM_STAGES;
+  uint64_t* q_empty = q_full + 2;
+
+  float acc[Mma::kRegs];
+  int request_ordinal = -1;
+
+  // Runs whenever the walk enters a request: release the previous q slot, wait for the next.
+  auto on_request = [&]() {
+    if (request_ordinal >= 0) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
+    }
+    ++request_ordinal;
+    // Wait even when this consumer gets no unit of the request: it keeps the q-slot
+    // arrivals of all consumers in the same phase.
+    mbar_wait(&q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  int k = 0;
+  walk.advance(k, consumer_index, on_request);
+  for (; walk.valid(); walk.advance(k, NUM_CONSUMERS, on_request)) {
+    const int stage = k % NUM_STAGES;
+    const int slot = request_ordinal & 1;
+    mbar_wait(&full[stage], (k / NUM_STAGES) & 1);
+
+    // Both rows' packed group `quad` and scale words, then the stage goes back to the producer.
+    const uint8_t* tile = kv_tiles + stage * kKvTileBytes;
+    const uint4 packed0 = *reinterpret_cast<const uint4*>(tile + row0 * kRowBytes + quad * 16);
+    const uint4 packed1 = *reinterpret_cast<const uint4*>(tile + (row0 + 8) * kRowBytes + quad * 16);
+    const uint32_t sf0 = token_scales(scales + stage * kScaleBytes, walk.u, row0);
+    const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, walk.u, row0 + 8);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[stage]);
+
+    const int max0 = max_byte(sf0), max1 = max_byte(sf1);
+    const uint2 lut0 = lut_for(luts, max0, (sf0 >> (8 * quad)) & 0xff);
+    const uint2 lut1 = lut_for(luts, max1, (sf1 >> (8 * quad)) & 0xff);
+    const uint32_t words0[4] = {packed0.x, packed0.y, packed0.z, packed0.w};
+    const uint32_t words1[4] = {packed1.x, packed1.y, packed1.z, packed1.w};
+    uint32_t a[4][4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      decode_e2m1x8(words0[s], lut0, a[s][0], a[s][2]);
+      decode_e2m1x8(words1[s], lut1, a[s][1], a[s][3]);
+    }
+
+    const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) Mma::mma_rs(acc, a[s], smem_desc<128>(b_tile + s * 32), s != 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+
+    // Epilogue. float32: the folded weights w' (head scales inside) times relu(acc), summed,
+    // then 2^(M + Q_t - 266) once (two exact power-of-two multiplies). float16/bfloat16: each head score is formed in float32 at
+    // its true scale before the conversion, so the reduced-precision sums see the same
+    // numbers as the definition (and overflow where it would).
+    const float* w = weight_slots + slot * kN;
+    const int* q_exp = slot_exp + slot * 4;
+    SlotSums sums;
+    sums.clear();
+#if EPI_DTYPE != 0
+    const float* head_scale = head_scale_slots + slot * kN;
+    float token_scale[NEXT_N][2];
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) {
+      token_scale[t][0] = fminf(scale_by_pow2(1.f, max0 + q_exp[t] - 266), 3.4028235e38f);
+      token_scale[t][1] = fminf(scale_by_pow2(1.f, max1 + q_exp[t] - 266), 3.4028235e38f);
+    }
+#endif
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const int column = 8 * j + 2 * quad;
+      const float2 wf = *reinterpret_cast<const float2*>(w + column);
+      const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
+#if EPI_DTYPE != 0
+      const float2 hs = *reinterpret_cast<const float2*>(head_scale + column);
+      const int t = column / NUM_HEADS;
+#endif
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#if EPI_DTYPE == 0
+        const Epi x0 = acc[4 * j + 2 * i], x1 = acc[4 * j + 2 * i + 1];
+#else
+        const Epi x0 = to_epi(acc[4 * j + 2 * i] * hs.x * token_scale[t][i]);
+        const Epi x1 = to_epi(acc[4 * j + 2 * i + 1] * hs.y * token_scale[t][i]);
+#endif
+        sums.add_weighted(j, i, quad, w0, x0, w1, x1);
+      }
+    }
+    sums.reduce_quad();
+    const long long column = static_cast<long long>(walk.u) * kTile + row0;
+    Out* out_request = out + static_cast<long long>(walk.b) * NEXT_N * out_stride + column;
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) {
+      if ((t & 3) == quad) {
+#if EPI_DTYPE == 0
+        out_request[t * out_stride] = to_out(scale_by_pow2(sums.partial[t][0], max0 + q_exp[t] - 266));
+        out_request[t * out_stride + 8] = to_out(scale_by_pow2(sums.partial[t][1], max1 + q_exp[t] - 266));
+#else
+        out_request[t * out_stride] = to_out(to_float(sums.partial[t][0]));
+        out_request[t * out_stride + 8] = to_out(to_float(sums.partial[t][1]));
+#endif
+      }
+    }
+  }
+  if (request_ordinal >= 0) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_t* kv_base, const uint8_t* q,
+                          const uint32_t* q_sf, const float* weights, const int* block_tables,
+                          long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
+                          const int* schedule, int batch_size, Out* out, long long out_stride) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = aligned_smem(smem_raw);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
+
+  build_lut(smem + SharedLayout::kLut);
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&kv_map);
+    for (int s = 0; s < NUM_STAGES; ++s) {
+      mbar_init(&bars[s], 1);               // full: producer's expect_tx arrival
+      mbar_init(&bars[NUM_STAGES + s], 4);  // empty: one arrival per consumer warp
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&bars[2 * NUM_STAGES + s], 32);                     // q_full: producer warp
+      mbar_init(&bars[2 * NUM_STAGES + 2 + s], 4 * NUM_CONSUMERS);  // q_empty: consumer warps
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  UnitWalker walk;
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    regs_decrease<kProducerRegs>();
+    if (threadIdx.x < 32 * NUM_PRODUCERS) {
+      walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
+      producer(kv_map, kv_base, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
+    }
+  } else {
+    regs_increase<kConsumerRegs>();
+    walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
+    consumer(warpgroup - 1, out, out_stride, walk, smem);
+  }
+}

@@ -1,0 +1,218 @@
+// Pieces shared by the FP8 and MXFP4 paged MQA logits kernels (SM90a): the work-unit walk
+// over the schedule, the block-table window of the producer warps, the epilogue number types
+// and the per-draft-slot head sums of the WGMMA accumulator.
+//
+// Specialisation constants used here: BLOCK_SIZE, NUM_HEADS, NEXT_N, OUT_DTYPE, EPI_DTYPE
+// (dtype codes: 0 = float32, 1 = float16, 2 = bfloat16).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "sm90_primitives.cuh"
+
+namespace fi_paged_mqa {
+
+using namespace fi_sm90;
+
+constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M (flashinfer_schedule's unit)
+constexpr int kN = NEXT_N * NUM_HEADS;
+
+// Opaque 128-byte CUtensorMap, passed by value as a __grid_constant__ parameter.
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
+
+__device__ __forceinline__ int units_of(int len) { return (len + kTile - 1) / kTile; }
+
+// The dynamic shared memory base rounded up to 1024 bytes (the 128-byte swizzle atom).
+// Offsetting the __shared__ array itself, rather than a uintptr_t, keeps the address space
+// visible to the compiler: shared accesses become LDS/STS instead of generic loads.
+__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
+  return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+}
+
+// Walks this CTA's work units (request, unit) in order, skipping zero-length requests.
+// The range is [schedule row blockIdx.x, schedule row blockIdx.x + 1).
+struct UnitWalker {
+  const int* seq_lens;
+  long long seq_lens_stride;
+  int batch_size, end_b, end_u;
+  int b, u, len, units;
+
+  __device__ void start(const int* schedule, const int* lens, long long stride, int batch) {
+    seq_lens = lens;
+    seq_lens_stride = stride;
+    batch_size = batch;
+    b = schedule[2 * blockIdx.x];
+    u = schedule[2 * blockIdx.x + 1];
+    end_b = min(schedule[2 * blockIdx.x + 2], batch_size);
+    end_u = schedule[2 * blockIdx.x + 3];
+    load_request();
+    while (units == 0 && b < end_b) {
+      ++b;
+      u = 0;
+      load_request();
+    }
+  }
+  __device__ void load_request() {
+    len = b < batch_size && (b < end_b || end_u > 0) ? seq_lens[b * seq_lens_stride] : 0;
+    units = units_of(len);
+  }
+  __device__ bool valid() const { return (b < end_b || (b == end_b && u < end_u)) && u < units; }
+  __device__ void next() {
+    if (++u < units) return;
+    u = 0;
+    do {
+      ++b;
+      load_request();
+    } while (units == 0 && b < end_b);
+  }
+  // Move `steps` units forward, `k` counting units; `on_request()` runs each time the walk
+  // enters a new request, so every role sees every request (the q-slot protocol relies on
+  // it) while units inside a request are skipped in one step instead of one by one.
+  template <typename OnRequest>
+  __device__ void advance(int& k, int steps, OnRequest&& on_request) {
+    while (steps > 0 && valid()) {
+      const int within = min(steps, units - 1 - u);
+      if (within > 0) {
+        u += within;
+        k += within;
+        steps -= within;
+        continue;
+      }
+      next();
+      ++k;
+      --steps;
+      if (valid()) on_request();
+    }
+  }
+};
+
+// A producer warp's window of 32 block-table entries (one per lane) of the current request,
+// with the next 32 loaded one batch ahead so a sequential walk never waits on a table read.
+struct BlockTableWindow {
+  const int* row = nullptr;
+  int blocks = 0, base = 0, entry = 0, next = 0;
+  bool valid = false;
+
+  __device__ void reset(const int* table_row, int blocks_in_request) {
+    row = table_row;
+    blocks = blocks_in_request;
+    valid = false;
+  }
+  __device__ int load(int block) const { return block < blocks ? row[block] : 0; }
+  // Physical block id of logical `block` (warp-uniform argument, all lanes call).
+  __device__ int lookup(int block) {
+    const int lane = threadIdx.x % 32;
+    if (!valid || block < base || block >= base + 32) {
+      entry = valid && block == base + 32 ? next : load(block + lane);
+      base = block;
+      valid = true;
+      next = load(base + 32 + lane);
+    }
+    return __shfl_sync(0xffffffffu, entry, block - base);
+  }
+};
+
+// ---------------------------------------------------------------- epilogue number types
+#if EPI_DTYPE == 2
+using Epi = __nv_bfloat16;
+#elif EPI_DTYPE == 1
+using Epi = __half;
+#else
+using Epi = float;
+#endif
+#if OUT_DTYPE == 2
+using Out = __nv_bfloat16;
+#elif OUT_DTYPE == 1
+using Out = __half;
+#else
+using Out = float;
+#endif
+
+__device__ __forceinline__ Epi to_epi(float x) {
+#if EPI_DTYPE == 2
+  return __float2bfloat16_rn(x);
+#elif EPI_DTYPE == 1
+  return __float2half_rn(x);
+#else
+  return x;
+#endif
+}
+
+__device__ __forceinline__ Epi relu(Epi x) {
+#if EPI_DTYPE == 0
+  return fmaxf(x, 0.f);
+#else
+  return __hmax(x, to_epi(0.f));
+#endif
+}
+
+__device__ __forceinline__ Out to_out(float x) {
+#if OUT_DTYPE == 2
+  return __float2bfloat16_rn(x);
+#elif OUT_DTYPE == 1
+  return __float2half_rn(x);
+#else
+  return x;
+#endif
+}
+
+// x * 2^e with two exact power-of-two factors (|e| clamped to 252, beyond which the result is
+// 0 or inf for any finite x of ours anyway); cheaper than ldexpf's general path.
+__device__ __forceinline__ float scale_by_pow2(float x, int e) {
+  e = max(min(e, 252), -252);
+  const int half = e / 2;
+  return x * __int_as_float((half + 127) << 23) * __int_as_float((e - half + 127) << 23);
+}
+
+__device__ __forceinline__ float to_float(Epi x) { return static_cast<float>(x); }
+
+__device__ __forceinline__ Epi shfl_xor(Epi v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+
+// ---------------------------------------------------------------- per-slot head sums
+// The m64nN accumulator gives a thread rows r0 and r0 + 8 and, in every 8-column group j,
+// columns 8j + 2*quad and 8j + 2*quad + 1. Columns of draft slot t are [t*H, (t+1)*H);
+// H % 4 == 0, so each half of an 8-column group (quads 0-1 and 2-3) belongs to one slot,
+// known at compile time after unrolling.
+struct SlotSums {
+  Epi partial[NEXT_N][2];
+
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) partial[t][0] = partial[t][1] = to_epi(0.f);
+  }
+  // Add `v` (this thread's two columns of group j, row i) to its slot.
+  __device__ __forceinline__ void add(int j, int i, int quad, Epi v) {
+    const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
+    if (t_lo == t_hi) {
+      partial[t_lo][i] += v;
+    } else {
+      const Epi zero = to_epi(0.f);
+      partial[t_lo][i] += quad < 2 ? v : zero;
+      partial[t_hi][i] += quad < 2 ? zero : v;
+    }
+  }
+  // Add w0 * relu(x0) + w1 * relu(x1); a single-slot group accumulates with two FMAs.
+  __device__ __forceinline__ void add_weighted(int j, int i, int quad, Epi w0, Epi x0, Epi w1, Epi x1) {
+    const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
+    if (t_lo == t_hi) {
+      partial[t_lo][i] = w1 * relu(x1) + (w0 * relu(x0) + partial[t_lo][i]);
+    } else {
+      add(j, i, quad, w0 * relu(x0) + w1 * relu(x1));
+    }
+  }
+  // Sum over the quad; afterwards every lane of the quad holds the row sums.
+  __device__ __forceinline__ void reduce_quad() {
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        partial[t][i] += shfl_xor(partial[t][i], 1);
+        partial[t][i] += shfl_xor(partial[t][i], 2);
+      }
+    }
+  }
+};
+
+}  // namespace fi_paged_mqa

@@ -1,0 +1,223 @@
+"""The SM90 MXFP4 paged MQA logits kernel: specialisation, compilation and launch.
+
+No validation happens here: `api.py` has checked every argument before calling `launch`.
+The kernel source is `csrc/fp4_paged_mqa_logits.cu` (it shares the FP8 kernel's pipeline
+pieces through `csrc/paged_mqa_common.cuh`); its shared-memory layout is mirrored by
+`Fp4KernelConfig.shared_memory_bytes` and must be kept in step with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from .fp8_sm90 import (
+    _ALIGNMENT_SLACK,
+    CSRC,
+    DTYPE_CODE,
+    SM90_SHARED_MEMORY_LIMIT,
+    TOKENS_PER_UNIT,
+    _contiguous_aligned,
+    _short,
+)
+
+NUM_HEADS = 64
+HEAD_DIM = 128
+ROW_BYTES = HEAD_DIM // 2  # packed E2M1 bytes per token
+MAX_STAGES = 16  # a stage is only 4 KiB of packed KV
+_LUT_LEVELS = 32
+
+
+def consumers_for(n: int) -> int:
+    """Consumer warpgroups: 4 while the accumulator (N/2 fp32 registers) leaves room."""
+    return 4 if n <= 64 else 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp4KernelConfig:
+    """One compiled specialisation of the MXFP4 kernel (H = 64, D = 128)."""
+
+    block_size: int
+    next_n: int
+    output_dtype: torch.dtype = torch.bfloat16
+    epi_dtype: torch.dtype = torch.float32
+    interleaved: bool = False
+    # Developer measurement knobs (defines that override the ones below); empty in production.
+    experiment: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def n(self) -> int:
+        return self.next_n * NUM_HEADS
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.block_size * 4 if self.interleaved else TOKENS_PER_UNIT * 4
+
+    def shared_memory_bytes(self, stages: int) -> int:
+        q_slots = 2 * self.n * HEAD_DIM
+        weights = q_slots + stages * TOKENS_PER_UNIT * ROW_BYTES
+        head_scales = weights + 2 * self.n * 4
+        slot_exp = head_scales + 2 * self.n * 4
+        lut = slot_exp + 2 * 4 * 4
+        scales = lut + _LUT_LEVELS * 8
+        barriers = scales + stages * self.scale_bytes
+        return barriers + (2 * stages + 4) * 8 + _ALIGNMENT_SLACK
+
+    @functools.cached_property
+    def stages(self) -> int:
+        if "NUM_STAGES" in dict(self.experiment):
+            return dict(self.experiment)["NUM_STAGES"]
+        for stages in range(MAX_STAGES, 1, -1):
+            if self.shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
+                return stages
+        return 0
+
+    @property
+    def consumers(self) -> int:
+        return dict(self.experiment).get("NUM_CONSUMERS", consumers_for(self.n))
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    @functools.cached_property
+    def spec(self):
+        from flashinfer_jit import KernelSpec
+
+        return KernelSpec.make(
+            "fp4_paged_mqa_logits_sm90",
+            CSRC / "fp4_paged_mqa_logits.cu",
+            {
+                "BLOCK_SIZE": self.block_size,
+                "NEXT_N": self.next_n,
+                "NUM_STAGES": self.stages,
+                "NUM_CONSUMERS": consumers_for(self.n),
+                "NUM_PRODUCERS": 4,
+                "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
+                "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
+                "SF_INTERLEAVED": int(self.interleaved),
+                **dict(self.experiment),
+            },
+            label=(
+                f"fp4_paged_mqa_logits[bs={self.block_size}, next_n={self.next_n}, "
+                f"out={_short(self.output_dtype)}, epi={_short(self.epi_dtype)}"
+                f"{', interleaved' if self.interleaved else ''}]"
+            ),
+        )
+
+
+@functools.cache
+def fp4_config(
+    block_size: int,
+    next_n: int,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    interleaved: bool,
+    experiment: tuple[tuple[str, int], ...] = (),
+) -> Fp4KernelConfig:
+    return Fp4KernelConfig(block_size, next_n, output_dtype, epi_dtype, interleaved, experiment)
+
+
+def serving_configs(
+    block_sizes=(32, 64, 128),
+    next_ns=(1, 2, 3, 4),
+    output_dtypes=(torch.bfloat16,),
+    epi_dtypes=(torch.float32,),
+    interleaved=(False,),
+) -> list[Fp4KernelConfig]:
+    """The MXFP4 indexer configurations a deployment compiles ahead of serving."""
+    return [
+        fp4_config(bs, n, out, epi, inter)
+        for bs in block_sizes
+        for n in next_ns
+        for out in output_dtypes
+        for epi in epi_dtypes
+        for inter in interleaved
+        if not inter or bs == 128
+    ]
+
+
+def all_kernel_specs():
+    """Every configuration CI compiles for sm_90a (entry point `flashinfer_jit.kernels`)."""
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    configs = serving_configs(output_dtypes=dtypes, epi_dtypes=dtypes, interleaved=(False, True))
+    return [config.spec for config in configs]
+
+
+_tensor_maps: dict[tuple, object] = {}
+
+
+def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp4KernelConfig):
+    """TMA descriptor of the packed values: dims (64 bytes, block_size, num_blocks), no swizzle."""
+    from flashinfer_jit import make_tensor_map
+
+    num_blocks = kv_fused.shape[0]
+    key = (kv_fused.data_ptr(), kv_fused.device.index, num_blocks, config.block_size)
+    tensor_map = _tensor_maps.get(key)
+    if tensor_map is None:
+        tensor_map = make_tensor_map(
+            kv_fused,
+            torch.uint8,
+            global_dims=(ROW_BYTES, config.block_size, num_blocks),
+            global_strides_bytes=(ROW_BYTES, config.block_size * (ROW_BYTES + HEAD_DIM // 32)),
+            box_dims=(ROW_BYTES, min(TOKENS_PER_UNIT, config.block_size), 1),
+            swizzle="none",
+        )
+        if len(_tensor_maps) > 64:
+            _tensor_maps.clear()
+        _tensor_maps[key] = tensor_map
+    return tensor_map
+
+
+def launch(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    *,
+    output_dtype: torch.dtype,
+    epi_dtype: torch.dtype,
+    is_kv_sf_interleaved: bool,
+    experiment: tuple[tuple[str, int], ...] = (),
+) -> None:
+    """Launch the kernel on the current stream; `schedule_meta=None` computes it on the GPU."""
+    from flashinfer_jit import i32, i64, load_kernel
+    from flashinfer_schedule import compute_paged_mqa_logits_schedule
+
+    batch_size, next_n = q.shape[:2]
+    config = fp4_config(
+        kv_fused.shape[1], next_n, output_dtype, epi_dtype, bool(is_kv_sf_interleaved), experiment
+    )
+    kernel = load_kernel(config.spec, q.device)
+    if schedule_meta is None:
+        schedule_meta = compute_paged_mqa_logits_schedule(
+            seq_lens, q.device, next_n=next_n, variant="fp4"
+        )
+    # q rows are read as 16-byte vectors; q_sf and the weights as one word per row.
+    q = _contiguous_aligned(q)
+    q_sf = _contiguous_aligned(q_sf)
+    weights = _contiguous_aligned(weights)
+    kernel.launch(
+        schedule_meta.shape[0] - 1,
+        config.threads,
+        _kv_tensor_map(kv_fused, config),
+        kv_fused,
+        q,
+        q_sf,
+        weights,
+        block_tables,
+        i64(block_tables.stride(0)),
+        seq_lens,
+        i64(seq_lens.stride(0)),
+        schedule_meta,
+        i32(batch_size),
+        out_storage,
+        i64(out_storage.stride(0)),
+        shared_mem=config.shared_memory_bytes(config.stages),
+    )

@@ -1,0 +1,221 @@
+"""The SM90 MXFP4 kernel on group scales far apart (skipped without an SM90 GPU).
+
+The kernel decodes E2M1 to E4M3 after rebasing each token's (and each q row's) group scales
+on its largest one; decoded values are exact while a row's group exponents lie within 14 of
+each other, and beyond that the smaller groups are rounded with a stated error bound (see the
+header comment of csrc/fp4_paged_mqa_logits.cu). These tests put scales on both sides of that
+line and at the UE8M0 extremes 0 and 254, always against the float64 reference built from the
+dequantised bytes.
+"""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close, make_fp4_case
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
+    valid_mask,
+)
+from flashinfer_layouts import unpack_mxfp4_kv_cache
+from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, poisoned_out, tolerance
+
+pytestmark = pytest.mark.gpu
+
+EXACT_WINDOW = 14  # group exponents within 14 of the row's largest decode exactly
+
+
+def magnitude(args, interleaved=False):
+    """The reference with |weights|: the size of the head terms each logit sums."""
+    q, q_sf, kv, w, *rest = args
+    return fp4_paged_mqa_logits_reference(
+        q, q_sf, kv, w.abs(), *rest, is_kv_sf_interleaved=interleaved
+    )
+
+
+def run(case, output_dtype=torch.float32, epi_dtype=torch.float32, interleaved=False):
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = fa.fp4_paged_mqa_logits(
+        *case.fp4_args(),
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        is_kv_sf_interleaved=interleaved,
+        out=out,
+    )
+    return got, out
+
+
+@pytest.mark.parametrize("exponent_range", [(113, 127), (127, 141), (100, 114)])
+@pytest.mark.parametrize("output_dtype", [torch.float32, torch.bfloat16])
+def test_group_scales_spanning_the_exact_window(exponent_range, output_dtype):
+    case = make_fp4_case(
+        EDGE_LENGTHS,
+        next_n=2,
+        block_size=64,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=16,
+        exponent_range=exponent_range,
+        seed=sum(exponent_range),
+    ).to("cuda")
+    got, out = run(case, output_dtype)
+    expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
+    check_result(
+        got, out, expected, case.seq_lens, 2, tolerance(output_dtype), magnitude(case.fp4_args())
+    )
+
+
+def _set_request_exponents(case, request: int, k_exponents, q_exponents, gen) -> None:
+    """Overwrite the UE8M0 bytes of one request's KV blocks and q rows (token-order scales)."""
+    block_size = case.kv_fused.shape[1]
+    n_blocks = -(-int(case.seq_lens[request]) // block_size)
+    blocks = case.block_tables[request, :n_blocks].long()
+    scale_region = case.kv_fused.view(case.kv_fused.shape[0], -1)[:, block_size * 64 :]
+    picked = torch.tensor(k_exponents, dtype=torch.int64)
+    per_token = picked[torch.randint(0, len(picked), (n_blocks, block_size, 1), generator=gen)]
+    jitter = torch.randint(0, 7, (n_blocks, block_size, 4), generator=gen)
+    k_bytes = (per_token + jitter).clamp(0, 254).to(torch.uint8)  # groups within 6 of each other
+    scale_region[blocks] = k_bytes.view(n_blocks, block_size * 4)
+    low, high = q_exponents
+    q_bytes = torch.randint(low, high + 1, (*case.q_sf[request].shape, 4), generator=gen)
+    case.q_sf[request] = q_bytes.to(torch.uint8).view(torch.int32).squeeze(-1)
+
+
+def test_ue8m0_extremes_0_and_254():
+    """Tokens scaled 2^127 / 2^0 / 2^-127 against q scaled 2^-127 and the mirror image; every
+    product of scales stays inside float32 or underflows to values far below the row."""
+    gen = torch.Generator().manual_seed(11)
+    case = make_fp4_case([700, 513, 64], next_n=1, block_size=32, spare_blocks=8, seed=11)
+    _set_request_exponents(case, 0, [0, 127, 248], (0, 6), gen)  # k up to 2^127, q near 2^-127
+    _set_request_exponents(case, 1, [0, 6], (248, 254), gen)  # the mirror image
+    _set_request_exponents(case, 2, [248], (0, 6), gen)
+    case = case.to("cuda")
+    for output_dtype in (torch.float32, torch.bfloat16):
+        got, out = run(case, output_dtype)
+        expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
+        check_result(
+            got,
+            out,
+            expected,
+            case.seq_lens,
+            1,
+            tolerance(output_dtype),
+            magnitude(case.fp4_args()),
+        )
+
+
+def _rounding_bound(case) -> torch.Tensor:
+    """Per-logit bound on the error of decoding groups beyond the exact window.
+
+    A rounded element moves by at most 2^(M - 143) in true units (M: the largest exponent of its
+    token or q row); |relu(a) - relu(b)| <= |a - b|, so
+    |err[t, p]| <= sum_h |w_th| * sum_i ((|q_i| + dq_i) * dk_i + |k_i| * dq_i).
+    """
+    block_size = case.kv_fused.shape[1]
+    _, k_scales = unpack_mxfp4_kv_cache(case.kv_fused.cpu())  # [blocks, bs, 4] token order
+    k_exp = k_scales.to(torch.int64)
+    k_max = k_exp.amax(-1, keepdim=True)
+    k_delta = torch.where(
+        k_max - k_exp > EXACT_WINDOW, torch.pow(2.0, (k_max - 143).double()), 0.0
+    ).repeat_interleave(32, dim=-1)
+    q_exp = case.q_sf.cpu().contiguous().view(torch.uint8).view(*case.q_sf.shape, 4).to(torch.int64)
+    q_max = q_exp.amax(-1, keepdim=True)
+    q_delta = torch.where(
+        q_max - q_exp > EXACT_WINDOW, torch.pow(2.0, (q_max - 143).double()), 0.0
+    ).repeat_interleave(32, dim=-1)
+    q_abs, k_abs = case.q64.abs().cpu(), case.k64.abs().cpu()
+    w_abs = case.weights.cpu().abs().double()
+    next_n = case.next_n
+    bound = torch.zeros(case.rows, case.max_seq_len, dtype=torch.float64)
+    for b, length in enumerate(case.seq_lens.tolist()):
+        if length == 0:
+            continue
+        pos = torch.arange(length)
+        blocks = case.block_tables[b].cpu().long()[pos // block_size]
+        keys, dk = k_abs[blocks, pos % block_size], k_delta[blocks, pos % block_size]
+        per_head = torch.einsum("thd,pd->thp", q_abs[b] + q_delta[b], dk) + torch.einsum(
+            "thd,pd->thp", q_delta[b], keys
+        )
+        rows = slice(b * next_n, (b + 1) * next_n)
+        bound[rows, :length] = torch.einsum("th,thp->tp", w_abs[rows], per_head)
+    return bound
+
+
+def test_group_scales_beyond_the_exact_window_stay_within_the_stated_bound():
+    case = make_fp4_case(
+        EDGE_LENGTHS,
+        next_n=2,
+        block_size=128,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=8,
+        exponent_range=(90, 160),  # up to 70 binades between the groups of one token
+        seed=12,
+    ).to("cuda")
+    got, _ = run(case, torch.float32)
+    expected = fp4_paged_mqa_logits_reference(*case.fp4_args()).cpu()
+    mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
+    size = torch.where(mask, magnitude(case.fp4_args()).cpu().abs(), 0.0).amax(dim=1)
+    allowed = _rounding_bound(case) + tolerance(torch.float32) * size[:, None]
+    err = (got.cpu().double() - expected).abs()
+    assert torch.isfinite(got.cpu()[mask]).all()
+    assert (err[mask] <= allowed[mask]).all(), float((err / allowed)[mask].max())
+    # The bound is not vacuous here: some logits do have rounded groups.
+    assert (_rounding_bound(case)[mask] > 0).any()
+
+
+def test_spec_zero_placeholder_example_on_gpu():
+    B, next_n, num_heads, head_dim = 2, 3, 64, 128
+    block_size, max_seq_len = 32, 8000
+    seq_lens = torch.tensor([3000, 8000], dtype=torch.int32, device="cuda")
+    width = fa.min_block_table_width(max_seq_len, block_size)
+    block_tables = torch.arange(B * width, dtype=torch.int32, device="cuda").view(B, width)
+    weights = torch.rand(B * next_n, num_heads, device="cuda")
+    q = torch.zeros(B, next_n, num_heads, head_dim // 2, dtype=torch.uint8, device="cuda")
+    q_sf = torch.zeros(B, next_n, num_heads, dtype=torch.int32, device="cuda")
+    kv_fused = torch.zeros(
+        B * width, block_size, 1, head_dim // 2 + 4, dtype=torch.uint8, device="cuda"
+    )
+    logits = fa.fp4_paged_mqa_logits(
+        q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len
+    )
+    assert logits.shape == (6, 8000) and logits.dtype == torch.bfloat16
+    mask = valid_mask(seq_lens.cpu(), next_n, max_seq_len)
+    assert (logits.cpu()[mask] == 0).all()
+
+    out = torch.empty(
+        B * next_n, fa.padded_seq_len(max_seq_len), dtype=torch.bfloat16, device="cuda"
+    )
+    again = fa.fp4_paged_mqa_logits(
+        q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len, out=out
+    )
+    assert again.data_ptr() == out.data_ptr()
+    assert (again.cpu()[mask] == 0).all()
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_fp4_precomputed_schedule_and_random_magnitudes(interleaved):
+    """A caller-built schedule (variant='fp4') gives the same bits as the internal one."""
+    case = make_fp4_case(
+        [4000, 0, 130, 2500],
+        next_n=4,
+        block_size=128,
+        interleaved=interleaved,
+        spare_blocks=4,
+        seed=13,
+    ).to("cuda")
+    schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=4, variant="fp4")
+    args = case.fp4_args()
+    given = fa.fp4_paged_mqa_logits(
+        *args, is_kv_sf_interleaved=interleaved, schedule_meta=schedule
+    ).clone()
+    internal = fa.fp4_paged_mqa_logits(*args, is_kv_sf_interleaved=interleaved)
+    mask = valid_mask(case.seq_lens, 4, case.max_seq_len)
+    assert torch.equal(given[mask], internal[mask])
+    expected = fp4_paged_mqa_logits_reference(*args, is_kv_sf_interleaved=interleaved)
+    assert_rows_close(
+        internal,
+        expected,
+        mask.cpu(),
+        tolerance(torch.bfloat16),
+        magnitude(args, interleaved),
+    )
