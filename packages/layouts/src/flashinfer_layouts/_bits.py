@@ -1,7 +1,26 @@
-"""Bit-level primitives: exact powers of two, little-endian byte views, E2M1 codes, nibbles.
+"""Bit-level primitives: exact powers of two, little-endian byte views, E2M1 / E4M3 codes,
+nibbles, and the two roundings (division, multiplication) the quantisers need.
 
 Byte orders are built with shifts rather than ``Tensor.view(torch.uint8)`` so the layouts
 are little-endian by construction, whatever the host byte order.
+
+Every quantiser must give the same bytes on CPU and CUDA tensors. The rules that make that
+hold by construction, not by luck:
+
+* Never divide by a Python number. On CUDA, ``tensor / python_float`` is computed as
+  ``tensor * (1 / python_float)`` (``div_true_kernel_cuda`` in PyTorch's
+  ``BinaryDivTrueKernel.cu`` takes that path whenever the divisor is a CPU scalar; its own
+  comment says the result "may lose one bit of precision"), while the CPU kernel divides.
+  Divisions go through `div_to_float32`, which divides two device tensors in float64 and
+  rounds once.
+* Products of two float32 values are formed exactly in float64 and rounded once
+  (`mul_to_float32`), so no device-specific float32 subnormal (flush-to-zero) handling
+  can enter.
+* Powers of two, exponents and the E4M3 / E2M1 roundings are integer operations on the
+  IEEE bit patterns or exact comparisons, never ``frexp`` / ``log2`` / ``exp2`` or a
+  dtype cast whose rounding and saturation are backend-defined (PyTorch's CUDA float32 ->
+  float8_e4m3fn copy uses the ``__nv_cvt_float_to_fp8`` intrinsic on recent CUDA versions
+  and its own C++ routine otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +46,12 @@ _STRICT_THRESHOLDS = (0.25, 1.25, 2.5, 5.0)
 _INCLUSIVE_THRESHOLDS = (0.75, 1.75, 3.5)
 
 
+_FLOAT32_EXPONENT_MASK = 0x7F800000
+_FLOAT32_ABS_MASK = 0x7FFFFFFF
+E4M3_MAX_CODE = 0x7E  # 448
+E4M3_NAN_CODE = 0x7F
+
+
 def _byte_shifts(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     # Built with arange, not torch.tensor([...]): no host-to-device copy, so the write path
     # stays capturable in a CUDA graph.
@@ -36,6 +61,119 @@ def _byte_shifts(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 def exp2_float64(exponent: torch.Tensor) -> torch.Tensor:
     """Exact ``2.0 ** exponent`` as float64 for integer exponents in [-1022, 1023]."""
     return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def pow2_float32(exponent: torch.Tensor) -> torch.Tensor:
+    """Exact ``2.0 ** exponent`` as float32 for integer exponents in [-126, 127]."""
+    return ((exponent.to(torch.int64) + 127) << 23).to(torch.int32).view(torch.float32)
+
+
+def float32_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Biased exponent (bits 23-30) and fraction (bits 0-22) of float32 ``x``, as int64.
+
+    The sign is ignored. A finite normal ``|x|`` is
+    ``(1 + fraction / 2**23) * 2**(biased - 127)``; ``biased == 255`` means infinity or NaN.
+    """
+    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    return (bits >> 23) & 0xFF, bits & 0x7FFFFF
+
+
+def float64_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Biased exponent (bits 52-62) and fraction (bits 0-51) of float64 ``x``, as int64.
+
+    The sign is ignored; ``biased == 2047`` means infinity or NaN.
+    """
+    bits = x.to(torch.float64).contiguous().view(torch.int64)
+    return (bits >> 52) & 0x7FF, bits & ((1 << 52) - 1)
+
+
+def _as_float64(value: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float64)
+    # A device tensor built by a fill kernel: no host-to-device copy (graph-capturable), and
+    # never a CPU scalar, so no backend replaces the division by a reciprocal multiply.
+    return like.new_full((), float(value), dtype=torch.float64)
+
+
+def div_to_float32(
+    numerator: torch.Tensor | float, denominator: torch.Tensor | float
+) -> torch.Tensor:
+    """``numerator / denominator`` correctly rounded to float32, bit-identical on every device.
+
+    Operands are float32 tensors (or Python numbers exactly representable in float32) on
+    one device; at least one is a tensor. The quotient is a true float64 division of two
+    tensors, then one cast to float32:
+
+    * IEEE float64 division is correctly rounded on x86 and in CUDA device code (there is
+      no approximate double division), and the divisor is a device tensor, so CUDA's
+      reciprocal-multiply shortcut for CPU-scalar divisors is never taken.
+    * Rounding that float64 quotient to float32 gives the correctly rounded float32
+      quotient: for ``+ - * /`` of p-bit operands, double rounding through a format with
+      at least ``2p + 2`` bits is innocuous (53 >= 2 * 24 + 2), and when the float32 result
+      is subnormal its grid is coarser, which only widens the margin. An exact tie
+      (possible only there) is representable in float64 and reaches the final cast intact.
+    """
+    like = numerator if isinstance(numerator, torch.Tensor) else denominator
+    if not isinstance(like, torch.Tensor):
+        raise TypeError("div_to_float32 needs at least one tensor operand")
+    quotient = _as_float64(numerator, like) / _as_float64(denominator, like)
+    return quotient.to(torch.float32)
+
+
+def mul_to_float32(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+    """``a * b`` of float32 values correctly rounded to float32, bit-identical on every device.
+
+    The product of two 24-bit significands has at most 48 bits and float32 exponents stay far
+    inside float64's range, so the float64 product is exact and the cast is the only rounding.
+    """
+    return (a.to(torch.float64) * _as_float64(b, a)).to(torch.float32)
+
+
+def float32_to_e4m3_bits(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 ``x`` to E4M3 (fn) bytes, nearest with ties to even, saturating at 448.
+
+    Integer arithmetic on the float32 bit pattern, so every device gives the same bytes.
+    Magnitudes from 464 up (including infinity), which round beyond 448, become +-448
+    (0x7E / 0xFE). The sign is kept, so negative zero and tiny negatives give 0x80. NaN gives
+    0x7F whatever its sign or payload (the NaN sign bit is not preserved alike by all
+    backends).
+
+    Args:
+        x: float32 tensor (other floating dtypes are first rounded to float32).
+
+    Returns:
+        uint8 tensor of ``x``'s shape; ``.view(torch.float8_e4m3fn)`` reinterprets it.
+    """
+    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    sign = (bits < 0).to(torch.int64) << 7
+    mag = bits & _FLOAT32_ABS_MASK
+    biased = mag >> 23
+
+    # |x| >= 2**-6 (biased >= 121), E4M3 normal: keep the top 3 fraction bits, round the
+    # other 20 to nearest even, and rebias the exponent from 127 to 7 (subtract 120 << 3 from
+    # the 12-bit exponent|fraction field). A carry out of the fraction bumps the exponent,
+    # which is exactly the rounded-up value.
+    kept = mag >> 20
+    dropped = mag & 0xFFFFF
+    half_ulp = 0x80000
+    up = (dropped > half_ulp) | ((dropped == half_ulp) & ((kept & 1) == 1))
+    normal = kept + up.to(torch.int64) - (120 << 3)
+
+    # |x| < 2**-6: E4M3 subnormal, code = |x| / 2**-9 rounded to nearest even (0..8; 8 is
+    # the smallest normal 2**-6, whose code is also 8). |x| = significand * 2**(e - 150) with
+    # e = max(biased, 1), so the code is significand >> (141 - e), rounded; shifts of 25 or
+    # more leave less than half a step (significand < 2**24), i.e. code 0.
+    significand = (mag & 0x7FFFFF) | ((biased > 0).to(torch.int64) << 23)
+    shift = (141 - biased.clamp_min(1)).clamp(21, 25)
+    quotient = significand >> shift
+    twice_rest = (significand - (quotient << shift)) << 1
+    step = torch.ones_like(shift) << shift
+    up = (twice_rest > step) | ((twice_rest == step) & ((quotient & 1) == 1))
+    subnormal = quotient + up.to(torch.int64)
+
+    code = torch.where(biased >= 121, normal, subnormal).clamp_max(E4M3_MAX_CODE) | sign
+    code = torch.where(mag > _FLOAT32_EXPONENT_MASK, E4M3_NAN_CODE, code)
+    return code.to(torch.uint8)
 
 
 def float32_to_le_bytes(x: torch.Tensor) -> torch.Tensor:
@@ -65,9 +203,11 @@ def le_bytes_to_int32(b: torch.Tensor) -> torch.Tensor:
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """Round already-scaled values to E2M1 nibble codes (uint8 in [0, 15]).
 
-    Round to nearest, ties to the even code, magnitudes above 6 saturate to 6. The sign
+    Round to nearest, ties to the even code, magnitudes above 6 saturate to 6. Only exact
+    comparisons with the midpoints are used, so every device gives the same codes. The sign
     bit (bit 3) is copied from the input's sign bit, so a small negative value that rounds
-    to zero becomes negative zero (0x8). NaN inputs give an unspecified code.
+    to zero becomes negative zero (0x8). NaN gives code 0 (its sign bit is not preserved
+    alike by all backends).
     """
     mag = v.abs()
     code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
@@ -75,7 +215,8 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
         code += (mag > threshold).to(torch.uint8)
     for threshold in _INCLUSIVE_THRESHOLDS:
         code += (mag >= threshold).to(torch.uint8)
-    return code | (torch.signbit(v).to(torch.uint8) << 3)
+    negative = torch.signbit(v) & ~torch.isnan(v)
+    return code | (negative.to(torch.uint8) << 3)
 
 
 def e2m1_decode(code: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

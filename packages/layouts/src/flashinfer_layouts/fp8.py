@@ -16,7 +16,16 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from ._bits import E4M3_MAX, exp2_float64, float32_to_le_bytes, le_bytes_to_float32
+from ._bits import (
+    E4M3_MAX,
+    div_to_float32,
+    float32_fields,
+    float32_to_e4m3_bits,
+    float32_to_le_bytes,
+    le_bytes_to_float32,
+    mul_to_float32,
+    pow2_float32,
+)
 
 __all__ = [
     "dequantize_fp8_kv_cache",
@@ -33,16 +42,19 @@ _KV_LAYOUT = "[num_blocks, block_size, 1, head_dim + 4]"
 
 
 def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
-    """Smallest power of two ``s`` with ``amax / s <= 448``, computed exactly.
+    """Smallest power of two ``s`` with ``amax / s <= 448``, from the bits of ``amax``.
 
-    ``448 = 0.875 * 2**9``; with ``amax = m * 2**E`` (frexp, ``m`` in [0.5, 1)) the
-    smallest ``e`` with ``448 * 2**e >= amax`` is ``E - 9`` when ``m <= 0.875`` and
-    ``E - 8`` otherwise. This equals ``2**ceil(log2(amax / 448))`` without the float
-    rounding of the division and the logarithm.
+    With ``amax = (1 + f) * 2**E`` (``f`` the fraction, ``E`` the unbiased exponent) and
+    ``448 = 1.75 * 2**8``, ``448 * 2**e >= amax`` first holds at ``e = E - 8`` when
+    ``1 + f <= 1.75`` and at ``e = E - 7`` otherwise. This equals
+    ``2**ceil(log2(amax / 448))`` without the rounding of a division or a logarithm, and
+    without ``frexp``, whose exponent for infinity and NaN is unspecified. ``amax`` must be
+    float32 and at least ``AMAX_FLOOR`` (a normal number); a non-finite ``amax`` is returned
+    as its own scale.
     """
-    mantissa, exponent = torch.frexp(amax)
-    e = torch.where(mantissa <= 0.875, exponent - 9, exponent - 8)
-    return exp2_float64(e).to(torch.float32)
+    biased, fraction = float32_fields(amax)
+    e = biased - 135 + (fraction > 0x600000).to(torch.int64)  # 0x600000 / 2**23 = 0.75
+    return torch.where(biased == 255, amax, pow2_float32(e.clamp(-126, 127)))
 
 
 def quantize_fp8_per_token(
@@ -56,11 +68,16 @@ def quantize_fp8_per_token(
     * ``"pow2"`` (DeepSeek convention, the default): ``2 ** ceil(log2(amax / 448))``,
       computed exactly from the binary exponent of ``amax``, so ``amax / scale <= 448``
       always and ``x / scale`` is exact before rounding;
-    * ``"amax"``: ``amax / 448`` in float32.
+    * ``"amax"``: ``amax / 448`` correctly rounded to float32.
 
-    Values are ``round_to_nearest_even(x / scale)`` saturated to ``[-448, 448]`` (NaN
-    inputs stay NaN). The arithmetic runs in float32 (float64 inputs are rounded to float32
-    first). ``values.float() * scale[..., None]`` reconstructs ``x`` to within
+    Values are ``round_to_nearest_even(x / scale)`` saturated to ``[-448, 448]``, where
+    ``x / scale`` is the correctly rounded float32 quotient (float64 inputs are rounded to
+    float32 first). A row holding infinity or NaN gets that non-finite scale in both modes
+    (NaN scales are the canonical quiet NaN), so its values become 0 or NaN; NaN values are
+    stored as 0x7F. Every step is exactly rounded or integer arithmetic, so CPU and CUDA
+    tensors give the same bytes.
+
+    ``values.float() * scale[..., None]`` reconstructs ``x`` to within
     ``max(2**-4 * |x|, 2**-10 * scale)`` per element: E4M3 keeps 3 mantissa bits
     (half an ulp is ``2**-4`` relative) down to its smallest normal ``2**-6``, below which the
     subnormal step is ``2**-9`` (half-step ``2**-10``, absolute, in units of the scale).
@@ -85,13 +102,14 @@ def quantize_fp8_per_token(
     _checks.choice("scale_mode", scale_mode, FP8_SCALE_MODES)
 
     xf = x.to(torch.float32)
-    amax = xf.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
-    scales = _pow2_scale(amax) if scale_mode == "pow2" else amax / E4M3_MAX
-    # The quotient is formed in float64 so that CPU and CUDA round it identically (the
-    # float32 division of the two backends was seen to differ in the last bit on the H200).
-    quotient = xf.to(torch.float64) / scales.to(torch.float64).unsqueeze(-1)
-    scaled = quotient.to(torch.float32).clamp(-E4M3_MAX, E4M3_MAX)
-    return scaled.to(torch.float8_e4m3fn), scales
+    amax = xf.abs().amax(dim=-1)
+    floor = amax.new_full((), AMAX_FLOOR)  # float32 1e-4, compared and used as the same value
+    # where, not clamp_min: NaN must stay NaN (the comparison is False for NaN).
+    amax = torch.where(amax < floor, floor, amax)
+    scales = _pow2_scale(amax) if scale_mode == "pow2" else div_to_float32(amax, E4M3_MAX)
+    scales = torch.where(torch.isnan(scales), scales.new_full((), float("nan")), scales)
+    quotient = div_to_float32(xf, scales.unsqueeze(-1))
+    return float32_to_e4m3_bits(quotient).view(torch.float8_e4m3fn), scales
 
 
 def fp8_kv_cache_head_dim(kv_fused: torch.Tensor) -> int:
@@ -192,8 +210,8 @@ def dequantize_fp8_kv_cache(
 ) -> torch.Tensor:
     """Dequantise an FP8 ``kv_fused`` pool to ``values * scale`` per token.
 
-    The product is computed in float64 when ``dtype`` is float64 (exact) and in float32
-    otherwise, then cast to ``dtype``.
+    The product is exact in float64; for other dtypes it is rounded once to float32 (the
+    IEEE float32 product, alike on every device), then cast to ``dtype``.
 
     Args:
         kv_fused: ``[num_blocks, block_size, 1, head_dim + 4]`` uint8.
@@ -208,6 +226,6 @@ def dequantize_fp8_kv_cache(
     """
     dtype = _checks.output_float_dtype("dtype", dtype)
     values, scales = unpack_fp8_kv_cache(kv_fused)
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    out = values.to(compute) * scales.to(compute).unsqueeze(-1)
-    return out.to(dtype)
+    if dtype == torch.float64:
+        return values.to(torch.float64) * scales.to(torch.float64).unsqueeze(-1)
+    return mul_to_float32(values.to(torch.float32), scales.unsqueeze(-1)).to(dtype)

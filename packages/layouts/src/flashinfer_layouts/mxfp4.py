@@ -24,6 +24,7 @@ from ._bits import (
     e2m1_decode,
     e2m1_encode,
     exp2_float64,
+    float64_fields,
     int32_to_le_bytes,
     le_bytes_to_int32,
     pack_nibbles,
@@ -60,13 +61,15 @@ def ue8m0_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
 
     Rule: ``byte = clamp(ceil(log2(amax / 6)) + 127, 0, 254)``, i.e. the smallest power of
     two ``s`` with ``amax / s <= 6`` (the largest E2M1 magnitude), and byte 0 for
-    ``amax == 0``. It is computed exactly from the binary exponent: with
-    ``amax = m * 2**E`` (``m`` in [0.5, 1)), ``6 * 2**e >= amax`` first holds at
-    ``e = E - 3`` when ``m <= 0.75`` and at ``e = E - 2`` otherwise. 255 (NaN in UE8M0) is
-    never produced; groups beyond ``6 * 2**127`` saturate when rounded.
+    ``amax == 0``. It is computed exactly from the float64 bit pattern (integer arithmetic,
+    the same on every device): with ``amax = (1 + f) * 2**E`` and ``6 = 1.5 * 2**2``,
+    ``6 * 2**e >= amax`` first holds at ``e = E - 2`` when ``1 + f <= 1.5`` and at
+    ``e = E - 1`` otherwise. 255 (NaN in UE8M0) is never produced; groups beyond
+    ``6 * 2**127`` saturate when rounded, and an infinite or NaN ``amax`` gives 254.
 
     Args:
-        amax: non-negative finite floating tensor of group maxima, any shape.
+        amax: non-negative floating tensor of group maxima, any shape (the sign bit is
+            ignored).
 
     Returns:
         uint8 tensor of the same shape.
@@ -76,11 +79,10 @@ def ue8m0_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
     """
     amax = _checks.tensor("amax", amax)
     _checks.dtype("amax", amax, _checks.FLOAT_DTYPES)
-    mantissa, exponent = torch.frexp(amax.to(torch.float64))
-    e = torch.where(mantissa <= 0.75, exponent - 3, exponent - 2)
-    byte = (e + 127).clamp(0, 254)
-    byte = torch.where(amax == 0, torch.zeros_like(byte), byte)
-    return byte.to(torch.uint8)
+    biased, fraction = float64_fields(amax)
+    e = biased - 1025 + (fraction > (1 << 51)).to(torch.int64)  # 2**51 / 2**52 = 0.5
+    # Zero and float64 subnormals (biased exponent 0) give e <= -1024, hence byte 0.
+    return (e + 127).clamp(0, 254).to(torch.uint8)
 
 
 def _check_sf_vec_size(sf_vec_size: int, head_dim: int, arg: str) -> None:
@@ -103,7 +105,10 @@ def quantize_mxfp4(
     Magnitudes above 6 (only possible when the scale byte is clamped) saturate to 6. The
     sign bit is copied from the input, so tiny negatives become negative zero (nibble 0x8).
     Per element, ``|dequantised - x| <= max(0.25, |x| / (4 * s)) * s`` (half the E2M1 step
-    at ``|x| / s``). Inputs must be finite.
+    at ``|x| / s``). Inputs should be finite (a group with infinity or NaN gets byte 254, NaN
+    elements nibble 0). Scale bytes come from integer arithmetic on the bit patterns, the
+    division by the power-of-two scale is exact and the rounding is by exact comparisons,
+    so CPU and CUDA tensors give the same bytes.
 
     Nibble order: byte ``j`` holds element ``2j`` in its low nibble and ``2j + 1`` in its
     high nibble; nibble bit 3 is the sign.

@@ -22,7 +22,17 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from ._bits import E2M1_MAX, E4M3_MAX, e2m1_decode, e2m1_encode, pack_nibbles, unpack_nibbles
+from ._bits import (
+    E2M1_MAX,
+    E4M3_MAX,
+    div_to_float32,
+    e2m1_decode,
+    e2m1_encode,
+    float32_to_e4m3_bits,
+    mul_to_float32,
+    pack_nibbles,
+    unpack_nibbles,
+)
 
 __all__ = [
     "NVFP4_SF_VEC_SIZE",
@@ -172,7 +182,9 @@ def _check_swizzled_buffer(name: str, buf: torch.Tensor, prows: int, pcols: int)
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """The conventional encode global scale ``448 * 6 / amax(x)`` as a 0-d float32 tensor.
 
-    An all-zero ``x`` gets 1.0. The result stays on ``x``'s device (no synchronisation).
+    ``amax`` is taken after rounding ``x`` to float32 and the quotient is correctly rounded
+    to float32 (the same bits on every device). An all-zero ``x`` (or a NaN ``amax``) gets
+    1.0. The result stays on ``x``'s device (no synchronisation).
 
     Args:
         x: floating tensor of any shape.
@@ -187,7 +199,9 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     _checks.dtype("x", x, _checks.FLOAT_DTYPES)
     amax = x.to(torch.float32).abs().amax() if x.numel() else torch.zeros((), device=x.device)
     one = torch.ones((), dtype=torch.float32, device=x.device)
-    return torch.where(amax > 0, (E4M3_MAX * E2M1_MAX) / amax, one).to(torch.float32)
+    # Not ``2688 / amax``: a Python number over a tensor is ``amax.reciprocal() * 2688``
+    # (two roundings) in PyTorch; div_to_float32 rounds the true quotient once.
+    return torch.where(amax > 0, div_to_float32(E4M3_MAX * E2M1_MAX, amax), one)
 
 
 def quantize_rows(
@@ -196,15 +210,21 @@ def quantize_rows(
     """NVFP4-quantise the last dimension of ``x`` with linear scales (internal helper).
 
     Returns ``(packed [..., K/2] uint8, scales [..., K/sf_vec_size] uint8 e4m3 bits)``.
+    Every rounding is the correctly rounded float32 one (see `div_to_float32`,
+    `mul_to_float32`) or integer / comparison arithmetic, so all devices give the same bytes.
     """
     lead = x.shape[:-1]
     groups = x.to(torch.float32).reshape(*lead, -1, sf_vec_size)
     amax = groups.abs().amax(dim=-1)
-    scale = ((amax / E2M1_MAX) * global_sf).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
-    scale_f32 = scale.to(torch.float32)
-    encode = torch.where(scale_f32 == 0, torch.zeros_like(scale_f32), global_sf / scale_f32)
-    codes = e2m1_encode(groups * encode.unsqueeze(-1)).reshape(*lead, -1)
-    return pack_nibbles(codes), scale.view(torch.uint8)
+    # fl32(fl32(amax / 6) * global_sf), rounded to e4m3 with saturation at 448 (the clamp).
+    scale_target = mul_to_float32(div_to_float32(amax, E2M1_MAX), global_sf)
+    scale_bits = float32_to_e4m3_bits(scale_target)
+    scale_f32 = scale_bits.view(torch.float8_e4m3fn).to(torch.float32)  # exact widening
+    encode = torch.where(
+        scale_f32 == 0, torch.zeros_like(scale_f32), div_to_float32(global_sf, scale_f32)
+    )
+    codes = e2m1_encode(mul_to_float32(groups, encode.unsqueeze(-1))).reshape(*lead, -1)
+    return pack_nibbles(codes), scale_bits
 
 
 def dequantize_rows(
@@ -214,12 +234,20 @@ def dequantize_rows(
     sf_vec_size: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Inverse of `quantize_rows`: ``e2m1 * e4m3_scale / global_sf`` (internal helper)."""
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    """Inverse of `quantize_rows`: ``e2m1 * e4m3_scale / global_sf`` (internal helper).
+
+    ``e2m1 * e4m3_scale`` is exact; the division is a float64 division of device tensors,
+    exact to float64 and, for other dtypes, rounded once to float32 (`div_to_float32`)
+    before the cast to ``dtype``.
+    """
     lead = packed.shape[:-1]
-    values = e2m1_decode(unpack_nibbles(packed), compute).reshape(*lead, -1, sf_vec_size)
-    scale = scales.view(torch.float8_e4m3fn).to(compute).unsqueeze(-1)
-    return (values * scale / global_sf.to(compute)).reshape(*lead, -1).to(dtype)
+    values = e2m1_decode(unpack_nibbles(packed), torch.float32).reshape(*lead, -1, sf_vec_size)
+    scale = scales.view(torch.float8_e4m3fn).to(torch.float32).unsqueeze(-1)
+    if dtype == torch.float64:
+        out = (values * scale).to(torch.float64) / global_sf.to(torch.float64)
+    else:
+        out = div_to_float32(values * scale, global_sf).to(dtype)
+    return out.reshape(*lead, -1)
 
 
 def _check_sf_vec_size(sf_vec_size: object) -> int:
@@ -238,7 +266,8 @@ def nvfp4_quantize(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a matrix to NVFP4 (E2M1 values, E4M3 block scales, encode global scale).
 
-    For each block of ``sf_vec_size`` consecutive elements of a row (float32 arithmetic):
+    For each block of ``sf_vec_size`` consecutive elements of a row (float32 arithmetic,
+    every operation correctly rounded, so CPU and CUDA tensors give the same bytes):
     ``scale = e4m3(min(amax(block) / 6 * a_global_sf, 448))`` (round to nearest even), and
     each element becomes ``e2m1(x * (a_global_sf / float(scale)))`` (0 when the scale is 0)
     with the E2M1 rounding of `quantize_mxfp4`: nearest, ties to the even code, saturating
