@@ -42,6 +42,9 @@ if [ "${PROFILE:-0}" = 1 ]; then
   grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|No Eligible|One or More" "$OUT/ncu.txt" | head -40
 fi
 if [ "${SANITIZE:-0}" = 1 ]; then
+  # --report-api-errors no: host API calls that fail by design are not kernel errors
+  # (cuda-bindings probes optional driver entry points with cuGetProcAddress, and
+  # flashinfer_jit reads kernel parameter info until cuKernelGetParamInfo says "invalid value").
   # tools/sanitize_cases.py: a handful of small fp8 (and, once built, fp4) calls checked against
   # the float64 reference; exit 1 on a mismatch, 9 (--error-exitcode) on a sanitizer error.
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
@@ -57,10 +60,10 @@ if [ "${SANITIZE:-0}" = 1 ]; then
       if [ "$run" = memcheck-nocache ]; then
         # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
         env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" \
-          --error-exitcode 9 python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
+          --report-api-errors no --error-exitcode 9 python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
       else
-        timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" --error-exitcode 9 \
-          python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
+        timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 \
+          python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-$run.log" 2>&1
       fi
       rc=$?
       summary=$(grep -m1 "ERROR SUMMARY" "$OUT/sanitize-$run.log" || echo "no ERROR SUMMARY line (see sanitize-$run.log)")

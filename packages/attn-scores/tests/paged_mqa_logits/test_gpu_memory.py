@@ -114,3 +114,28 @@ def test_calls_without_out_free_every_output(case):
     # Fresh outputs hold arbitrary bytes outside the valid region: compare inside it.
     valid = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
     assert torch.equal(last[valid], first[valid])
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_freed_kv_pool_is_released(variant):
+    """The launcher's TMA-descriptor cache must not keep a caller's freed pool alive."""
+    from attn_scores_cases import make_fp4_case
+
+    gc.collect()
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    for seed in range(3):  # three distinct pools, each freed after its call
+        if variant == "fp8":
+            case = make_fp8_case(
+                [300, 70], num_heads=64, head_dim=128, block_size=64, spare_blocks=4000, seed=seed
+            ).to("cuda")
+            fa.fp8_paged_mqa_logits(*case.fp8_args())
+        else:
+            case = make_fp4_case([300, 70], block_size=64, spare_blocks=4000, seed=seed).to("cuda")
+            fa.fp4_paged_mqa_logits(*case.fp4_args())
+        torch.cuda.synchronize()
+        del case
+        gc.collect()
+        assert torch.cuda.memory_allocated() == baseline, (
+            f"{torch.cuda.memory_allocated() - baseline} bytes still allocated after freeing pool {seed}"
+        )

@@ -157,8 +157,10 @@ def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp4KernelConfig):
     key = (kv_fused.data_ptr(), kv_fused.device.index, num_blocks, config.block_size)
     tensor_map = _tensor_maps.get(key)
     if tensor_map is None:
+        # The descriptor encodes only the address, dims and strides (all in the key), so it
+        # describes the address, not the tensor: a cached map must not keep freed pools alive.
         tensor_map = make_tensor_map(
-            kv_fused,
+            kv_fused.data_ptr(),
             torch.uint8,
             global_dims=(ROW_BYTES, config.block_size, num_blocks),
             global_strides_bytes=(ROW_BYTES, config.block_size * (ROW_BYTES + HEAD_DIM // 32)),

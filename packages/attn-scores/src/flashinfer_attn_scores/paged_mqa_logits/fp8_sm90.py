@@ -199,8 +199,10 @@ def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp8KernelConfig):
     if tensor_map is None:
         swizzle = 128 if config.head_dim % 128 == 0 else 64 if config.head_dim % 64 == 0 else 32
         box_rows = min(TOKENS_PER_UNIT, config.block_size)
+        # The descriptor encodes only the address, dims and strides (all in the key), so it
+        # describes the address, not the tensor: a cached map must not keep freed pools alive.
         tensor_map = make_tensor_map(
-            kv_fused,
+            kv_fused.data_ptr(),
             torch.uint8,
             global_dims=(config.head_dim, config.block_size, num_blocks),
             global_strides_bytes=(config.head_dim, config.block_size * (config.head_dim + 4)),
