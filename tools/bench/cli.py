@@ -36,6 +36,7 @@ from .report import (
     write_plots,
 )
 from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
+from .tables import load_results, markdown_report
 from .timing import copy_bandwidth, time_graph_replays, time_host
 
 JSON_NAME = "results.json"
@@ -86,6 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--host-time-only",
         action="store_true",
         help="measure only the host time of one eager call, not the grid",
+    )
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="RESULTS.json",
+        help="print the markdown tables of a results.json (no benchmark is run)",
     )
     parser.add_argument(
         "--device",
@@ -201,6 +208,9 @@ def host_time_section(
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 unless a result was wrong or a case crashed."""
     args = parse_args(argv)
+    if args.markdown is not None:
+        print(markdown_report(load_results(args.markdown)), end="")
+        return 0
     device, not_sm90 = pick_device(args.device)
     if not_sm90:
         print(

@@ -1,0 +1,260 @@
+"""The benchmark's markdown tables (`python tools/bench --markdown`) on hand-built results."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN2_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run2.json"
+PERFORMANCE_MD = REPO / "docs" / "performance.md"
+
+
+def _tables():
+    """Import tools/bench/tables.py as part of the `bench` package."""
+    tools = str(REPO / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from bench import tables
+
+    return tables
+
+
+def _record(op, next_n, batch, avg_len, block, us, copy, gather, tokens, status="PASS"):
+    timed = status == "PASS"
+    return {
+        "op": op,
+        "next_n": next_n,
+        "batch": batch,
+        "avg_len": avg_len,
+        "block_size": block,
+        "status": status,
+        "timing": {"median_us": us} if timed else None,
+        "work": {"kv_tokens": tokens},
+        "copy_fraction": copy if timed else None,
+        "gather_fraction": gather if timed else None,
+    }
+
+
+def _host_row(op, schedule, host, host_min, device, graph, bound=False):
+    return {
+        "op": op,
+        "schedule": schedule,
+        "status": "measured",
+        "calls": 300,
+        "repeats": 3,
+        "host_us": host,
+        "host_us_min": host_min,
+        "device_us": device,
+        "graph_us": graph,
+        "device_bound": bound,
+        "detail": "",
+    }
+
+
+@pytest.fixture
+def payload() -> dict:
+    """Two ops, a few shapes. The fp8 block-64 cases at two of the peer's shapes take 3.2 us
+    (peer 6.4 us: 2x) and 584 us (peer 292 us: 0.5x), so the geometric mean is exactly 1."""
+    results = [
+        _record("fp8", 1, 1, 4096, 32, 7.25, 0.013, 0.271, 4000),
+        _record("fp8", 1, 1, 4096, 64, 3.2, 0.024, 0.314, 4000),
+        _record("fp8", 1, 128, 65536, 32, 600.0, 0.861, 0.912, 8_000_000),
+        _record("fp8", 1, 128, 65536, 64, 584.0, 0.884, 0.853, 8_000_000),
+        _record("fp8", 1, 64, 65536, 64, 170.0, 0.776, 0.801, 4_000_000),
+        _record("fp8", 2, 1, 4096, 64, 0.0, 0.0, 0.0, 4000, status="FAIL"),
+        _record("fp8", 2, 128, 65536, 64, 400.0, 0.702, 0.683, 8_000_000),
+        # fp4: the same time as fp8 at (1, 1, 4k, 64) on 1.5x the tokens: 1.5x the token rate.
+        _record("fp4", 1, 1, 4096, 64, 3.2, 0.006, 0.2, 6000),
+        # Half the fp8 token rate: 4M tokens in 584 us against 8M.
+        _record("fp4", 1, 128, 65536, 64, 584.0, 0.412, 0.433, 4_000_000),
+    ]
+    host_time = {
+        "target_us": 10.0,
+        "problem": {"batch": 1, "seq_len": 4096, "next_n": 1, "block_size": 64, "out": True},
+        "status": "done",
+        "detail": "",
+        "results": [
+            _host_row("fp8", "schedule_meta=None", 12.34, 12.01, 13.2, 11.5, bound=True),
+            _host_row("fp8", "precomputed schedule", 8.76, 8.5, 9.1, 4.4),
+            {"op": "fp4", "schedule": "schedule_meta=None", "status": "skipped",
+             "detail": "fp4 kernel not built: soon"},
+        ],
+    }  # fmt: skip
+    return {
+        "date": "2026-11-29T09:51:32+00:00",
+        "torch": "2.11.0+cu130",
+        "cuda": "13.0",
+        "device": {"name": "NVIDIA H200", "sm_count": 132, "l2_bytes": 60 << 20},
+        "complete": True,
+        "ceilings_bytes_per_s": {"copy": 4.134e12},
+        "host_time": host_time,
+        "results": results,
+    }
+
+
+def _row(table: str, prefix: str) -> list[str]:
+    """The cells of the table row that starts with `prefix` cells."""
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith(prefix):
+            return cells
+    raise AssertionError(f"no row starting with {prefix!r} in\n{table}")
+
+
+def test_op_table_cells_give_time_fractions_status_and_peer(payload) -> None:
+    t = _tables()
+    table = t.op_table(payload, "fp8")
+    header = table.splitlines()[0]
+    assert header == ("| next_n | B | L | block 32 | block 64 | peer (block 64, PERFORMANCE.md) |")
+    assert _row(table, "| 1 | 1 | 4k |") == [
+        "1", "1", "4k", "7.2 us (0.01 copy, 0.27 gather)", "3.2 us (0.02 copy, 0.31 gather)",
+        "6.4 us",
+    ]  # fmt: skip
+    big = _row(table, "| 1 | 128 | 64k |")
+    assert big[3:] == ["600.0 us (0.86 copy, 0.91 gather)", "584.0 us (0.88 copy, 0.85 gather)",
+                       "292 us"]  # fmt: skip
+    # A failed case is not timed: its cell says so; a case missing from the run says "not run".
+    failed = _row(table, "| 2 | 1 | 4k |")
+    assert failed[3:] == ["not run", "FAIL", "7.0 us"]
+    # fp4 has no peer column.
+    assert "peer" not in t.op_table(payload, "fp4")
+    assert len(table.splitlines()) == 2 + 5  # header, rule, five (next_n, B, L) rows
+
+
+def test_peer_speedup_is_the_geometric_mean_of_peer_over_our_time(payload) -> None:
+    t = _tables()
+    speedups = t.peer_speedups(payload)
+    # Only block-64 fp8 cases at the peer's published shapes; the FAILed one is left out.
+    assert speedups == pytest.approx({(1, 1, 4096): 2.0, (1, 128, 65536): 0.5,
+                                      (1, 64, 65536): 150.0 / 170.0, (2, 128, 65536): 306 / 400})  # fmt: skip
+    assert t.geomean([2.0, 0.5]) == pytest.approx(1.0)
+    assert t.geomean([1.0, 4.0, 16.0]) == pytest.approx(4.0)
+    assert t.geomean([]) is None
+    expected = (2.0 * 0.5 * (150 / 170) * (306 / 400)) ** 0.25
+    lines = t.summary_lines(payload)
+    assert f"4 of its 21 published shapes: geometric-mean speed-up {expected:.2f}x" in lines
+    assert "from 0.50x (next_n 1, B 128, L 64k) to 2.00x (next_n 1, B 1, L 4k)" in lines
+
+
+def test_token_rate_ratio_uses_each_case_own_token_count(payload) -> None:
+    t = _tables()
+    assert t.token_rate_ratios(payload) == pytest.approx(
+        {(1, 1, 4096, 64): 1.5, (1, 128, 65536, 64): 0.5}
+    )
+    table = t.fp4_vs_fp8_table(payload, 64)
+    assert _row(table, "| 1 | 1 | 4k |") == ["1", "1", "4k", "3.2 us", "3.2 us", "1.50x", "0.01"]
+    assert _row(table, "| 1 | 128 | 64k |")[3:] == ["584.0 us", "584.0 us", "0.50x", "0.41"]
+    # A shape only fp8 ran: fp4's cell says so, no ratio.
+    assert _row(table, "| 2 | 128 | 64k |")[3:] == ["not run", "400.0 us", "", ""]
+    lines = t.summary_lines(payload)
+    assert "over 2 shapes timed for both: geometric mean 0.87x" in lines  # sqrt(1.5 * 0.5)
+    assert "at next_n 1, B x L >= 4M tokens: 0.50x-0.50x (1 shapes)" in lines
+
+
+def test_summary_table_best_fraction_large_range_and_small_batch_times(payload) -> None:
+    t = _tables()
+    table = t.summary_table(payload)
+    fp8_1 = _row(table, "| fp8 | 1 |")
+    assert fp8_1[2:4] == ["0.88 (0.85 of gather)", "B 128, L 64k, block 64"]
+    # B x L >= 4M tokens: B=64 and B=128 at 64k; B=1 is left out.
+    assert fp8_1[4] == "0.78-0.88"
+    assert fp8_1[5] == "7.2 / 3.2 us (block 32 / 64)"
+    fp8_2 = _row(table, "| fp8 | 2 |")
+    assert fp8_2[2:5] == ["0.70 (0.68 of gather)", "B 128, L 64k, block 64", "0.70-0.70"]
+    assert fp8_2[5] == "- / - us (block 32 / 64)"  # the B=1 case failed, the other never ran
+    assert _row(table, "| fp4 | 1 |")[2:] == [
+        "0.41 (0.43 of gather)", "B 128, L 64k, block 64", "0.41-0.41", "3.2 us (block 64)"
+    ]  # fmt: skip
+
+
+def test_host_time_table_and_caption_come_from_the_section(payload) -> None:
+    t = _tables()
+    table = t.host_time_table(payload)
+    assert _row(table, "| fp8 | `schedule_meta=None` |") == [
+        "fp8", "`schedule_meta=None`", "12.3", "12.0", "13.2", "11.5",
+        "over the 10 us target; GPU work ~ host time: an upper bound",
+    ]  # fmt: skip
+    assert _row(table, "| fp8 | precomputed schedule |")[2:] == [
+        "8.8", "8.5", "9.1", "4.4", "meets the 10 us target"
+    ]  # fmt: skip
+    assert _row(table, "| fp4 |")[2:] == ["", "", "", "", "fp4 kernel not built: soon"]
+    assert t.host_time_caption(payload) == (
+        "Host wall-clock time per eager call (median of 3 loops of 300 back-to-back calls), "
+        "B = 1, L = 4096, next_n = 1, block 64, `out=` given."
+    )
+    payload["host_time"] = {"status": "skipped", "detail": "needs an SM90 GPU", "results": []}
+    assert t.host_time_table(payload) == "Host time not measured: skipped (needs an SM90 GPU)."
+    assert t.host_time_caption(payload) == ""
+
+
+def test_run_description_and_full_report(payload) -> None:
+    t = _tables()
+    text = t.run_description(payload)
+    assert "NVIDIA H200 (132 SMs, 60 MiB L2)" in text
+    assert "device copy ceiling 4.13 TB/s" in text
+    assert text.endswith("8 of 9 cases PASS the float64 check.")
+    payload["complete"] = False
+    assert "`complete` is false" in t.run_description(payload)
+    report = t.markdown_report(payload)
+    headings = [line for line in report.splitlines() if line.startswith("#")]
+    assert headings == [
+        "#### fp8_paged_mqa_logits",
+        "#### fp4_paged_mqa_logits",
+        "#### fp4 against fp8 (block 64)",
+        "#### Summary",
+        "#### Host time of one eager call",
+    ]
+
+
+def test_cli_prints_the_markdown_of_a_results_file(payload, tmp_path, capsys) -> None:
+    _tables()
+    from bench.cli import main
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(payload))
+    assert main(["--markdown", str(path)]) == 0
+    assert capsys.readouterr().out == _tables().markdown_report(payload)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="no 'results' list"):
+        main(["--markdown", str(bad)])
+
+
+def _tables_of(markdown: str) -> list[str]:
+    blocks, current = [], []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append("\n".join(current))
+            current = []
+    return blocks
+
+
+def test_performance_page_tables_are_generated_from_the_run2_json() -> None:
+    t = _tables()
+    page = PERFORMANCE_MD.read_text()
+    report = t.markdown_report(t.load_results(RUN2_JSON))
+    tables = _tables_of(report)
+    assert len(tables) == 5
+    for table in tables:
+        assert table in page, f"docs/performance.md lacks this generated table:\n{table[:400]}"
+
+
+def test_peer_figures_match_the_first_run_table_on_the_performance_page() -> None:
+    """Two transcriptions of PERFORMANCE.md's peer table: peer.py and the first-run page."""
+    t = _tables()
+    page = PERFORMANCE_MD.read_text()
+    section = page[page.index("### fp8_paged_mqa_logits, first run") :]
+    found = {}
+    for line in section.splitlines():
+        match = re.match(r"\| (\d) \| (\d+) \| (\d+)k \|.*\| ([\d.]+) us \|$", line)
+        if match:
+            next_n, batch, length_k, us = match.groups()
+            found[(int(next_n), int(batch), int(length_k) * 1024)] = float(us)
+    assert found == t.PEER_FP8_US

@@ -1,0 +1,435 @@
+"""Markdown tables from a benchmark `results.json`: `python tools/bench --markdown RESULTS.json`.
+
+Every figure comes from the JSON (times, fractions of the ceilings, token counts, host times)
+except the peer's published times (`peer.py`), which the fp8 table and the speed-up compare
+against. The functions take the parsed JSON (a dict) so they can be tested without a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .peer import PEER_BLOCK_SIZE, PEER_FP8_US
+
+Record = Mapping[str, Any]
+# (op, next_n, batch, avg_len, block_size)
+CaseKey = tuple[str, int, int, int, int]
+# (next_n, batch, avg_len)
+RowKey = tuple[int, int, int]
+
+OP_NAMES = {"fp8": "fp8_paged_mqa_logits", "fp4": "fp4_paged_mqa_logits"}
+PASS = "PASS"
+# The large-problem regime of the targets: B x L at least 4M tokens.
+LARGE_TOKENS = 4 << 20
+SMALL_BATCH, SMALL_LENGTH = 1, 4096
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read a results.json written by the benchmark.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The parsed JSON.
+
+    Raises:
+        ValueError: If the file has no "results" list.
+    """
+    payload = json.loads(Path(path).read_text())
+    if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
+        raise ValueError(f"{path} is not a benchmark results.json: it has no 'results' list")
+    return payload
+
+
+def case_key(record: Record) -> CaseKey:
+    return (
+        record["op"],
+        record["next_n"],
+        record["batch"],
+        record["avg_len"],
+        record["block_size"],
+    )
+
+
+def index_cases(payload: Mapping[str, Any]) -> dict[CaseKey, Record]:
+    """The results by (op, next_n, batch, avg_len, block_size)."""
+    return {case_key(r): r for r in payload["results"]}
+
+
+def median_us(record: Record | None) -> float | None:
+    """The median time of a checked, timed case, else None."""
+    if record is None or record.get("status") != PASS or not record.get("timing"):
+        return None
+    return record["timing"]["median_us"]
+
+
+def token_rate(record: Record | None) -> float | None:
+    """KV tokens per microsecond of a timed case (its own lengths: they are seeded per op)."""
+    us = median_us(record)
+    if record is None or us is None or not record.get("work"):
+        return None
+    return record["work"]["kv_tokens"] / us
+
+
+def length_label(length: int) -> str:
+    return f"{length // 1024}k" if length % 1024 == 0 else str(length)
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    """Geometric mean of positive values; None when there are none."""
+    logs = [math.log(v) for v in values]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def _ops(payload: Mapping[str, Any]) -> list[str]:
+    present = {r["op"] for r in payload["results"]}
+    return [op for op in OP_NAMES if op in present] + sorted(present - set(OP_NAMES))
+
+
+def _axis(payload: Mapping[str, Any], op: str, field: str) -> list[int]:
+    return sorted({r[field] for r in payload["results"] if r["op"] == op})
+
+
+def _rows(payload: Mapping[str, Any], op: str) -> list[RowKey]:
+    return sorted(
+        {(r["next_n"], r["batch"], r["avg_len"]) for r in payload["results"] if r["op"] == op}
+    )
+
+
+def _shape_text(next_n: int | None, batch: int, avg_len: int, block: int | None) -> str:
+    parts = [] if next_n is None else [f"next_n {next_n}"]
+    parts += [f"B {batch}", f"L {length_label(avg_len)}"]
+    if block is not None:
+        parts.append(f"block {block}")
+    return ", ".join(parts)
+
+
+def _peer_text(us: float) -> str:
+    """The peer's time as PERFORMANCE.md prints it: 6.4 us, 84.4 us, 150 us."""
+    return f"{us:.0f} us" if us >= 100 else f"{us:.1f} us"
+
+
+def case_cell(record: Record | None) -> str:
+    """`165.0 us (0.82 copy, 0.93 gather)`; the status when the case was not timed."""
+    if record is None:
+        return "not run"
+    us = median_us(record)
+    if us is None:
+        return str(record.get("status", "not timed"))
+    fractions = []
+    if record.get("copy_fraction") is not None:
+        fractions.append(f"{record['copy_fraction']:.2f} copy")
+    if record.get("gather_fraction") is not None:
+        fractions.append(f"{record['gather_fraction']:.2f} gather")
+    return f"{us:.1f} us" + (f" ({', '.join(fractions)})" if fractions else "")
+
+
+def op_table(payload: Mapping[str, Any], op: str) -> str:
+    """One row per (next_n, B, L), one column per block size; fp8 adds the peer's time.
+
+    Args:
+        payload: The parsed results.json.
+        op: "fp8" or "fp4".
+
+    Returns:
+        A markdown table.
+    """
+    cases = index_cases(payload)
+    blocks = _axis(payload, op, "block_size")
+    peer = op == "fp8"
+    header = ["next_n", "B", "L"] + [f"block {b}" for b in blocks]
+    if peer:
+        header.append(f"peer (block {PEER_BLOCK_SIZE}, PERFORMANCE.md)")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for next_n, batch, avg_len in _rows(payload, op):
+        cells = [str(next_n), str(batch), length_label(avg_len)]
+        cells += [case_cell(cases.get((op, next_n, batch, avg_len, b))) for b in blocks]
+        if peer:
+            peer_us = PEER_FP8_US.get((next_n, batch, avg_len))
+            cells.append("" if peer_us is None else _peer_text(peer_us))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def token_rate_ratios(payload: Mapping[str, Any]) -> dict[tuple[int, int, int, int], float]:
+    """fp4 token rate over fp8 token rate for every (next_n, B, L, block) timed for both ops."""
+    cases = index_cases(payload)
+    ratios = {}
+    for (op, next_n, batch, avg_len, block), record in cases.items():
+        if op != "fp4":
+            continue
+        fp4_rate = token_rate(record)
+        fp8_rate = token_rate(cases.get(("fp8", next_n, batch, avg_len, block)))
+        if fp4_rate is not None and fp8_rate is not None:
+            ratios[(next_n, batch, avg_len, block)] = fp4_rate / fp8_rate
+    return dict(sorted(ratios.items()))
+
+
+def fp4_vs_fp8_table(payload: Mapping[str, Any], block_size: int = PEER_BLOCK_SIZE) -> str:
+    """fp4 and fp8 side by side at one block size: both times, the token-rate ratio, and fp4's
+    fraction of copy under its own byte model (68 B per token plus its bfloat16 outputs).
+
+    Args:
+        payload: The parsed results.json.
+        block_size: The block size of the compared cases.
+
+    Returns:
+        A markdown table.
+    """
+    cases = index_cases(payload)
+    ratios = token_rate_ratios(payload)
+    rows = sorted(set(_rows(payload, "fp4")) | set(_rows(payload, "fp8")))
+    header = ["next_n", "B", "L", "fp4", "fp8", "fp4 / fp8 token rate", "fp4 of copy"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for next_n, batch, avg_len in rows:
+        fp4 = cases.get(("fp4", next_n, batch, avg_len, block_size))
+        fp8 = cases.get(("fp8", next_n, batch, avg_len, block_size))
+        ratio = ratios.get((next_n, batch, avg_len, block_size))
+        fp4_us, fp8_us = median_us(fp4), median_us(fp8)
+        copy = fp4.get("copy_fraction") if fp4 is not None and fp4_us is not None else None
+        cells = [
+            str(next_n),
+            str(batch),
+            length_label(avg_len),
+            f"{fp4_us:.1f} us" if fp4_us is not None else case_cell(fp4),
+            f"{fp8_us:.1f} us" if fp8_us is not None else case_cell(fp8),
+            "" if ratio is None else f"{ratio:.2f}x",
+            "" if copy is None else f"{copy:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def peer_speedups(payload: Mapping[str, Any]) -> dict[RowKey, float]:
+    """Peer time over our fp8 time at the peer's block size, for every published shape timed."""
+    cases = index_cases(payload)
+    speedups = {}
+    for (next_n, batch, avg_len), peer_us in PEER_FP8_US.items():
+        ours = median_us(cases.get(("fp8", next_n, batch, avg_len, PEER_BLOCK_SIZE)))
+        if ours is not None:
+            speedups[(next_n, batch, avg_len)] = peer_us / ours
+    return speedups
+
+
+def best_copy_case(payload: Mapping[str, Any], op: str, next_n: int) -> Record | None:
+    """The timed case of `op` at `next_n` with the largest fraction of copy."""
+    timed = [
+        r
+        for r in payload["results"]
+        if r["op"] == op
+        and r["next_n"] == next_n
+        and median_us(r) is not None
+        and r.get("copy_fraction") is not None
+    ]
+    return max(timed, key=lambda r: r["copy_fraction"], default=None)
+
+
+def large_copy_range(
+    payload: Mapping[str, Any], op: str, next_n: int
+) -> tuple[float, float] | None:
+    """Smallest and largest fraction of copy of `op` at `next_n` over B x L >= 4M tokens."""
+    fractions = [
+        r["copy_fraction"]
+        for r in payload["results"]
+        if r["op"] == op
+        and r["next_n"] == next_n
+        and r["batch"] * r["avg_len"] >= LARGE_TOKENS
+        and median_us(r) is not None
+        and r.get("copy_fraction") is not None
+    ]
+    return (min(fractions), max(fractions)) if fractions else None
+
+
+def summary_table(payload: Mapping[str, Any]) -> str:
+    """Per op and next_n: the best fraction of copy (and that case's fraction of gather), the
+    range over B x L >= 4M tokens, and the times at B = 1, L = 4k for every block size."""
+    cases = index_cases(payload)
+    header = [
+        "op",
+        "next_n",
+        "best of copy",
+        "best case",
+        "of copy, B x L >= 4M tokens",
+        "B = 1, L = 4k",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for op in _ops(payload):
+        blocks = _axis(payload, op, "block_size")
+        for next_n in _axis(payload, op, "next_n"):
+            best = best_copy_case(payload, op, next_n)
+            if best is None:
+                best_text, where = "", ""
+            else:
+                best_text = f"{best['copy_fraction']:.2f}"
+                if best.get("gather_fraction") is not None:
+                    best_text += f" ({best['gather_fraction']:.2f} of gather)"
+                where = _shape_text(None, best["batch"], best["avg_len"], best["block_size"])
+            large = large_copy_range(payload, op, next_n)
+            large_text = "" if large is None else f"{large[0]:.2f}-{large[1]:.2f}"
+            small = []
+            for block in blocks:
+                us = median_us(cases.get((op, next_n, SMALL_BATCH, SMALL_LENGTH, block)))
+                small.append("-" if us is None else f"{us:.1f}")
+            small_text = " / ".join(small) + f" us (block {' / '.join(map(str, blocks))})"
+            cells = [op, str(next_n), best_text, where, large_text, small_text]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_lines(payload: Mapping[str, Any]) -> str:
+    """The peer speed-up and the fp4 / fp8 token-rate ratio as a markdown list."""
+    items = []
+    speedups = peer_speedups(payload)
+    if speedups:
+        low = min(speedups, key=speedups.__getitem__)
+        high = max(speedups, key=speedups.__getitem__)
+        items.append(
+            f"fp8 against the peer at block {PEER_BLOCK_SIZE}, {len(speedups)} of its "
+            f"{len(PEER_FP8_US)} published shapes: geometric-mean speed-up "
+            f"{geomean(speedups.values()):.2f}x (peer time / our time; above 1 is faster than "
+            f"the peer), from {speedups[low]:.2f}x ({_shape_text(*low, None)}) to "
+            f"{speedups[high]:.2f}x ({_shape_text(*high, None)})."
+        )
+    ratios = token_rate_ratios(payload)
+    if ratios:
+        low = min(ratios, key=ratios.__getitem__)
+        high = max(ratios, key=ratios.__getitem__)
+        items.append(
+            f"fp4 token rate / fp8 token rate over {len(ratios)} shapes timed for both: "
+            f"geometric mean {geomean(ratios.values()):.2f}x, from {ratios[low]:.2f}x "
+            f"({_shape_text(*low)}) to {ratios[high]:.2f}x ({_shape_text(*high)})."
+        )
+        large = [
+            v for (n, b, length, _), v in ratios.items() if n == 1 and b * length >= LARGE_TOKENS
+        ]
+        if large:
+            items.append(
+                f"fp4 / fp8 token rate at next_n 1, B x L >= 4M tokens: "
+                f"{min(large):.2f}x-{max(large):.2f}x ({len(large)} shapes)."
+            )
+    return "\n".join(f"- {item}" for item in items)
+
+
+def host_time_table(payload: Mapping[str, Any]) -> str:
+    """The "host_time" section as a markdown table, or a line saying why there is none."""
+    section = payload.get("host_time") or {}
+    if section.get("status") != "done":
+        status = section.get("status", "not in this results.json")
+        detail = section.get("detail") or ""
+        return f"Host time not measured: {status}" + (f" ({detail})." if detail else ".")
+    target = section.get("target_us")
+    header = [
+        "op",
+        "schedule",
+        "host us/call",
+        "min",
+        "device us/call (events)",
+        "GPU work us/call (graph)",
+        "note",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in section.get("results", []):
+        schedule = row["schedule"]
+        schedule = f"`{schedule}`" if "=" in schedule else schedule
+        if row.get("status") != "measured":
+            cells = [row["op"], schedule, "", "", "", "", row.get("detail", "")]
+        else:
+            notes = []
+            if target is not None:
+                verdict = "meets" if row["host_us"] <= target else "over"
+                notes.append(f"{verdict} the {target:g} us target")
+            if row.get("device_bound"):
+                notes.append("GPU work ~ host time: an upper bound")
+            cells = [
+                row["op"],
+                schedule,
+                f"{row['host_us']:.1f}",
+                f"{row['host_us_min']:.1f}",
+                f"{row['device_us']:.1f}",
+                f"{row['graph_us']:.1f}",
+                "; ".join(notes),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def host_time_caption(payload: Mapping[str, Any]) -> str:
+    """What the host-time rows measured, from the section's "problem" and the row counts."""
+    section = payload.get("host_time") or {}
+    problem = section.get("problem")
+    measured = [r for r in section.get("results", []) if r.get("status") == "measured"]
+    if section.get("status") != "done" or not problem or not measured:
+        return ""
+    out = ", `out=` given" if problem.get("out") else ""
+    return (
+        f"Host wall-clock time per eager call (median of {measured[0]['repeats']} loops of "
+        f"{measured[0]['calls']} back-to-back calls), B = {problem['batch']}, "
+        f"L = {problem['seq_len']}, next_n = {problem['next_n']}, block "
+        f"{problem['block_size']}{out}."
+    )
+
+
+def run_description(payload: Mapping[str, Any]) -> str:
+    """Device, software, date, the copy ceiling and how many cases passed the check."""
+    device = payload.get("device") or {}
+    hardware = [f"{device['sm_count']} SMs"] if device.get("sm_count") else []
+    if device.get("l2_bytes"):
+        hardware.append(f"{device['l2_bytes'] / 2**20:g} MiB L2")
+    name = device.get("name", "unknown device") + (f" ({', '.join(hardware)})" if hardware else "")
+    copy = (payload.get("ceilings_bytes_per_s") or {}).get("copy")
+    statuses = [r["status"] for r in payload["results"]]
+    passed = statuses.count(PASS)
+    text = (
+        f"Device: {name}; torch {payload.get('torch')}, CUDA {payload.get('cuda')}; "
+        f"started {payload.get('date')}; "
+    )
+    if copy:
+        text += f"device copy ceiling {copy / 1e12:.2f} TB/s (bytes read plus written); "
+    text += f"{passed} of {len(statuses)} cases PASS the float64 check"
+    if not payload.get("complete", True):
+        text += " (the run did not finish: `complete` is false)"
+    return text + "."
+
+
+def markdown_report(payload: Mapping[str, Any], block_size: int = PEER_BLOCK_SIZE) -> str:
+    """Everything above as one markdown document, subsections at heading level 4.
+
+    Args:
+        payload: The parsed results.json.
+        block_size: The block size of the fp4 / fp8 comparison.
+
+    Returns:
+        The markdown text.
+    """
+    cell = (
+        "Each cell: median time per call over CUDA-graph replays, then the effective bandwidth "
+        "(the byte model, outputs included) as a fraction of the run's copy bandwidth and of the "
+        "gather kernel's bandwidth on the same pages."
+    )
+    parts = [run_description(payload)]
+    ops = _ops(payload)
+    for op in ops:
+        parts += [f"#### {OP_NAMES.get(op, op)}", cell, op_table(payload, op)]
+    if {"fp4", "fp8"} <= set(ops):
+        parts += [
+            f"#### fp4 against fp8 (block {block_size})",
+            "Token rate: KV tokens per second of each case's own lengths (the two ops draw "
+            "different lengths for the same shape). `fp4 of copy` counts fp4's 68 B per token "
+            "plus its bfloat16 outputs.",
+            fp4_vs_fp8_table(payload, block_size),
+        ]
+    parts += ["#### Summary", summary_table(payload)]
+    lines = summary_lines(payload)
+    if lines:
+        parts.append(lines)
+    parts += ["#### Host time of one eager call"]
+    caption = host_time_caption(payload)
+    if caption:
+        parts.append(caption)
+    parts.append(host_time_table(payload))
+    return "\n\n".join(parts) + "\n"
