@@ -175,6 +175,43 @@ def _device_data_checks_wanted() -> bool:
     return v.validate_inputs_enabled() and not v.graph_capture_active()
 
 
+# Argument signatures (dtype, device, shape and strides of every tensor plus the scalar
+# arguments) that passed validation, with their problem sizes. Every check in
+# `validate` reads only that metadata (data-dependent checks are the opt-in validate mode,
+# run per call in `_run`), so a call with a known signature skips the Python checks, which
+# cost more host time than the launches themselves.
+_VALIDATED: dict[tuple, _Problem] = {}
+_VALIDATED_LIMIT = 1024
+_SCALAR_TYPES = (bool, int, float, str, torch.dtype)
+
+
+def _signature(args: tuple) -> tuple | None:
+    parts = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            parts.append((arg.dtype, arg.device, arg.shape, arg.stride()))
+        elif arg is None or type(arg) in _SCALAR_TYPES:
+            parts.append((type(arg), arg))
+        else:
+            return None  # an unexpected type: let the checks name it
+    return tuple(parts)
+
+
+def _validated(validate: Callable[[], _Problem], *args: object) -> _Problem:
+    """`validate()`'s problem sizes, memoised by the arguments' metadata signature."""
+    if torch.compiler.is_compiling():
+        return validate()  # dynamo traces the checks and guards on the metadata itself
+    key = _signature(args)
+    problem = _VALIDATED.get(key) if key is not None else None
+    if problem is None:
+        problem = validate()
+        if key is not None:
+            if len(_VALIDATED) >= _VALIDATED_LIMIT:
+                _VALIDATED.clear()
+            _VALIDATED[key] = problem
+    return problem
+
+
 def _eager_cuda(q: torch.Tensor) -> bool:
     """Launch directly instead of through the custom op: an eager call on CUDA tensors.
 
@@ -373,24 +410,43 @@ def fp8_paged_mqa_logits(
     out.stride(0) < 2**31`) because the output is indexed with 32-bit offsets.
     """
     op = "fp8_paged_mqa_logits"
-    q = v.check_tensor("q", q)
-    v.check_dtype("q", q, torch.float8_e4m3fn)
-    v.check_ndim("q", q, 4, "[batch_size, next_n, num_heads, head_dim]")
-    problem = _check_common(
-        variant="fp8",
-        q=q,
-        head_dim=q.shape[3],
-        kv_fused=kv_fused,
-        weights=weights,
-        block_tables=block_tables,
-        seq_lens=seq_lens,
-        max_seq_len=max_seq_len,
-        extra_tensors={},
+
+    def validate() -> _Problem:
+        v.check_tensor("q", q)
+        v.check_dtype("q", q, torch.float8_e4m3fn)
+        v.check_ndim("q", q, 4, "[batch_size, next_n, num_heads, head_dim]")
+        problem = _check_common(
+            variant="fp8",
+            q=q,
+            head_dim=q.shape[3],
+            kv_fused=kv_fused,
+            weights=weights,
+            block_tables=block_tables,
+            seq_lens=seq_lens,
+            max_seq_len=max_seq_len,
+            extra_tensors={},
+        )
+        v.check_dtype_choice("output_dtype", output_dtype, FP8_OUTPUT_DTYPES, _FP8_BF16_REFUSAL)
+        v.check_dtype_choice("epi_dtype", epi_dtype, FP8_EPI_DTYPES)
+        v.check_dtype_choice("acc_dtype", acc_dtype, FP8_ACC_DTYPES)
+        _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
+        return problem
+
+    problem = _validated(
+        validate,
+        "fp8",
+        q,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        output_dtype,
+        epi_dtype,
+        acc_dtype,
+        schedule_meta,
+        out,
     )
-    v.check_dtype_choice("output_dtype", output_dtype, FP8_OUTPUT_DTYPES, _FP8_BF16_REFUSAL)
-    v.check_dtype_choice("epi_dtype", epi_dtype, FP8_EPI_DTYPES)
-    v.check_dtype_choice("acc_dtype", acc_dtype, FP8_ACC_DTYPES)
-    schedule_meta, out = _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
 
     def compute(storage: torch.Tensor) -> None:
         if _eager_cuda(q):
@@ -575,53 +631,74 @@ def fp4_paged_mqa_logits(
     `batch_size*next_n * out.stride(0) < 2**31`).
     """
     op = "fp4_paged_mqa_logits"
-    q = v.check_tensor("q", q)
-    q_sf = v.check_tensor("q_sf", q_sf)
-    v.check_dtype("q", q, torch.uint8)
-    v.check_ndim("q", q, 4, "[batch_size, next_n, num_heads, head_dim/2] (two FP4 per byte)")
-    batch_size, next_n, num_heads, half_dim = q.shape
-    head_dim = 2 * half_dim
-    v.check_dtype("q_sf", q_sf, torch.int32)
-    v.check_ndim("q_sf", q_sf, 3, "[batch_size, next_n, num_heads]")
-    v.check_dim("q_sf", q_sf, 0, batch_size, "batch_size (q.shape[0])")
-    v.check_dim("q_sf", q_sf, 1, next_n, "next_n (q.shape[1])")
-    v.check_dim("q_sf", q_sf, 2, num_heads, "num_heads (q.shape[2])")
-    if num_heads != FP4_NUM_HEADS:
-        raise ValueError(
-            f"num_heads (q.shape[2]) must be {FP4_NUM_HEADS} for the FP4 kernel, got {num_heads}"
+
+    def validate() -> _Problem:
+        v.check_tensor("q", q)
+        v.check_tensor("q_sf", q_sf)
+        v.check_dtype("q", q, torch.uint8)
+        v.check_ndim("q", q, 4, "[batch_size, next_n, num_heads, head_dim/2] (two FP4 per byte)")
+        batch_size, next_n, num_heads, half_dim = q.shape
+        head_dim = 2 * half_dim
+        v.check_dtype("q_sf", q_sf, torch.int32)
+        v.check_ndim("q_sf", q_sf, 3, "[batch_size, next_n, num_heads]")
+        v.check_dim("q_sf", q_sf, 0, batch_size, "batch_size (q.shape[0])")
+        v.check_dim("q_sf", q_sf, 1, next_n, "next_n (q.shape[1])")
+        v.check_dim("q_sf", q_sf, 2, num_heads, "num_heads (q.shape[2])")
+        if num_heads != FP4_NUM_HEADS:
+            raise ValueError(
+                f"num_heads (q.shape[2]) must be {FP4_NUM_HEADS} for the FP4 kernel, got {num_heads}"
+            )
+        if head_dim != FP4_HEAD_DIM:
+            raise ValueError(
+                f"head_dim (2 * q.shape[3]) must be {FP4_HEAD_DIM} for the FP4 kernel, got "
+                f"{head_dim} (q shape {list(q.shape)})"
+            )
+        if not 1 <= next_n <= FP4_MAX_NEXT_N:
+            raise ValueError(
+                f"next_n (q.shape[1]) must be in 1..{FP4_MAX_NEXT_N} for the FP4 kernel, got {next_n}"
+            )
+        v.check_int("sf_vec_size", sf_vec_size)
+        if sf_vec_size != FP4_SF_VEC_SIZE:
+            raise ValueError(f"sf_vec_size must be {FP4_SF_VEC_SIZE}, got {sf_vec_size}")
+        problem = _check_common(
+            variant="fp4",
+            q=q,
+            head_dim=head_dim,
+            kv_fused=kv_fused,
+            weights=weights,
+            block_tables=block_tables,
+            seq_lens=seq_lens,
+            max_seq_len=max_seq_len,
+            extra_tensors={"q_sf": q_sf},
         )
-    if head_dim != FP4_HEAD_DIM:
-        raise ValueError(
-            f"head_dim (2 * q.shape[3]) must be {FP4_HEAD_DIM} for the FP4 kernel, got "
-            f"{head_dim} (q shape {list(q.shape)})"
-        )
-    if not 1 <= next_n <= FP4_MAX_NEXT_N:
-        raise ValueError(
-            f"next_n (q.shape[1]) must be in 1..{FP4_MAX_NEXT_N} for the FP4 kernel, got {next_n}"
-        )
-    v.check_int("sf_vec_size", sf_vec_size)
-    if sf_vec_size != FP4_SF_VEC_SIZE:
-        raise ValueError(f"sf_vec_size must be {FP4_SF_VEC_SIZE}, got {sf_vec_size}")
-    problem = _check_common(
-        variant="fp4",
-        q=q,
-        head_dim=head_dim,
-        kv_fused=kv_fused,
-        weights=weights,
-        block_tables=block_tables,
-        seq_lens=seq_lens,
-        max_seq_len=max_seq_len,
-        extra_tensors={"q_sf": q_sf},
+        v.check_bool("is_kv_sf_interleaved", is_kv_sf_interleaved)
+        if is_kv_sf_interleaved and problem.block_size != FP4_INTERLEAVED_BLOCK_SIZE:
+            raise ValueError(
+                f"is_kv_sf_interleaved=True requires block_size {FP4_INTERLEAVED_BLOCK_SIZE}, "
+                f"got block_size {problem.block_size} (kv_fused.shape[1])"
+            )
+        v.check_dtype_choice("output_dtype", output_dtype, FP4_OUTPUT_DTYPES)
+        v.check_dtype_choice("epi_dtype", epi_dtype, FP4_EPI_DTYPES)
+        _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
+        return problem
+
+    problem = _validated(
+        validate,
+        "fp4",
+        q,
+        q_sf,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        sf_vec_size,
+        output_dtype,
+        epi_dtype,
+        is_kv_sf_interleaved,
+        schedule_meta,
+        out,
     )
-    v.check_bool("is_kv_sf_interleaved", is_kv_sf_interleaved)
-    if is_kv_sf_interleaved and problem.block_size != FP4_INTERLEAVED_BLOCK_SIZE:
-        raise ValueError(
-            f"is_kv_sf_interleaved=True requires block_size {FP4_INTERLEAVED_BLOCK_SIZE}, "
-            f"got block_size {problem.block_size} (kv_fused.shape[1])"
-        )
-    v.check_dtype_choice("output_dtype", output_dtype, FP4_OUTPUT_DTYPES)
-    v.check_dtype_choice("epi_dtype", epi_dtype, FP4_EPI_DTYPES)
-    schedule_meta, out = _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
 
     def compute(storage: torch.Tensor) -> None:
         if _eager_cuda(q):

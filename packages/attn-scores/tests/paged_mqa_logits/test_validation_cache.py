@@ -1,0 +1,63 @@
+"""The per-signature validation cache skips repeated checks and never skips a needed one."""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits import api
+from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+
+
+@pytest.fixture
+def counted_checks(monkeypatch):
+    calls = []
+    original = api._check_common
+
+    def counting(**kwargs):
+        calls.append(kwargs["variant"])
+        return original(**kwargs)
+
+    monkeypatch.setattr(api, "_check_common", counting)
+    monkeypatch.setattr(api, "_VALIDATED", {})
+    return calls
+
+
+def test_same_signature_validates_once(counted_checks):
+    case = make_fp8_case([40, 70], next_n=1, seed=1)
+    first = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    second = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    assert counted_checks == ["fp8"]
+    mask = valid_mask(case.seq_lens, 1, case.max_seq_len)
+    assert torch.equal(first[mask], second[mask])
+    # Fresh tensors with the same metadata share the signature.
+    other = make_fp8_case([40, 70], next_n=1, seed=2)
+    fa.fp8_paged_mqa_logits(*other.fp8_args())
+    assert counted_checks == ["fp8"]
+
+
+def test_changed_metadata_is_validated_again(counted_checks):
+    case = make_fp8_case([40, 70], next_n=1, seed=3)
+    fa.fp8_paged_mqa_logits(*case.fp8_args())
+    # A different max_seq_len, a strided view and a wrong dtype are new signatures.
+    args = list(case.fp8_args())
+    args[-1] = args[-1] + 64
+    fa.fp8_paged_mqa_logits(*args)
+    assert counted_checks == ["fp8", "fp8"]
+    bad = list(case.fp8_args())
+    bad[2] = bad[2].to(torch.float16)  # weights must be float32
+    with pytest.raises(TypeError, match="weights"):
+        fa.fp8_paged_mqa_logits(*bad)
+    bad = list(case.fp8_args())
+    bad[-1] = -1
+    with pytest.raises(ValueError, match="max_seq_len"):
+        fa.fp8_paged_mqa_logits(*bad)
+
+
+def test_unhashable_arguments_fall_back_to_the_checks(counted_checks):
+    case = make_fp8_case([40], next_n=1, seed=4)
+    args = list(case.fp8_args())
+    args[-1] = [int(args[-1])]  # a list is not an int
+    with pytest.raises(TypeError, match="max_seq_len"):
+        fa.fp8_paged_mqa_logits(*args)
