@@ -394,7 +394,6 @@ def fp8_paged_mqa_logits(
             precondition or stale schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
             on a device type other than CUDA/CPU.
-        NotImplementedError: The SM90 kernel is not available in this build yet.
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep every
@@ -617,7 +616,6 @@ def fp4_paged_mqa_logits(
             schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
             on a device type other than CUDA/CPU.
-        NotImplementedError: The SM90 kernel is not available in this build yet.
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep `q`,
@@ -901,7 +899,6 @@ def precompile_paged_mqa_logits(
         TypeError: An argument has the wrong type.
         ValueError: A requested configuration violates the ops' restrictions.
         RuntimeError: The target is a GPU other than SM90.
-        NotImplementedError: The SM90 kernels are not available in this build yet.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
