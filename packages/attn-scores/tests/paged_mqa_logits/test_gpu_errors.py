@@ -1,0 +1,60 @@
+"""The always-on argument checks hold on CUDA tensors too (SM90 GPU).
+
+The same table of cases as test_errors.py, with every tensor of the case and of the
+overrides moved to the GPU. Cases about mixing devices or naming the CPU device are left to
+the CPU tests (their messages name the devices).
+"""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import make_fp4_case, make_fp8_case
+from test_errors import FP4_ERRORS, FP8_ERRORS
+
+pytestmark = pytest.mark.gpu
+
+
+def _on_gpu(value):
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        return value.to("cuda")
+    return value
+
+
+def _device_independent(table):
+    return {name: case for name, case in table.items() if "device" not in name}
+
+
+def _call(op, case, overrides, names):
+    kwargs = {name: _on_gpu(getattr(case, name)) for name in names}
+    moved = type(case)(**{k: _on_gpu(v) for k, v in case.__dict__.items()})
+    kwargs.update({k: _on_gpu(v) for k, v in (overrides(moved) if overrides else {}).items()})
+    return op(**kwargs)
+
+
+FP8_NAMES = ("q", "kv_fused", "weights", "block_tables", "seq_lens", "max_seq_len")
+FP4_NAMES = ("q", "q_sf", "kv_fused", "weights", "block_tables", "seq_lens", "max_seq_len")
+FP8_GPU = _device_independent(FP8_ERRORS)
+FP4_GPU = _device_independent(FP4_ERRORS)
+
+
+@pytest.mark.parametrize(("overrides", "error", "match"), FP8_GPU.values(), ids=FP8_GPU.keys())
+def test_fp8_argument_errors_on_cuda(overrides, error, match):
+    case = make_fp8_case([40, 10], next_n=2, num_heads=8, head_dim=32, max_seq_len=64, seed=0)
+    with pytest.raises(error, match=match):
+        _call(fa.fp8_paged_mqa_logits, case, overrides, FP8_NAMES)
+
+
+@pytest.mark.parametrize(("overrides", "error", "match"), FP4_GPU.values(), ids=FP4_GPU.keys())
+def test_fp4_argument_errors_on_cuda(overrides, error, match):
+    case = make_fp4_case([40, 10], next_n=2, max_seq_len=64, seed=0)
+    with pytest.raises(error, match=match):
+        _call(fa.fp4_paged_mqa_logits, case, overrides, FP4_NAMES)
+
+
+def test_the_cases_still_succeed_on_cuda_without_overrides():
+    fp8 = make_fp8_case([40, 10], next_n=2, num_heads=8, head_dim=32, max_seq_len=64, seed=0)
+    fp4 = make_fp4_case([40, 10], next_n=2, max_seq_len=64, seed=0)
+    assert _call(fa.fp8_paged_mqa_logits, fp8, None, FP8_NAMES).shape == (4, 64)
+    assert _call(fa.fp4_paged_mqa_logits, fp4, None, FP4_NAMES).shape == (4, 64)
