@@ -221,8 +221,8 @@ def test_cli_prints_the_markdown_of_a_results_file(payload, tmp_path, capsys) ->
     assert capsys.readouterr().out == _tables().markdown_report(payload)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(ValueError, match="no 'results' list"):
-        main(["--markdown", str(bad)])
+    assert main(["--markdown", str(bad)]) == 2
+    assert "no 'results' list" in capsys.readouterr().err
 
 
 def _tables_of(markdown: str) -> list[str]:
@@ -258,3 +258,15 @@ def test_peer_figures_match_the_first_run_table_on_the_performance_page() -> Non
             next_n, batch, length_k, us = match.groups()
             found[(int(next_n), int(batch), int(length_k) * 1024)] = float(us)
     assert found == t.PEER_FP8_US
+
+
+def test_markdown_of_a_missing_or_broken_file_is_a_clear_error(tmp_path, capsys):
+    _tables()  # puts tools/ on sys.path
+    from bench.cli import main
+
+    assert main(["--markdown", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert main(["--markdown", str(broken)]) == 2
+    assert "is not JSON" in capsys.readouterr().err

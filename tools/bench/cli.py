@@ -209,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 unless a result was wrong or a case crashed."""
     args = parse_args(argv)
     if args.markdown is not None:
-        print(markdown_report(load_results(args.markdown)), end="")
+        try:
+            payload = load_results(args.markdown)
+        except ValueError as err:
+            print(f"bench --markdown: {err}", file=sys.stderr)
+            return 2
+        print(markdown_report(payload), end="")
         return 0
     device, not_sm90 = pick_device(args.device)
     if not_sm90:

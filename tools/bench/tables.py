@@ -38,9 +38,16 @@ def load_results(path: Path) -> dict[str, Any]:
         The parsed JSON.
 
     Raises:
-        ValueError: If the file has no "results" list.
+        ValueError: If the file is missing, is not JSON, or has no "results" list.
     """
-    payload = json.loads(Path(path).read_text())
+    try:
+        payload = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{path}: no such file (expected a results.json written by tools/bench)"
+        ) from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON ({err})") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
         raise ValueError(f"{path} is not a benchmark results.json: it has no 'results' list")
     return payload
