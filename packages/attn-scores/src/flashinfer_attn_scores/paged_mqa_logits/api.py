@@ -212,15 +212,16 @@ def _validated(validate: Callable[[], _Problem], *args: object) -> _Problem:
     return problem
 
 
-def _eager_cuda(q: torch.Tensor) -> bool:
-    """Launch directly instead of through the custom op: an eager call on CUDA tensors.
+def _dispatch(op: Callable[..., None], cuda_kernel: Callable[..., None], args: tuple) -> None:
+    """Run `op(*args)`, or its CUDA kernel directly for an eager call on CUDA tensors.
 
-    The op exists for `torch.compile` (an opaque node with a fake implementation); outside a
-    trace its Python dispatch costs about 100 us per call on the H200 (2026-11-29, cProfile:
-    `torch._library.custom_ops.backend_impl`) and buys nothing, since the CUDA kernel the op
-    dispatches to is this same launcher call.
+    The custom op exists for `torch.compile` (an opaque node with a fake implementation);
+    outside a trace its Python dispatch costs about 100 us per call on the H200 (2026-11-29,
+    cProfile: `torch._library.custom_ops.backend_impl`) and buys nothing, since it would end
+    in this same CUDA kernel function.
     """
-    return q.is_cuda and not torch.compiler.is_compiling()
+    eager_cuda = args[0].is_cuda and not torch.compiler.is_compiling()
+    (cuda_kernel if eager_cuda else op)(*args)
 
 
 def _run(
@@ -448,32 +449,22 @@ def fp8_paged_mqa_logits(
     )
 
     def compute(storage: torch.Tensor) -> None:
-        if _eager_cuda(q):
-            launcher.launch_fp8_paged_mqa_logits(
+        _dispatch(
+            custom_ops.fp8_paged_mqa_logits_into,
+            custom_ops.fp8_paged_mqa_logits_into_cuda,
+            (
                 q,
                 kv_fused,
                 weights,
                 block_tables,
                 seq_lens,
+                max_seq_len,
                 storage,
                 schedule_meta,
-                output_dtype=output_dtype,
-                epi_dtype=epi_dtype,
-                acc_dtype=acc_dtype,
-            )
-            return
-        custom_ops.fp8_paged_mqa_logits_into(
-            q,
-            kv_fused,
-            weights,
-            block_tables,
-            seq_lens,
-            max_seq_len,
-            storage,
-            schedule_meta,
-            output_dtype,
-            epi_dtype,
-            acc_dtype,
+                output_dtype,
+                epi_dtype,
+                acc_dtype,
+            ),
         )
 
     return _run(
@@ -699,36 +690,24 @@ def fp4_paged_mqa_logits(
     )
 
     def compute(storage: torch.Tensor) -> None:
-        if _eager_cuda(q):
-            launcher.launch_fp4_paged_mqa_logits(
+        _dispatch(
+            custom_ops.fp4_paged_mqa_logits_into,
+            custom_ops.fp4_paged_mqa_logits_into_cuda,
+            (
                 q,
                 q_sf,
                 kv_fused,
                 weights,
                 block_tables,
                 seq_lens,
+                max_seq_len,
                 storage,
                 schedule_meta,
-                sf_vec_size=sf_vec_size,
-                output_dtype=output_dtype,
-                epi_dtype=epi_dtype,
-                is_kv_sf_interleaved=is_kv_sf_interleaved,
-            )
-            return
-        custom_ops.fp4_paged_mqa_logits_into(
-            q,
-            q_sf,
-            kv_fused,
-            weights,
-            block_tables,
-            seq_lens,
-            max_seq_len,
-            storage,
-            schedule_meta,
-            sf_vec_size,
-            output_dtype,
-            epi_dtype,
-            is_kv_sf_interleaved,
+                sf_vec_size,
+                output_dtype,
+                epi_dtype,
+                is_kv_sf_interleaved,
+            ),
         )
 
     return _run(

@@ -73,7 +73,7 @@ def fp8_paged_mqa_logits_into(
 
 
 @fp8_paged_mqa_logits_into.register_kernel("cuda")
-def _fp8_paged_mqa_logits_into_cuda(
+def fp8_paged_mqa_logits_into_cuda(
     q: torch.Tensor,
     kv_fused: torch.Tensor,
     weights: torch.Tensor,
@@ -159,7 +159,7 @@ def fp4_paged_mqa_logits_into(
 
 
 @fp4_paged_mqa_logits_into.register_kernel("cuda")
-def _fp4_paged_mqa_logits_into_cuda(
+def fp4_paged_mqa_logits_into_cuda(
     q: torch.Tensor,
     q_sf: torch.Tensor,
     kv_fused: torch.Tensor,
