@@ -21,6 +21,7 @@ from .fp8_sm90 import (
     TOKENS_PER_UNIT,
     _contiguous_aligned,
     _short,
+    kv_values_tensor_map,
 )
 
 NUM_HEADS = 64
@@ -146,31 +147,9 @@ def all_kernel_specs():
     return [config.spec for config in configs]
 
 
-_tensor_maps: dict[tuple, object] = {}
-
-
-def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp4KernelConfig):
-    """TMA descriptor of the packed values: dims (64 bytes, block_size, num_blocks), no swizzle."""
-    from flashinfer_jit import make_tensor_map
-
-    num_blocks = kv_fused.shape[0]
-    key = (kv_fused.data_ptr(), kv_fused.device.index, num_blocks, config.block_size)
-    tensor_map = _tensor_maps.get(key)
-    if tensor_map is None:
-        # The descriptor encodes only the address, dims and strides (all in the key), so it
-        # describes the address, not the tensor: a cached map must not keep freed pools alive.
-        tensor_map = make_tensor_map(
-            kv_fused.data_ptr(),
-            torch.uint8,
-            global_dims=(ROW_BYTES, config.block_size, num_blocks),
-            global_strides_bytes=(ROW_BYTES, config.block_size * (ROW_BYTES + HEAD_DIM // 32)),
-            box_dims=(ROW_BYTES, min(TOKENS_PER_UNIT, config.block_size), 1),
-            swizzle="none",
-        )
-        if len(_tensor_maps) > 64:
-            _tensor_maps.clear()
-        _tensor_maps[key] = tensor_map
-    return tensor_map
+def _kv_tensor_map(kv_fused: torch.Tensor):
+    """MXFP4 values: rows of 64 packed bytes, no swizzle (consumers read them with LDS.128)."""
+    return kv_values_tensor_map(kv_fused, ROW_BYTES, HEAD_DIM // 32, ROW_BYTES, "none")
 
 
 def launch(
@@ -208,7 +187,7 @@ def launch(
     kernel.launch(
         schedule_meta.shape[0] - 1,
         config.threads,
-        _kv_tensor_map(kv_fused, config),
+        _kv_tensor_map(kv_fused),
         kv_fused,
         q,
         q_sf,

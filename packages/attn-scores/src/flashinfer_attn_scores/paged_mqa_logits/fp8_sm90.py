@@ -183,36 +183,50 @@ def all_kernel_specs():
 _tensor_maps: dict[tuple, object] = {}
 
 
-def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp8KernelConfig):
-    """TMA descriptor of the KV values: dims (head_dim bytes, block_size, num_blocks)."""
+def kv_values_tensor_map(
+    kv_fused: torch.Tensor, value_bytes: int, scale_bytes: int, box_bytes: int, swizzle: str
+):
+    """Cached TMA descriptor of the value region of every block of a `kv_fused` pool.
+
+    Dims (value_bytes, block_size, num_blocks) with block stride block_size * (value_bytes +
+    scale_bytes); one box is `box_bytes` x min(64, block_size) rows x 1 block. Shared by the
+    FP8 and MXFP4 launchers.
+    """
     from flashinfer_jit import make_tensor_map
 
-    num_blocks = kv_fused.shape[0]
+    num_blocks, block_size = kv_fused.shape[:2]
     key = (
         kv_fused.data_ptr(),
         kv_fused.device.index,
         num_blocks,
-        config.block_size,
-        config.head_dim,
+        block_size,
+        value_bytes,
+        scale_bytes,
+        box_bytes,
+        swizzle,
     )
     tensor_map = _tensor_maps.get(key)
     if tensor_map is None:
-        swizzle = 128 if config.head_dim % 128 == 0 else 64 if config.head_dim % 64 == 0 else 32
-        box_rows = min(TOKENS_PER_UNIT, config.block_size)
         # The descriptor encodes only the address, dims and strides (all in the key), so it
         # describes the address, not the tensor: a cached map must not keep freed pools alive.
         tensor_map = make_tensor_map(
             kv_fused.data_ptr(),
             torch.uint8,
-            global_dims=(config.head_dim, config.block_size, num_blocks),
-            global_strides_bytes=(config.head_dim, config.block_size * (config.head_dim + 4)),
-            box_dims=(swizzle, box_rows, 1),
-            swizzle=f"{swizzle}B",
+            global_dims=(value_bytes, block_size, num_blocks),
+            global_strides_bytes=(value_bytes, block_size * (value_bytes + scale_bytes)),
+            box_dims=(box_bytes, min(TOKENS_PER_UNIT, block_size), 1),
+            swizzle=swizzle,
         )
         if len(_tensor_maps) > 64:  # pools are long-lived; keep the table small regardless
             _tensor_maps.clear()
         _tensor_maps[key] = tensor_map
     return tensor_map
+
+
+def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp8KernelConfig):
+    """FP8 values: rows of head_dim bytes in 128/64/32-byte swizzled boxes."""
+    swizzle = 128 if config.head_dim % 128 == 0 else 64 if config.head_dim % 64 == 0 else 32
+    return kv_values_tensor_map(kv_fused, config.head_dim, 4, swizzle, f"{swizzle}B")
 
 
 def launch(
