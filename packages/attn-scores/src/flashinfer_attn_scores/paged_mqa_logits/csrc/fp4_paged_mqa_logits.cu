@@ -54,8 +54,6 @@ using namespace fi_paged_mqa;
 
 constexpr int kRowBytes = HEAD_DIM / 2;  // packed E2M1 bytes per token / per q row
 constexpr int kGroups = HEAD_DIM / 32;   // UE8M0 scales per token (one 32-bit word)
-constexpr int kBoxRows = BLOCK_SIZE < kTile ? BLOCK_SIZE : kTile;
-constexpr int kBoxesPerTile = kTile / kBoxRows;
 constexpr int kBlockBytes = BLOCK_SIZE * (kRowBytes + kGroups);
 constexpr int kKvTileBytes = kTile * kRowBytes;
 constexpr int kQRowBytes = HEAD_DIM;  // decoded E4M3, one 128-byte swizzle row per q row
@@ -67,8 +65,6 @@ constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
-static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgroups");
-static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
 static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");
 static_assert(BLOCK_SIZE == 32 || BLOCK_SIZE == 64 || BLOCK_SIZE == 128, "block size must be 32, 64 or 128");
@@ -84,7 +80,7 @@ struct SharedLayout {
   static constexpr int kLut = kSlotExp + 2 * 4 * 4;
   static constexpr int kScales = kLut + kLutLevels * 8;
   static constexpr int kBarriers = kScales + NUM_STAGES * kScaleBytes;
-  static constexpr int kBytes = kBarriers + (2 * NUM_STAGES + 4) * 8;
+  static constexpr int kBytes = kBarriers + Barriers::kBytes;
 };
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
@@ -194,8 +190,6 @@ __device__ __forceinline__ void stage_q(int b, const uint8_t* q, const uint32_t*
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, const uint8_t* q,
                                          const uint32_t* q_sf, const float* weights, const int* block_tables,
                                          long long block_table_stride, UnitWalker walk, uint8_t* smem) {
-  const int lane = threadIdx.x % 32;
-  const int producer_index = threadIdx.x / 32;
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
   float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
@@ -203,69 +197,31 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   int* slot_exp = reinterpret_cast<int*>(smem + SharedLayout::kSlotExp);
   const uint2* luts = reinterpret_cast<const uint2*>(smem + SharedLayout::kLut);
   uint8_t* scales = smem + SharedLayout::kScales;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
-  uint64_t* full = bars;
-  uint64_t* empty = bars + NUM_STAGES;
-  uint64_t* q_full = bars + 2 * NUM_STAGES;
-  uint64_t* q_empty = q_full + 2;
+  const Barriers bars(smem + SharedLayout::kBarriers);
 
-  int request_ordinal = -1, current_b = -1;
-  BlockTableWindow table;
-
-  // Runs whenever the walk enters a request: stage q (warp 0) and reset the table window.
-  auto on_request = [&]() {
-    current_b = walk.b;
-    ++request_ordinal;
-    if (producer_index == 0) {  // one warp stages q and the weights of each request
-      const int slot = request_ordinal & 1;
-      if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
-      stage_q(current_b, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kN,
-              head_scale_slots + slot * kN, slot_exp + slot * 4);
-      fence_proxy_async_smem();
-      mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
-    }
-    table.reset(block_tables + static_cast<long long>(current_b) * block_table_stride,
-                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+  auto stage_request_q = [&](int b, int slot) {
+    stage_q(b, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kN,
+            head_scale_slots + slot * kN, slot_exp + slot * 4);
   };
-  if (!walk.valid()) return;
-  on_request();
-  int k = 0;
-  walk.advance(k, producer_index, on_request);
-  for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
-    const int stage = k % NUM_STAGES;
-    if (k >= NUM_STAGES) mbar_wait(&empty[stage], ((k / NUM_STAGES) - 1) & 1);
-
-    int block_ids[kBoxesPerTile];
-    int boxes = 0;
+  auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
+    const int scale_bytes = SF_INTERLEAVED ? kScaleBytes : boxes * kBoxRows * 4;
+    mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * kRowBytes + scale_bytes);
 #pragma unroll
     for (int s = 0; s < kBoxesPerTile; ++s) {
-      const int token = walk.u * kTile + s * kBoxRows;
-      block_ids[s] = -1;
-      if (token < walk.len) {
-        block_ids[s] = table.lookup(token / BLOCK_SIZE);
-        ++boxes;
+      if (block_ids[s] < 0) continue;
+      const int row_in_block = (unit.u * kTile + s * kBoxRows) % BLOCK_SIZE;
+      tma_load_3d(kv_tiles + stage * kKvTileBytes + s * kBoxRows * kRowBytes, &kv_map, &bars.full[stage], 0,
+                  row_in_block, block_ids[s]);
+      const uint8_t* scale_region = kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes + BLOCK_SIZE * kRowBytes;
+      if (SF_INTERLEAVED) {
+        bulk_load(scales + stage * kScaleBytes, scale_region, kScaleBytes, &bars.full[stage]);
+      } else {
+        bulk_load(scales + stage * kScaleBytes + s * kBoxRows * 4, scale_region + row_in_block * 4, kBoxRows * 4,
+                  &bars.full[stage]);
       }
     }
-    if (lane == 0) {
-      const int scale_bytes = SF_INTERLEAVED ? kScaleBytes : boxes * kBoxRows * 4;
-      mbar_arrive_expect_tx(&full[stage], boxes * kBoxRows * kRowBytes + scale_bytes);
-#pragma unroll
-      for (int s = 0; s < kBoxesPerTile; ++s) {
-        if (block_ids[s] < 0) continue;
-        const int row_in_block = (walk.u * kTile + s * kBoxRows) % BLOCK_SIZE;
-        tma_load_3d(kv_tiles + stage * kKvTileBytes + s * kBoxRows * kRowBytes, &kv_map, &full[stage], 0,
-                    row_in_block, block_ids[s]);
-        const uint8_t* scale_region = kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes + BLOCK_SIZE * kRowBytes;
-        if (SF_INTERLEAVED) {
-          bulk_load(scales + stage * kScaleBytes, scale_region, kScaleBytes, &full[stage]);
-        } else {
-          bulk_load(scales + stage * kScaleBytes + s * kBoxRows * 4, scale_region + row_in_block * 4, kBoxRows * 4,
-                    &full[stage]);
-        }
-      }
-    }
-    __syncwarp();
-  }
+  };
+  run_producer(walk, block_tables, block_table_stride, bars, stage_request_q, issue);
 }
 
 // The scale word (four UE8M0 bytes) of row `row` of unit `u`.
@@ -292,43 +248,18 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   const int* slot_exp = reinterpret_cast<const int*>(smem + SharedLayout::kSlotExp);
   const uint2* luts = reinterpret_cast<const uint2*>(smem + SharedLayout::kLut);
   const uint8_t* scales = smem + SharedLayout::kScales;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
-  uint64_t* full = bars;
-  uint64_t* empty = bars + NUM_STAGES;
-  uint64_t* q_full = bars + 2 * NUM_STAGES;
-  uint64_t* q_empty = q_full + 2;
-
+  const Barriers bars(smem + SharedLayout::kBarriers);
   float acc[Mma::kRegs];
-  int request_ordinal = -1;
 
-  // Runs whenever the walk enters a request: release the previous q slot, wait for the next.
-  auto on_request = [&]() {
-    if (request_ordinal >= 0) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
-    }
-    ++request_ordinal;
-    // Wait even when this consumer gets no unit of the request: it keeps the q-slot
-    // arrivals of all consumers in the same phase.
-    mbar_wait(&q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
-  };
-  if (!walk.valid()) return;
-  on_request();
-  int k = 0;
-  walk.advance(k, consumer_index, on_request);
-  for (; walk.valid(); walk.advance(k, NUM_CONSUMERS, on_request)) {
-    const int stage = k % NUM_STAGES;
-    const int slot = request_ordinal & 1;
-    mbar_wait(&full[stage], (k / NUM_STAGES) & 1);
-
+  auto process = [&](int stage, int slot, const UnitWalker& unit) {
     // Both rows' packed group `quad` and scale words, then the stage goes back to the producer.
     const uint8_t* tile = kv_tiles + stage * kKvTileBytes;
     const uint4 packed0 = *reinterpret_cast<const uint4*>(tile + row0 * kRowBytes + quad * 16);
     const uint4 packed1 = *reinterpret_cast<const uint4*>(tile + (row0 + 8) * kRowBytes + quad * 16);
-    const uint32_t sf0 = token_scales(scales + stage * kScaleBytes, walk.u, row0);
-    const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, walk.u, row0 + 8);
+    const uint32_t sf0 = token_scales(scales + stage * kScaleBytes, unit.u, row0);
+    const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, unit.u, row0 + 8);
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[stage]);
+    if (lane == 0) mbar_arrive(&bars.empty[stage]);
 
     const int max0 = max_byte(sf0), max1 = max_byte(sf1);
     const uint2 lut0 = lut_for(luts, max0, (sf0 >> (8 * quad)) & 0xff);
@@ -391,8 +322,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
     }
     sums.reduce_quad();
-    const long long column = static_cast<long long>(walk.u) * kTile + row0;
-    Out* out_request = out + static_cast<long long>(walk.b) * NEXT_N * out_stride + column;
+    const long long column = static_cast<long long>(unit.u) * kTile + row0;
+    Out* out_request = out + static_cast<long long>(unit.b) * NEXT_N * out_stride + column;
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) {
       if ((t & 3) == quad) {
@@ -405,11 +336,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 #endif
       }
     }
-  }
-  if (request_ordinal >= 0) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
-  }
+  };
+  run_consumer(consumer_index, walk, bars, process);
 }
 
 }  // namespace
@@ -421,20 +349,10 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           const int* schedule, int batch_size, Out* out, long long out_stride) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
-
   build_lut(smem + SharedLayout::kLut);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&kv_map);
-    for (int s = 0; s < NUM_STAGES; ++s) {
-      mbar_init(&bars[s], 1);               // full: producer's expect_tx arrival
-      mbar_init(&bars[NUM_STAGES + s], 4);  // empty: one arrival per consumer warp
-    }
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(&bars[2 * NUM_STAGES + s], 32);                     // q_full: producer warp
-      mbar_init(&bars[2 * NUM_STAGES + 2 + s], 4 * NUM_CONSUMERS);  // q_empty: consumer warps
-    }
-    fence_barrier_init();
+    Barriers(smem + SharedLayout::kBarriers).init();
   }
   __syncthreads();
 

@@ -5,16 +5,17 @@
 // One persistent CTA per SM walks a contiguous run of 64-token work units (request, unit)
 // given by the schedule rows [blockIdx.x, blockIdx.x + 1]. Roles (warp specialisation):
 //
-//   warpgroup 0, warp 0  producer: per request, copies q and the weights into a q slot
-//                        (generic stores in the 128B/64B/32B swizzle WGMMA expects); per unit,
-//                        TMA-loads the 64 KV rows (1 or 2 boxes of min(64, BLOCK_SIZE) rows)
-//                        and their fp32 scales into a pipeline stage.
+//   warpgroup 0          NUM_PRODUCERS producer warps: warp 0 copies each request's q and
+//                        weights into a q slot (generic stores in the 128B/64B/32B swizzle
+//                        WGMMA expects); unit k's warp TMA-loads its 64 KV rows (1 or 2 boxes
+//                        of min(64, BLOCK_SIZE) rows) and their fp32 scales into a stage.
 //   warpgroups 1..NC     consumers: unit k goes to consumer k % NC. WGMMA m64nNk32 with the
 //                        64 KV tokens as M and the NEXT_N*NUM_HEADS query heads as N, then the
 //                        epilogue in registers: ReLU, weight, sum over heads, times the token
 //                        scale, store.
 //
 // The WGMMA puts tokens in M so one pass over the KV serves every draft slot (N = NEXT_N * H).
+// The pipeline loops and barriers are shared with the MXFP4 kernel (paged_mqa_common.cuh).
 //
 // Shared memory (all tile bases 1024-byte aligned for the swizzle):
 //   kv tiles   [STAGES][HEAD_DIM / CW][64 rows][CW bytes]        CW = swizzle row width
@@ -35,32 +36,23 @@ using namespace fi_paged_mqa;
 constexpr int kSwizzle = HEAD_DIM % 128 == 0 ? 128 : HEAD_DIM % 64 == 0 ? 64 : 32;
 constexpr int kChunks = HEAD_DIM / kSwizzle;
 constexpr int kKStepsPerChunk = kSwizzle / 32;
-constexpr int kBoxRows = BLOCK_SIZE < kTile ? BLOCK_SIZE : kTile;
-constexpr int kBoxesPerTile = kTile / kBoxRows;
 constexpr int kBlockBytes = BLOCK_SIZE * (HEAD_DIM + 4);
 constexpr int kKvTileBytes = kTile * HEAD_DIM;
 constexpr int kQSlotBytes = kN * HEAD_DIM;
 constexpr int kProducerRegs = 56;
 // Registers left per consumer thread: 65536 = 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs).
 constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
-static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgroups");
 
 // Measurement variants (never set in production): EXP_SKIP_MATH=1 drops the MMA and the
 // epilogue (consumers only release stages and write the token scale), timing the load pipeline.
 #ifndef EXP_SKIP_MATH
 #define EXP_SKIP_MATH 0
 #endif
-// Producer warps in warpgroup 0; unit k is issued by warp k % NUM_PRODUCERS.
-#ifndef NUM_PRODUCERS
-#define NUM_PRODUCERS 1
-#endif
-static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
 static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "next_n * num_heads must be a multiple of 8 in [8, 256]");
 static_assert(NUM_HEADS % 4 == 0, "num_heads must be a multiple of 4");
-static_assert(kTile % kBoxRows == 0 && BLOCK_SIZE % kBoxRows == 0, "block size must be 32, 64 or 128");
 
 #if ACC_FP16
 using AccReg = uint32_t;  // packed half2
@@ -75,7 +67,7 @@ struct SharedLayout {
   static constexpr int kWeights = kQ + 2 * kQSlotBytes;
   static constexpr int kScales = kWeights + 2 * kN * 4;
   static constexpr int kBarriers = (kScales + NUM_STAGES * kTile * 4 + 7) / 8 * 8;
-  static constexpr int kBytes = kBarriers + (2 * NUM_STAGES + 4) * 8;
+  static constexpr int kBytes = kBarriers + Barriers::kBytes;
 };
 
 // Byte offset of (row, 16-byte unit) in a swizzled K-major tile whose rows are kSwizzle bytes:
@@ -102,135 +94,70 @@ __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j,
 #endif
 }
 
-__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base,
-                                         const uint8_t* q, const float* weights,
-                                         const int* block_tables, long long block_table_stride,
+__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, const uint8_t* q,
+                                         const float* weights, const int* block_tables, long long block_table_stride,
                                          UnitWalker walk, uint8_t* smem) {
   const int lane = threadIdx.x % 32;
-  const int producer_index = threadIdx.x / 32;
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
   float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
   float* scales = reinterpret_cast<float*>(smem + SharedLayout::kScales);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
-  uint64_t* full = bars;
-  uint64_t* empty = bars + NUM_STAGES;
-  uint64_t* q_full = bars + 2 * NUM_STAGES;
-  uint64_t* q_empty = q_full + 2;
+  const Barriers bars(smem + SharedLayout::kBarriers);
 
-  int request_ordinal = -1, current_b = -1;
-  BlockTableWindow table;
-
-  // Runs whenever the walk enters a request: stage q (warp 0) and reset the table window.
-  auto on_request = [&]() {
-    current_b = walk.b;
-    ++request_ordinal;
-    if (producer_index == 0) {  // one warp stages q and the weights of each request
-      const int slot = request_ordinal & 1;
-      if (request_ordinal >= 2) mbar_wait(&q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
-      // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
-      const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(current_b) * kQSlotBytes);
-      uint8_t* q_dst = q_slots + slot * kQSlotBytes;
-      constexpr int kUnitsPerRow = HEAD_DIM / 16;
-      constexpr int kUnitsPerChunkRow = kSwizzle / 16;
+  // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
+  auto stage_q = [&](int b, int slot) {
+    const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(b) * kQSlotBytes);
+    uint8_t* q_dst = q_slots + slot * kQSlotBytes;
+    constexpr int kUnitsPerRow = HEAD_DIM / 16;
+    constexpr int kUnitsPerChunkRow = kSwizzle / 16;
 #pragma unroll 4
-      for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
-        const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
-        const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
-        *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
-      }
-      const float* w_src = weights + static_cast<long long>(current_b) * kN;
-      for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
-      fence_proxy_async_smem();
-      mbar_arrive(&q_full[slot]);  // all 32 lanes arrive
+    for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
+      const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
+      const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
+      *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
     }
-    table.reset(block_tables + static_cast<long long>(current_b) * block_table_stride,
-                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+    const float* w_src = weights + static_cast<long long>(b) * kN;
+    for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
   };
-  if (!walk.valid()) return;
-  on_request();
-  int k = 0;
-  walk.advance(k, producer_index, on_request);
-  for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
-    const int stage = k % NUM_STAGES;
-    if (k >= NUM_STAGES) mbar_wait(&empty[stage], ((k / NUM_STAGES) - 1) & 1);
-
-    int block_ids[kBoxesPerTile];
-    int boxes = 0;
+  auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
+    mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
 #pragma unroll
     for (int s = 0; s < kBoxesPerTile; ++s) {
-      const int token = walk.u * kTile + s * kBoxRows;
-      block_ids[s] = -1;
-      if (token < walk.len) {
-        block_ids[s] = table.lookup(token / BLOCK_SIZE);
-        ++boxes;
-      }
-    }
-    if (lane == 0) {
-      mbar_arrive_expect_tx(&full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
+      if (block_ids[s] < 0) continue;
+      const int row_in_block = (unit.u * kTile + s * kBoxRows) % BLOCK_SIZE;
 #pragma unroll
-      for (int s = 0; s < kBoxesPerTile; ++s) {
-        if (block_ids[s] < 0) continue;
-        const int row_in_block = (walk.u * kTile + s * kBoxRows) % BLOCK_SIZE;
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          uint8_t* dst = kv_tiles + stage * kKvTileBytes + c * kTile * kSwizzle + s * kBoxRows * kSwizzle;
-          tma_load_3d(dst, &kv_map, &full[stage], c * kSwizzle, row_in_block, block_ids[s]);
-        }
-        const uint8_t* scale_src = kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes +
-                                   BLOCK_SIZE * HEAD_DIM + row_in_block * 4;
-        bulk_load(scales + stage * kTile + s * kBoxRows, scale_src, kBoxRows * 4, &full[stage]);
+      for (int c = 0; c < kChunks; ++c) {
+        uint8_t* dst = kv_tiles + stage * kKvTileBytes + c * kTile * kSwizzle + s * kBoxRows * kSwizzle;
+        tma_load_3d(dst, &kv_map, &bars.full[stage], c * kSwizzle, row_in_block, block_ids[s]);
       }
+      const uint8_t* scale_src =
+          kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes + BLOCK_SIZE * HEAD_DIM + row_in_block * 4;
+      bulk_load(scales + stage * kTile + s * kBoxRows, scale_src, kBoxRows * 4, &bars.full[stage]);
     }
-    __syncwarp();
-  }
+  };
+  run_producer(walk, block_tables, block_table_stride, bars, stage_q, issue);
 }
 
-__device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride,
-                                         UnitWalker walk, uint8_t* smem) {
+__device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
+                                         uint8_t* smem) {
   const int warp_in_group = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
-  const int quad = lane % 4;               // which column pair of each 8-column group
+  const int quad = lane % 4;                       // which column pair of each 8-column group
   const int row0 = 16 * warp_in_group + lane / 4;  // this thread's rows: row0 and row0 + 8
-  uint8_t* kv_tiles = smem + SharedLayout::kKv;
-  uint8_t* q_slots = smem + SharedLayout::kQ;
+  const uint8_t* kv_tiles = smem + SharedLayout::kKv;
+  const uint8_t* q_slots = smem + SharedLayout::kQ;
   const float* weight_slots = reinterpret_cast<const float*>(smem + SharedLayout::kWeights);
   const float* scales = reinterpret_cast<const float*>(smem + SharedLayout::kScales);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
-  uint64_t* full = bars;
-  uint64_t* empty = bars + NUM_STAGES;
-  uint64_t* q_full = bars + 2 * NUM_STAGES;
-  uint64_t* q_empty = q_full + 2;
-
+  const Barriers bars(smem + SharedLayout::kBarriers);
   AccReg acc[Mma::kRegs];
-  int request_ordinal = -1;
 
-  // Runs whenever the walk enters a request: release the previous q slot, wait for the next.
-  auto on_request = [&]() {
-    if (request_ordinal >= 0) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
-    }
-    ++request_ordinal;
-    // Wait even when this consumer gets no unit of the request: it keeps the q-slot
-    // arrivals of all consumers in the same phase.
-    mbar_wait(&q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
-  };
-  if (!walk.valid()) return;
-  on_request();
-  int k = 0;
-  walk.advance(k, consumer_index, on_request);
-  for (; walk.valid(); walk.advance(k, NUM_CONSUMERS, on_request)) {
-    const int stage = k % NUM_STAGES;
-    const int slot = request_ordinal & 1;
-    mbar_wait(&full[stage], (k / NUM_STAGES) & 1);
-
+  auto process = [&](int stage, int slot, const UnitWalker& unit) {
     if (EXP_SKIP_MATH) {
       const float scale = scales[stage * kTile + row0];
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[stage]);
-      if (quad == 0) out[static_cast<long long>(walk.b) * NEXT_N * out_stride + walk.u * kTile + row0] = to_out(scale);
-      continue;
+      if (lane == 0) mbar_arrive(&bars.empty[stage]);
+      if (quad == 0) out[static_cast<long long>(unit.b) * NEXT_N * out_stride + unit.u * kTile + row0] = to_out(scale);
+      return;
     }
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
@@ -254,11 +181,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const float scale0 = scales[stage * kTile + row0];
     const float scale1 = scales[stage * kTile + row0 + 8];
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[stage]);
+    if (lane == 0) mbar_arrive(&bars.empty[stage]);
 
-    // Epilogue: partial[t][i] = sum over this thread's columns of slot t of w * relu(acc).
-    // Columns of slot t are [t*H, (t+1)*H); H % 4 == 0, so each half of an 8-column group
-    // (quads 0-1 and 2-3) belongs to one slot, known at compile time after unrolling.
+    // Epilogue: per draft slot, the sum over this thread's columns of w * relu(acc), then the
+    // quad's sum, times the token scale.
     SlotSums sums;
     sums.clear();
     const float* w = weight_slots + slot * kN;
@@ -274,8 +200,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
     }
     sums.reduce_quad();
-    const long long column = static_cast<long long>(walk.u) * kTile + row0;
-    Out* out_request = out + static_cast<long long>(walk.b) * NEXT_N * out_stride + column;
+    const long long column = static_cast<long long>(unit.u) * kTile + row0;
+    Out* out_request = out + static_cast<long long>(unit.b) * NEXT_N * out_stride + column;
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) {
       if ((t & 3) == quad) {
@@ -283,11 +209,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
         out_request[t * out_stride + 8] = to_out(to_float(sums.partial[t][1]) * scale1);
       }
     }
-  }
-  if (request_ordinal >= 0) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&q_empty[request_ordinal & 1]);
-  }
+  };
+  run_consumer(consumer_index, walk, bars, process);
 }
 
 }  // namespace
@@ -299,19 +222,9 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           const int* schedule, int batch_size, Out* out, long long out_stride) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + SharedLayout::kBarriers);
-
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&kv_map);
-    for (int s = 0; s < NUM_STAGES; ++s) {
-      mbar_init(&bars[s], 1);                      // full: producer's expect_tx arrival
-      mbar_init(&bars[NUM_STAGES + s], 4);         // empty: one arrival per consumer warp
-    }
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(&bars[2 * NUM_STAGES + s], 32);                     // q_full: producer warp
-      mbar_init(&bars[2 * NUM_STAGES + 2 + s], 4 * NUM_CONSUMERS);  // q_empty: consumer warps
-    }
-    fence_barrier_init();
+    Barriers(smem + SharedLayout::kBarriers).init();
   }
   __syncthreads();
 

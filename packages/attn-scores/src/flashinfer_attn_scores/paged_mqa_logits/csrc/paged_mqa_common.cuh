@@ -1,9 +1,12 @@
 // Pieces shared by the FP8 and MXFP4 paged MQA logits kernels (SM90a): the work-unit walk
-// over the schedule, the block-table window of the producer warps, the epilogue number types
-// and the per-draft-slot head sums of the WGMMA accumulator.
+// over the schedule, the block-table window, the producer / consumer pipeline loops with their
+// mbarriers, the epilogue number types and the per-draft-slot head sums of the accumulator.
+// The kernels supply what differs: how q is staged, which copies fill a stage, and what a
+// consumer does with a full stage.
 //
-// Specialisation constants used here: BLOCK_SIZE, NUM_HEADS, NEXT_N, OUT_DTYPE, EPI_DTYPE
-// (dtype codes: 0 = float32, 1 = float16, 2 = bfloat16).
+// Specialisation constants used here: BLOCK_SIZE, NUM_HEADS, NEXT_N, NUM_STAGES,
+// NUM_CONSUMERS, NUM_PRODUCERS (default 1), OUT_DTYPE, EPI_DTYPE (dtype codes: 0 = float32,
+// 1 = float16, 2 = bfloat16).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,8 +17,18 @@ namespace fi_paged_mqa {
 
 using namespace fi_sm90;
 
+#ifndef NUM_PRODUCERS
+#define NUM_PRODUCERS 1
+#endif
+static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
+static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgroups");
+
 constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M (flashinfer_schedule's unit)
 constexpr int kN = NEXT_N * NUM_HEADS;
+// A unit's tokens come in boxes of min(64, BLOCK_SIZE) rows, one per KV block it touches.
+constexpr int kBoxRows = BLOCK_SIZE < kTile ? BLOCK_SIZE : kTile;
+constexpr int kBoxesPerTile = kTile / kBoxRows;
+static_assert(kTile % kBoxRows == 0 && BLOCK_SIZE % kBoxRows == 0, "block size must be 32, 64 or 128");
 
 // Opaque 128-byte CUtensorMap, passed by value as a __grid_constant__ parameter.
 struct alignas(64) TensorMap {
@@ -113,6 +126,112 @@ struct BlockTableWindow {
     return __shfl_sync(0xffffffffu, entry, block - base);
   }
 };
+
+// ---------------------------------------------------------------- the pipeline
+// mbarriers: full[s] (the producer's expect_tx arrival, completed by the copies), empty[s]
+// (one arrival per consumer warp), q_full[2] (the staging warp's 32 lanes), q_empty[2] (every
+// consumer warp). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
+// r-th request of the walk.
+struct Barriers {
+  static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* q_full;
+  uint64_t* q_empty;
+
+  __device__ explicit Barriers(uint8_t* base)
+      : full(reinterpret_cast<uint64_t*>(base)), empty(full + NUM_STAGES), q_full(full + 2 * NUM_STAGES),
+        q_empty(q_full + 2) {}
+
+  __device__ void init() const {  // one thread, before the block-wide barrier
+    for (int s = 0; s < NUM_STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&q_full[s], 32);
+      mbar_init(&q_empty[s], 4 * NUM_CONSUMERS);
+    }
+    fence_barrier_init();
+  }
+};
+
+// Producer warps (warpgroup 0). Warp 0 stages the q of every request the walk enters:
+// `stage_q(b, slot)` fills q slot `slot` with generic stores (all 32 lanes take part). Unit k
+// is issued by warp k % NUM_PRODUCERS: it waits until its stage is free, looks up the physical
+// block of each box (-1 past the request's end), and lane 0 calls
+// `issue(stage, walk, block_ids, boxes)`, which must arm full[stage] for the bytes it copies.
+template <typename StageQ, typename IssueUnit>
+__device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_tables, long long block_table_stride,
+                                             const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue) {
+  const int lane = threadIdx.x % 32;
+  const int producer_index = threadIdx.x / 32;
+  int request_ordinal = -1;
+  BlockTableWindow table;
+  auto on_request = [&]() {
+    ++request_ordinal;
+    if (producer_index == 0) {
+      const int slot = request_ordinal & 1;
+      if (request_ordinal >= 2) mbar_wait(&bars.q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
+      stage_q(walk.b, slot);
+      fence_proxy_async_smem();  // generic-proxy stores, read by the tensor cores
+      mbar_arrive(&bars.q_full[slot]);
+    }
+    table.reset(block_tables + static_cast<long long>(walk.b) * block_table_stride,
+                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  int k = 0;
+  walk.advance(k, producer_index, on_request);
+  for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
+    const int stage = k % NUM_STAGES;
+    if (k >= NUM_STAGES) mbar_wait(&bars.empty[stage], ((k / NUM_STAGES) - 1) & 1);
+    int block_ids[kBoxesPerTile];
+    int boxes = 0;
+#pragma unroll
+    for (int s = 0; s < kBoxesPerTile; ++s) {
+      const int token = walk.u * kTile + s * kBoxRows;
+      block_ids[s] = -1;
+      if (token < walk.len) {  // warp-uniform: every lane takes part in the lookup
+        block_ids[s] = table.lookup(token / BLOCK_SIZE);
+        ++boxes;
+      }
+    }
+    if (lane == 0) issue(stage, walk, block_ids, boxes);
+    __syncwarp();
+  }
+}
+
+// Consumer warpgroups. Unit k goes to consumer k % NUM_CONSUMERS, which waits for full[stage]
+// and calls `process(stage, slot, walk)`; `process` must arrive on empty[stage] (one arrival
+// per warp) once it no longer reads the stage. Every consumer waits on q_full for every
+// request, even one it gets no unit of, so the q-slot phases stay in step.
+template <typename ProcessUnit>
+__device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& walk, const Barriers& bars,
+                                             ProcessUnit&& process) {
+  const int lane = threadIdx.x % 32;
+  int request_ordinal = -1;
+  auto release_q = [&]() {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bars.q_empty[request_ordinal & 1]);
+  };
+  auto on_request = [&]() {
+    if (request_ordinal >= 0) release_q();
+    ++request_ordinal;
+    mbar_wait(&bars.q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  int k = 0;
+  walk.advance(k, consumer_index, on_request);
+  for (; walk.valid(); walk.advance(k, NUM_CONSUMERS, on_request)) {
+    const int stage = k % NUM_STAGES;
+    mbar_wait(&bars.full[stage], (k / NUM_STAGES) & 1);
+    process(stage, request_ordinal & 1, static_cast<const UnitWalker&>(walk));
+  }
+  release_q();
+}
 
 // ---------------------------------------------------------------- epilogue number types
 #if EPI_DTYPE == 2
