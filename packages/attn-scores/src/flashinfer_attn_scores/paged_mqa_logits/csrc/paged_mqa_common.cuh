@@ -156,7 +156,12 @@ struct Barriers {
   }
 };
 
-// Producer warps (warpgroup 0). Warp 0 stages the q of every request the walk enters:
+// The producer warp that stages q: the last one, so that warp 0, which issues unit 0, starts
+// the first KV copies while q is still being staged (with one unit per CTA, as for small
+// batches, the two latencies would otherwise add up on the critical path).
+constexpr int kStagingWarp = NUM_PRODUCERS - 1;
+
+// Producer warps (warpgroup 0). Warp kStagingWarp stages the q of every request the walk enters:
 // `stage_q(b, slot)` fills q slot `slot` with generic stores (all 32 lanes take part). Unit k
 // is issued by warp k % NUM_PRODUCERS: it waits until its stage is free, looks up the physical
 // block of each box (-1 past the request's end), and lane 0 calls
@@ -170,7 +175,7 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   BlockTableWindow table;
   auto on_request = [&]() {
     ++request_ordinal;
-    if (producer_index == 0) {
+    if (producer_index == kStagingWarp) {
       const int slot = request_ordinal & 1;
       if (request_ordinal >= 2) mbar_wait(&bars.q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
       stage_q(walk.b, slot);
