@@ -215,35 +215,14 @@ def copy_bandwidth() -> float:
 
 def timing(quick: bool):
     rows = []
-    gen = torch.Generator().manual_seed(7)
     copy_bw = copy_bandwidth()
     print(f"device copy bandwidth: {copy_bw / 1e12:.2f} TB/s", flush=True)
     grid = [(1, 4096), (8, 16384), (64, 16384), (128, 4096), (128, 65536)]
     for next_n in (1, 2, 4):
         for block_size in (64,) if quick else (32, 64, 128):
             for batch, avg in grid[-2:] if quick else grid:
-                lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
-                total = sum(lens)
-                # a pool of >= 2 GB and >= 2x the working set: the gather is served from HBM
-                width = max(lens) // block_size + 1
-                pool_bytes = max(2e9, 2 * total * 132)
-                pool_blocks = max(batch * width, math.ceil(pool_bytes / (block_size * 132)))
-                case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
-                storage = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
-                call = functools.partial(
-                    fp8_sm90.launch,
-                    case["q"],
-                    case["kv_fused"],
-                    case["weights"],
-                    case["block_tables"],
-                    case["seq_lens"],
-                    storage,
-                    None,
-                    output_dtype=torch.float32,
-                    epi_dtype=torch.float32,
-                    acc_dtype=torch.float32,
-                )
-                t = bench(call)
+                case, total = timing_case(next_n, block_size, batch, avg, seed=7)
+                t = bench(fp8_call(case, None))
                 nbytes = total * (132 + 4 * next_n)
                 rows.append(
                     (
@@ -256,6 +235,7 @@ def timing(quick: bool):
                         nbytes / t / copy_bw,
                     )
                 )
+                del case
     print(f"device copy bandwidth again: {copy_bandwidth() / 1e12:.2f} TB/s")
     experiments(copy_bw)
     print("\nnext_n  bs     B      L     time_us    GB/s   frac_copy")
@@ -263,79 +243,124 @@ def timing(quick: bool):
         print(f"{r[0]:6d} {r[1]:4d} {r[2]:5d} {r[3]:6d} {r[4]:10.1f} {r[5]:8.0f} {r[6]:8.2f}")
 
 
+# Drop-a-stage / change-a-knob variants at large shapes: where does the time go?
 EXPERIMENTS = [
     ("production", ()),
     ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("16 stages", (("NUM_STAGES", 16),)),
+    ("16 stages no math", (("NUM_STAGES", 16), ("EXP_SKIP_MATH", 1))),
     ("2 consumers", (("NUM_CONSUMERS", 2),)),
-    ("2 producer warps", (("NUM_PRODUCERS", 2),)),
-    ("4 producer warps", (("NUM_PRODUCERS", 4),)),
-    ("4 producers no math", (("NUM_PRODUCERS", 4), ("EXP_SKIP_MATH", 1))),
     ("8 stages", (("NUM_STAGES", 8),)),
+]
+EXPERIMENT_SHAPES = [
+    (1, 64, 128, 65536),
+    (2, 64, 128, 65536),
+    (1, 32, 128, 32768),
+    (4, 64, 64, 32768),
+]
+# Small batches: the kernel deriving its own schedule (schedule_meta=None) against the separate
+# schedule kernel launched in the same graph (what every call did before).
+SMALL_SHAPES = [
+    (1, 64, 1, 4096),
+    (1, 64, 1, 65536),
+    (1, 64, 8, 4096),
+    (1, 64, 8, 65536),
+    (2, 64, 1, 4096),
+    (1, 64, 64, 4096),
+    (1, 64, 128, 16384),
+    (4, 64, 1, 4096),
 ]
 
 
-def experiments(copy_bw: float) -> None:
-    """Drop-a-stage variants at one large shape: where does the time go?"""
+def timing_case(next_n, block_size, batch, avg, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
+    total = sum(lens)
+    width = max(lens) // block_size + 1
+    pool_blocks = max(batch * width, math.ceil(max(2e9, 2 * total * 132) / (block_size * 132)))
+    case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
+    case["storage"] = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
+    return case, total
+
+
+def fp8_call(case, schedule, experiment=()):
+    return functools.partial(
+        fp8_sm90.launch,
+        case["q"],
+        case["kv_fused"],
+        case["weights"],
+        case["block_tables"],
+        case["seq_lens"],
+        case["storage"],
+        schedule,
+        output_dtype=torch.float32,
+        epi_dtype=torch.float32,
+        acc_dtype=torch.float32,
+        experiment=experiment,
+    )
+
+
+def experiments(copy_bw: float, which: str = "all") -> None:
+    if which != "small":
+        large_experiments(copy_bw)
+    if which != "large":
+        small_batch_experiments()
+
+
+def large_experiments(copy_bw: float) -> None:
     print("\nvariant                  next_n  bs     B      L  time_us  frac_copy")
-    for next_n, block_size, batch, avg in [
-        (1, 64, 128, 32768),
-        (2, 64, 128, 32768),
-        (1, 32, 128, 32768),
-    ]:
-        gen = torch.Generator().manual_seed(3)
-        lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
-        total = sum(lens)
-        width = max(lens) // block_size + 1
-        pool_blocks = max(batch * width, math.ceil(max(2e9, 2 * total * 132) / (block_size * 132)))
-        case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
-        storage = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
+    for next_n, block_size, batch, avg in EXPERIMENT_SHAPES:
+        case, total = timing_case(next_n, block_size, batch, avg)
         schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
         for name, experiment in EXPERIMENTS:
-            call = functools.partial(
-                fp8_sm90.launch,
-                case["q"],
-                case["kv_fused"],
-                case["weights"],
-                case["block_tables"],
-                case["seq_lens"],
-                storage,
-                schedule,
-                output_dtype=torch.float32,
-                epi_dtype=torch.float32,
-                acc_dtype=torch.float32,
-                experiment=experiment,
-            )
-            t = bench(call)
+            t = bench(fp8_call(case, schedule, experiment))
             nbytes = total * (132 + 4 * next_n)
             print(
                 f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f}"
             )
+        del case
 
 
-def profile_one(next_n=1, block_size=64, batch=128, avg=32768):
-    gen = torch.Generator().manual_seed(3)
-    lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
-    width = max(lens) // block_size + 1
-    pool_blocks = max(batch * width, math.ceil(2 * sum(lens) * 132 / (block_size * 132)))
-    case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
-    storage = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
+def small_batch_experiments() -> None:
+    print("\nsmall batch variant      next_n  bs     B      L  1/graph  32/graph (us per call)")
+    for next_n, block_size, batch, avg in SMALL_SHAPES:
+        case, _ = timing_case(next_n, block_size, batch, avg)
+        in_kernel = fp8_call(case, None)
+
+        def separate(case=case, next_n=next_n):
+            schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+            fp8_call(case, schedule)()
+
+        variants = [
+            ("in the kernel", in_kernel),
+            ("separate kernel", separate),
+            ("exit at once", fp8_call(case, None, (("EXP_EXIT", 1),))),
+            ("exit after schedule", fp8_call(case, None, (("EXP_EXIT", 2),))),
+            ("no MMA/epilogue", fp8_call(case, None, (("EXP_SKIP_MATH", 1),))),
+        ]
+        for name, call in variants:
+            alone, stream = bench(call), bench(call, iters=20, calls_per_graph=32)
+            print(
+                f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {alone * 1e6:8.1f}"
+                f" {stream * 1e6:8.1f}"
+            )
+        del case
+
+
+def profile_one(next_n, block_size, batch, avg):
+    case, _ = timing_case(next_n, block_size, batch, avg)
     for _ in range(3):
-        fp8_sm90.launch(
-            case["q"],
-            case["kv_fused"],
-            case["weights"],
-            case["block_tables"],
-            case["seq_lens"],
-            storage,
-            None,
-            output_dtype=torch.float32,
-            epi_dtype=torch.float32,
-            acc_dtype=torch.float32,
-        )
+        fp8_call(case, None)()
     torch.cuda.synchronize()
 
 
-def bench(fn, iters=50):
+def bench(fn, iters=50, calls_per_graph=1):
+    """Median seconds per call over graph replays of `calls_per_graph` back-to-back calls.
+
+    With one call per graph the figure includes the host's graph-launch latency (the GPU idles
+    until the launch arrives); several calls per graph give the GPU time per call in a stream
+    of calls (the inputs are then L2-warm after the first call if they fit in L2).
+    """
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -343,7 +368,8 @@ def bench(fn, iters=50):
     with torch.cuda.stream(s):
         fn()
         with torch.cuda.graph(g, stream=s):
-            fn()
+            for _ in range(calls_per_graph):
+                fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
@@ -352,7 +378,7 @@ def bench(fn, iters=50):
         g.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+        times.append(a.elapsed_time(b) / 1e3 / calls_per_graph)
     times.sort()
     return times[len(times) // 2]
 
@@ -362,13 +388,20 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--profile", action="store_true", help="one large launch, for ncu")
-    parser.add_argument("--experiments", action="store_true", help="only the variant table")
+    parser.add_argument(
+        "--profile-shape", default="1,64,128,32768", help="next_n,block_size,batch,avg_len"
+    )
+    parser.add_argument(
+        "--experiments",
+        choices=["all", "large", "small"],
+        help="only the variant tables (large shapes, small-batch schedule variants, or both)",
+    )
     args = parser.parse_args()
     if args.profile:
-        profile_one()
+        profile_one(*map(int, args.profile_shape.split(",")))
         sys.exit(0)
     if args.experiments:
-        experiments(copy_bandwidth())
+        experiments(copy_bandwidth(), args.experiments)
         sys.exit(0)
     ok = correctness(args.quick)
     if not args.no_timing:

@@ -16,10 +16,16 @@ from test_errors import FP4_ERRORS, FP8_ERRORS
 pytestmark = pytest.mark.gpu
 
 
-def _on_gpu(value):
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
-        return value.to("cuda")
-    return value
+def _on_gpu(value, device="cuda"):
+    """The same view on the GPU: strides and offset kept (`to()` would make a strided or
+    expanded view contiguous, and the layout checks would no longer see it)."""
+    if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+        return value
+    elements = value.untyped_storage().nbytes() // value.element_size()
+    whole = torch.empty(0, dtype=value.dtype).set_(value.untyped_storage(), 0, (elements,), (1,))
+    return whole.to(device, copy=True).as_strided(
+        value.shape, value.stride(), value.storage_offset()
+    )
 
 
 def _device_independent(table):

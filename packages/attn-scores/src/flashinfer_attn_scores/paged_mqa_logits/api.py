@@ -355,8 +355,9 @@ def fp8_paged_mqa_logits(
         acc_dtype: Tensor-core accumulator dtype, float32 (default) or float16.
         schedule_meta: Optional `[num_sms + 1, 2]` int32 contiguous CTA schedule on q's device,
             from `compute_paged_mqa_logits_schedule(seq_lens, device=q.device, next_n=next_n,
-            variant="fp8")`. Leave it None (recommended) to have a small GPU kernel compute it
-            on every call, which is also what CUDA-graph capture needs. A supplied schedule is
+            variant="fp8")`. Leave it None (recommended): the logits kernel then derives the
+            same schedule from `seq_lens` itself on every call (no extra launch), which is
+            also what CUDA-graph capture needs. A supplied schedule is
             valid only while the contents of `seq_lens` and the device's SM count are
             unchanged (a fixed batch size is not enough); recompute it into the same buffer
             whenever they change. A stale schedule can hang the kernel;
@@ -398,9 +399,8 @@ def fp8_paged_mqa_logits(
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep every
-        input at a static address, and leave `schedule_meta=None`; the schedule is then
-        computed on the GPU inside the graph and follows the current `seq_lens` on every
-        replay. With a caller-managed schedule, recompute it into the same buffer before each
+        input at a static address, and leave `schedule_meta=None`; the kernel then derives
+        the schedule from the current `seq_lens` on every replay. With a caller-managed schedule, recompute it into the same buffer before each
         replay whose `seq_lens` contents changed.
 
     Restrictions of the current kernel (a future kernel may relax them without changing the
@@ -611,7 +611,7 @@ def fp4_paged_mqa_logits(
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep `q`,
         `q_sf`, `kv_fused`, `weights`, `seq_lens` and `block_tables` at static addresses and
-        leave `schedule_meta=None`; the schedule is then recomputed on the GPU from the current
+        leave `schedule_meta=None`; the kernel then derives the schedule from the current
         `seq_lens` on every replay.
 
     Restrictions of the current kernel: `num_heads == 64`, `head_dim == 128`, `next_n` in

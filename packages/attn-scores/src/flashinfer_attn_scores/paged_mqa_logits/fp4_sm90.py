@@ -22,6 +22,7 @@ from .fp8_sm90 import (
     _contiguous_aligned,
     _short,
     kv_values_tensor_map,
+    schedule_arguments,
 )
 
 NUM_HEADS = 64
@@ -64,7 +65,7 @@ class Fp4KernelConfig:
         lut = slot_exp + 2 * 4 * 4
         scales = lut + _LUT_LEVELS * 8
         barriers = scales + stages * self.scale_bytes
-        return barriers + (2 * stages + 4) * 8 + _ALIGNMENT_SLACK
+        return barriers + (2 * stages + 4) * 8 + 16 + _ALIGNMENT_SLACK  # + the schedule rows
 
     @functools.cached_property
     def stages(self) -> int:
@@ -166,26 +167,24 @@ def launch(
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
     experiment: tuple[tuple[str, int], ...] = (),
+    schedule_rows_out: torch.Tensor | None = None,
 ) -> None:
-    """Launch the kernel on the current stream; `schedule_meta=None` computes it on the GPU."""
+    """Launch the kernel on the current stream; `schedule_meta=None`: the kernel schedules
+    itself (see `fp8_sm90.schedule_arguments`)."""
     from flashinfer_jit import i32, i64, load_kernel
-    from flashinfer_schedule import compute_paged_mqa_logits_schedule
 
     batch_size, next_n = q.shape[:2]
     config = fp4_config(
         kv_fused.shape[1], next_n, output_dtype, epi_dtype, bool(is_kv_sf_interleaved), experiment
     )
     kernel = load_kernel(config.spec, q.device)
-    if schedule_meta is None:
-        schedule_meta = compute_paged_mqa_logits_schedule(
-            seq_lens, q.device, next_n=next_n, variant="fp4"
-        )
+    grid, schedule, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
     # q rows are read as 16-byte vectors; q_sf and the weights as one word per row.
     q = _contiguous_aligned(q)
     q_sf = _contiguous_aligned(q_sf)
     weights = _contiguous_aligned(weights)
     kernel.launch(
-        schedule_meta.shape[0] - 1,
+        grid,
         config.threads,
         _kv_tensor_map(kv_fused),
         kv_fused,
@@ -196,7 +195,8 @@ def launch(
         i64(block_tables.stride(0)),
         seq_lens,
         i64(seq_lens.stride(0)),
-        schedule_meta,
+        schedule,
+        rows_out,
         i32(batch_size),
         out_storage,
         i64(out_storage.stride(0)),

@@ -61,7 +61,7 @@ class Fp8KernelConfig:
         weights = 2 * q_slot + stages * kv_tile
         scales = weights + 2 * self.n * 4
         barriers = (scales + stages * TOKENS_PER_UNIT * 4 + 7) // 8 * 8
-        return barriers + (2 * stages + 4) * 8 + _ALIGNMENT_SLACK
+        return barriers + (2 * stages + 4) * 8 + 16 + _ALIGNMENT_SLACK  # + the schedule rows
 
     @functools.cached_property
     def stages(self) -> int:
@@ -223,6 +223,29 @@ def kv_values_tensor_map(
     return tensor_map
 
 
+def schedule_arguments(
+    schedule_meta: torch.Tensor | None,
+    device: torch.device,
+    schedule_rows_out: torch.Tensor | None = None,
+) -> tuple:
+    """Grid size and the kernel's (`schedule`, `schedule_rows_out`) arguments.
+
+    With `schedule_meta=None` the kernel derives each CTA's range from `seq_lens` itself
+    (`schedule_rows` in csrc/paged_mqa_common.cuh, one pass per token, the policy of
+    `flashinfer_schedule`): one launch per call, and a captured graph re-derives the schedule
+    on every replay. `schedule_rows_out`, a `[num_sms + 1, 2]` int32 tensor, receives the rows
+    the kernel computed (tests compare them with `compute_paged_mqa_logits_schedule`).
+    Shared by the FP8 and MXFP4 launchers.
+    """
+    from flashinfer_jit import u64
+    from flashinfer_schedule import device_num_sms
+
+    if schedule_meta is not None:
+        return schedule_meta.shape[0] - 1, schedule_meta, u64(0)
+    rows_out = u64(0) if schedule_rows_out is None else schedule_rows_out
+    return device_num_sms(device), u64(0), rows_out
+
+
 def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp8KernelConfig):
     """FP8 values: rows of head_dim bytes in 128/64/32-byte swizzled boxes."""
     swizzle = 128 if config.head_dim % 128 == 0 else 64 if config.head_dim % 64 == 0 else 32
@@ -242,10 +265,11 @@ def launch(
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
     experiment: tuple[tuple[str, int], ...] = (),
+    schedule_rows_out: torch.Tensor | None = None,
 ) -> None:
-    """Launch the kernel on the current stream; `schedule_meta=None` computes it on the GPU."""
+    """Launch the kernel on the current stream; `schedule_meta=None`: the kernel schedules
+    itself (see `schedule_arguments`)."""
     from flashinfer_jit import i32, i64, load_kernel
-    from flashinfer_schedule import compute_paged_mqa_logits_schedule
 
     batch_size, next_n, num_heads, head_dim = q.shape
     config = fp8_config(
@@ -259,15 +283,12 @@ def launch(
         experiment,
     )
     kernel = load_kernel(config.spec, q.device)
-    if schedule_meta is None:
-        schedule_meta = compute_paged_mqa_logits_schedule(
-            seq_lens, q.device, next_n=next_n, variant="fp8"
-        )
+    grid, schedule, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
     # The kernel reads q rows and weight rows as 16-byte vectors.
     q = _contiguous_aligned(q)
     weights = _contiguous_aligned(weights)
     kernel.launch(
-        schedule_meta.shape[0] - 1,
+        grid,
         config.threads,
         _kv_tensor_map(kv_fused, config),
         kv_fused,
@@ -277,7 +298,8 @@ def launch(
         i64(block_tables.stride(0)),
         seq_lens,
         i64(seq_lens.stride(0)),
-        schedule_meta,
+        schedule,
+        rows_out,
         i32(batch_size),
         out_storage,
         i64(out_storage.stride(0)),

@@ -61,8 +61,10 @@ constexpr int kQSlotBytes = kN * kQRowBytes;
 // Interleaved scale slots permute a whole 128-token block, so each unit takes all of them.
 constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
 constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
-constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
+// Registers per thread: 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs) <= 65536. The
+// producers get 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
+constexpr int kProducerRegs = 64;
+constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 216 : NUM_CONSUMERS == 3 ? 144 : 104;
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
@@ -141,26 +143,30 @@ __device__ __forceinline__ uint2 lut_for(const uint2* luts, int max_exponent, in
 }
 
 // Decode request b's q (kN rows of 64 packed bytes + one scale word) into a q slot, and write
-// the slot's folded weights, head scales and per-draft-slot exponents Q_t. One warp.
-__device__ __forceinline__ void stage_q(int b, const uint8_t* q, const uint32_t* q_sf, const float* weights,
-                                        const uint2* luts, uint8_t* q_dst, float* weight_dst,
-                                        float* head_scale_dst, int* slot_exp_dst) {
+// the slot's folded weights, head scales and per-draft-slot exponents Q_t. Called by every
+// staging warp with its `part`: rows part*32 + lane + i*32*kStagingWarps, then (after the
+// staging warps' barrier) draft slots t = part, part + kStagingWarps, ...
+__device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const uint32_t* q_sf,
+                                        const float* weights, const uint2* luts, uint8_t* q_dst,
+                                        float* weight_dst, float* head_scale_dst, int* slot_exp_dst) {
   const int lane = threadIdx.x % 32;
-  // Rows lane + 32 i; with H = 64, draft slot t owns rows i = 2t and 2t + 1. Each row's
-  // largest group exponent is parked in head_scale_dst (as an int) until the slot maxima are known.
+  // Each row's largest group exponent is parked in head_scale_dst (as an int) until the slot
+  // maxima are known.
   int* row_exp = reinterpret_cast<int*>(head_scale_dst);
 #pragma unroll 1
-  for (int row = lane; row < kN; row += 32) {
+  for (int row = part * 32 + lane; row < kN; row += 32 * kStagingWarps) {
     const long long global_row = static_cast<long long>(b) * kN + row;
+    const uint4* src = reinterpret_cast<const uint4*>(q + global_row * kRowBytes);
+    uint4 packed[kGroups];  // the whole row in one round trip
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) packed[g] = src[g];
     const uint32_t sf = q_sf[global_row];
     const int row_max = max_byte(sf);
     row_exp[row] = row_max;
-    const uint4* src = reinterpret_cast<const uint4*>(q + global_row * kRowBytes);
-#pragma unroll 1
+#pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      const uint4 packed = src[g];
       const uint2 lut = lut_for(luts, row_max, (sf >> (8 * g)) & 0xff);
-      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      const uint32_t words[4] = {packed[g].x, packed[g].y, packed[g].z, packed[g].w};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t lo, hi;
@@ -170,8 +176,10 @@ __device__ __forceinline__ void stage_q(int b, const uint8_t* q, const uint32_t*
       }
     }
   }
+  staging_warps_sync();  // every row's exponent is parked before the slot maxima
 #pragma unroll 1
-  for (int t = 0; t < NEXT_N; ++t) {
+  for (int t = part; t < NEXT_N; t += kStagingWarps) {
+    // With H = 64, draft slot t owns rows t*64 + lane and t*64 + lane + 32.
     const int row_a = t * NUM_HEADS + lane, row_b = row_a + 32;
     const int exp_a = row_exp[row_a], exp_b = row_exp[row_b];
     const int slot_max = __reduce_max_sync(0xffffffffu, max(exp_a, exp_b));
@@ -199,8 +207,8 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   uint8_t* scales = smem + SharedLayout::kScales;
   const Barriers bars(smem + SharedLayout::kBarriers);
 
-  auto stage_request_q = [&](int b, int slot) {
-    stage_q(b, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kN,
+  auto stage_request_q = [&](int b, int slot, int part) {
+    stage_q(b, part, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kN,
             head_scale_slots + slot * kN, slot_exp + slot * 4);
   };
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
@@ -346,14 +354,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_t* kv_base, const uint8_t* q,
                           const uint32_t* q_sf, const float* weights, const int* block_tables,
                           long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
-                          const int* schedule, int batch_size, Out* out, long long out_stride) {
+                          const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
+                          long long out_stride) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   build_lut(smem + SharedLayout::kLut);
+  const Barriers bars(smem + SharedLayout::kBarriers);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&kv_map);
-    Barriers(smem + SharedLayout::kBarriers).init();
+    bars.init();
   }
+  // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
+  // scratch is stage 0's KV tile, which no copy has touched yet.
+  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size, schedule_rows_out,
+                                  bars.schedule_rows, smem + SharedLayout::kKv);
   __syncthreads();
 
   UnitWalker walk;
@@ -361,12 +375,12 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   if (warpgroup == 0) {
     regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
-      walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
+      walk.start(rows, seq_lens, seq_lens_stride, batch_size);
       producer(kv_map, kv_base, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
     }
   } else {
     regs_increase<kConsumerRegs>();
-    walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
+    walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
   }
 }

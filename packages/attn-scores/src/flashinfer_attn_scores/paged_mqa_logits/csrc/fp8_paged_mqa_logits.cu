@@ -3,12 +3,13 @@
 //   out[b*NEXT_N + t, p] = scale[p] * sum_h w[b*NEXT_N + t, h] * relu(q[b, t, h, :] . k[p, :])
 //
 // One persistent CTA per SM walks a contiguous run of 64-token work units (request, unit)
-// given by the schedule rows [blockIdx.x, blockIdx.x + 1]. Roles (warp specialisation):
+// given by the schedule rows [blockIdx.x, blockIdx.x + 1], precomputed or (schedule == null)
+// derived by the CTA from seq_lens. Roles (warp specialisation):
 //
-//   warpgroup 0          NUM_PRODUCERS producer warps: warp 0 copies each request's q and
-//                        weights into a q slot (generic stores in the 128B/64B/32B swizzle
-//                        WGMMA expects); unit k's warp TMA-loads its 64 KV rows (1 or 2 boxes
-//                        of min(64, BLOCK_SIZE) rows) and their fp32 scales into a stage.
+//   warpgroup 0          NUM_PRODUCERS producer warps: warps 1.. together copy each request's
+//                        q and weights into a q slot (generic stores in the 128B/64B/32B
+//                        swizzle WGMMA expects); unit k's warp TMA-loads its 64 KV rows (1 or 2
+//                        boxes of min(64, BLOCK_SIZE) rows) and their fp32 scales into a stage.
 //   warpgroups 1..NC     consumers: unit k goes to consumer k % NC. WGMMA m64nNk32 with the
 //                        64 KV tokens as M and the NEXT_N*NUM_HEADS query heads as N, then the
 //                        epilogue in registers: ReLU, weight, sum over heads, times the token
@@ -47,6 +48,10 @@ constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 22
 // epilogue (consumers only release stages and write the token scale), timing the load pipeline.
 #ifndef EXP_SKIP_MATH
 #define EXP_SKIP_MATH 0
+#endif
+// EXP_EXIT=1 returns at once, 2 after the schedule rows: the launch and prologue floor.
+#ifndef EXP_EXIT
+#define EXP_EXIT 0
 #endif
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
@@ -105,19 +110,34 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   const Barriers bars(smem + SharedLayout::kBarriers);
 
   // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
-  auto stage_q = [&](int b, int slot) {
+  // Staging warp `part` copies 16-byte units part*32 + lane + i*kStride; the loads of a batch
+  // of kBatch units are all issued before the stores, so a request costs about
+  // ceil(units / (kStride * kBatch)) global round trips (one for N*D <= 12 KB).
+  auto stage_q = [&](int b, int slot, int part) {
     const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(b) * kQSlotBytes);
     uint8_t* q_dst = q_slots + slot * kQSlotBytes;
     constexpr int kUnitsPerRow = HEAD_DIM / 16;
     constexpr int kUnitsPerChunkRow = kSwizzle / 16;
-#pragma unroll 4
-    for (int idx = lane; idx < kN * kUnitsPerRow; idx += 32) {
-      const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
-      const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
-      *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = q_src[idx];
+    constexpr int kUnits = kN * kUnitsPerRow;
+    constexpr int kStride = 32 * kStagingWarps;
+    constexpr int kBatch = 4;
+    for (int base = part * 32 + lane; base < kUnits; base += kStride * kBatch) {
+      uint4 values[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (base + i * kStride < kUnits) values[i] = q_src[base + i * kStride];
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int idx = base + i * kStride;
+        if (idx >= kUnits) break;
+        const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
+        const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
+        *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = values[i];
+      }
     }
     const float* w_src = weights + static_cast<long long>(b) * kN;
-    for (int idx = lane; idx < kN; idx += 32) weight_slots[slot * kN + idx] = w_src[idx];
+    for (int idx = part * 32 + lane; idx < kN; idx += kStride) weight_slots[slot * kN + idx] = w_src[idx];
   };
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
     mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
@@ -219,14 +239,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_t* kv_base,
                           const uint8_t* q, const float* weights, const int* block_tables,
                           long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
-                          const int* schedule, int batch_size, Out* out, long long out_stride) {
+                          const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
+                          long long out_stride) {
+  if (EXP_EXIT == 1) return;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
+  const Barriers bars(smem + SharedLayout::kBarriers);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&kv_map);
-    Barriers(smem + SharedLayout::kBarriers).init();
+    bars.init();
   }
+  // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
+  // scratch is stage 0's KV tile, which no copy has touched yet.
+  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size, schedule_rows_out,
+                                  bars.schedule_rows, smem + SharedLayout::kKv);
   __syncthreads();
+  if (EXP_EXIT == 2) return;
 
   // Each role starts its own walker after setmaxnreg, so nothing is live across the
   // register reallocation (ptxas would otherwise spill it).
@@ -235,12 +263,12 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   if (warpgroup == 0) {
     regs_decrease<kProducerRegs>();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
-      walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
+      walk.start(rows, seq_lens, seq_lens_stride, batch_size);
       producer(kv_map, kv_base, q, weights, block_tables, block_table_stride, walk, smem);
     }
   } else {
     regs_increase<kConsumerRegs>();
-    walk.start(schedule, seq_lens, seq_lens_stride, batch_size);
+    walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
   }
 }

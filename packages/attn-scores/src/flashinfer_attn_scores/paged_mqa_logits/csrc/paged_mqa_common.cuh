@@ -44,22 +44,122 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
   return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
 }
 
+// ---------------------------------------------------------------- the schedule in the kernel
+// Without a precomputed schedule every CTA derives its own two rows (blockIdx.x and
+// blockIdx.x + 1 of the [gridDim.x + 1, 2] schedule) from seq_lens, with exactly the policy
+// of flashinfer_schedule at one pass per token (its module docstring has the picture):
+//   units[b] = ceil(len_b / kTile), total = sum_b units[b], S = gridDim.x,
+//   g(i) = (total / S) * i + min(i, total % S),
+//   row i = (b, g(i) - prefix[b]) for the b with prefix[b] <= g(i) < prefix[b] + units[b],
+//           (batch_size, 0) when g(i) == total.
+// This replaces a separate schedule launch (and its round trip through global memory) on the
+// critical path of small batches. Thread t scans the contiguous requests
+// [t * P, (t + 1) * P), P = ceil(batch_size / blockDim.x): one batch of loads, one block-wide
+// scan of the per-thread sums, then a re-walk of its own requests (L1 hits).
+__device__ __forceinline__ long long request_units(const int* seq_lens, long long stride, int b) {
+  const int len = seq_lens[b * stride];
+  return len > 0 ? units_of(len) : 0;
+}
+
+// Exclusive block-wide scan (blockDim.x a multiple of 32, at most 1024); also returns the total.
+// `warp_sums`: 32 entries of shared scratch.
+__device__ __forceinline__ long long block_exclusive_scan(long long value, long long& total, long long* warp_sums) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  long long inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const long long other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    long long w = lane < warps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const long long other = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += other;
+    }
+    warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  total = warp_sums[warps - 1];
+  const long long result = inclusive - value + (warp > 0 ? warp_sums[warp - 1] : 0);
+  __syncthreads();  // warp_sums may be reused by the caller's next scan
+  return result;
+}
+
+// Writes {b, u} of row blockIdx.x and of row blockIdx.x + 1 to rows[0..3] (shared memory).
+// Every thread of the CTA must call it (block-wide barriers inside).
+__device__ void compute_schedule_rows(const int* seq_lens, long long stride, int batch_size, int* rows,
+                                      long long* scratch) {
+  const int per_thread = (batch_size + blockDim.x - 1) / blockDim.x;
+  const int first = min(static_cast<int>(threadIdx.x) * per_thread, batch_size);
+  const int last = min(first + per_thread, batch_size);
+  long long mine = 0;
+#pragma unroll 8
+  for (int b = first; b < last; ++b) mine += request_units(seq_lens, stride, b);
+  long long total;
+  long long prefix = block_exclusive_scan(mine, total, scratch);
+
+  const long long per_cta = total / gridDim.x, extra = total % gridDim.x;
+  const long long g0 = per_cta * blockIdx.x + min(static_cast<long long>(blockIdx.x), extra);
+  const long long g1 = per_cta * (blockIdx.x + 1) + min(static_cast<long long>(blockIdx.x + 1), extra);
+  if (threadIdx.x == 0) {  // g == total: the sentinel (batch_size, 0); overwritten otherwise
+    rows[0] = rows[2] = batch_size;
+    rows[1] = rows[3] = 0;
+  }
+  __syncthreads();
+  if (mine > 0 && prefix <= g1 && g0 < prefix + mine) {  // a row may fall in these requests
+    for (int b = first; b < last; ++b) {
+      const long long units = request_units(seq_lens, stride, b);
+      if (g0 >= prefix && g0 < prefix + units) {
+        rows[0] = b;
+        rows[1] = static_cast<int>(g0 - prefix);
+      }
+      if (g1 >= prefix && g1 < prefix + units) {
+        rows[2] = b;
+        rows[3] = static_cast<int>(g1 - prefix);
+      }
+      prefix += units;
+    }
+  }
+  __syncthreads();
+}
+
+// Where the walk of this CTA gets its range: the precomputed schedule when there is one, else
+// the in-kernel rows `own_rows` (4 ints of shared memory, computed by all threads; `scratch`
+// is 256 bytes of shared memory free until the pipeline starts). `rows_out`, when not null,
+// receives the in-kernel rows (a [gridDim.x + 1, 2] table, for tests against
+// flashinfer_schedule).
+__device__ __forceinline__ const int* schedule_rows(const int* schedule, const int* seq_lens, long long stride,
+                                                    int batch_size, int* rows_out, int* own_rows,
+                                                    uint8_t* scratch) {
+  if (schedule != nullptr) return schedule + 2 * blockIdx.x;
+  compute_schedule_rows(seq_lens, stride, batch_size, own_rows, reinterpret_cast<long long*>(scratch));
+  if (rows_out != nullptr && threadIdx.x < 2) {
+    rows_out[2 * blockIdx.x + threadIdx.x] = own_rows[threadIdx.x];
+    if (blockIdx.x == gridDim.x - 1) rows_out[2 * gridDim.x + threadIdx.x] = own_rows[2 + threadIdx.x];
+  }
+  return own_rows;
+}
+
 // Walks this CTA's work units (request, unit) in order, skipping zero-length requests.
-// The range is [schedule row blockIdx.x, schedule row blockIdx.x + 1).
+// The range is [rows[0..1], rows[2..3]): schedule rows blockIdx.x and blockIdx.x + 1.
 struct UnitWalker {
   const int* seq_lens;
   long long seq_lens_stride;
   int batch_size, end_b, end_u;
   int b, u, len, units;
 
-  __device__ void start(const int* schedule, const int* lens, long long stride, int batch) {
+  __device__ void start(const int* rows, const int* lens, long long stride, int batch) {
     seq_lens = lens;
     seq_lens_stride = stride;
     batch_size = batch;
-    b = schedule[2 * blockIdx.x];
-    u = schedule[2 * blockIdx.x + 1];
-    end_b = min(schedule[2 * blockIdx.x + 2], batch_size);
-    end_u = schedule[2 * blockIdx.x + 3];
+    b = rows[0];
+    u = rows[1];
+    end_b = min(rows[2], batch_size);
+    end_u = rows[3];
     load_request();
     while (units == 0 && b < end_b) {
       ++b;
@@ -128,20 +228,37 @@ struct BlockTableWindow {
 };
 
 // ---------------------------------------------------------------- the pipeline
+// Producer warps that stage q: every producer warp but warp 0, which issues unit 0, so that
+// the first KV copies start while q is being staged (with one unit per CTA, as for small
+// batches, the two latencies would otherwise add up on the critical path), and several warps
+// share the q loads (one round trip per request instead of one per 512 bytes).
+constexpr int kFirstStagingWarp = NUM_PRODUCERS > 1 ? 1 : 0;
+constexpr int kStagingWarps = NUM_PRODUCERS - kFirstStagingWarp;
+
+// Barrier among the q-staging warps only (named barrier 1; 0 is __syncthreads).
+__device__ __forceinline__ void staging_warps_sync() {
+  if (kStagingWarps == 1) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * kStagingWarps) : "memory");
+  }
+}
+
 // mbarriers: full[s] (the producer's expect_tx arrival, completed by the copies), empty[s]
-// (one arrival per consumer warp), q_full[2] (the staging warp's 32 lanes), q_empty[2] (every
-// consumer warp). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
-// r-th request of the walk.
+// (one arrival per consumer warp), q_full[2] (every lane of the staging warps), q_empty[2]
+// (every consumer warp). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
+// r-th request of the walk. After them, the 4 ints of the in-kernel schedule rows.
 struct Barriers {
-  static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8;
+  static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8 + 16;
   uint64_t* full;
   uint64_t* empty;
   uint64_t* q_full;
   uint64_t* q_empty;
+  int* schedule_rows;
 
   __device__ explicit Barriers(uint8_t* base)
       : full(reinterpret_cast<uint64_t*>(base)), empty(full + NUM_STAGES), q_full(full + 2 * NUM_STAGES),
-        q_empty(q_full + 2) {}
+        q_empty(q_full + 2), schedule_rows(reinterpret_cast<int*>(q_empty + 2)) {}
 
   __device__ void init() const {  // one thread, before the block-wide barrier
     for (int s = 0; s < NUM_STAGES; ++s) {
@@ -149,23 +266,19 @@ struct Barriers {
       mbar_init(&empty[s], 4);
     }
     for (int s = 0; s < 2; ++s) {
-      mbar_init(&q_full[s], 32);
+      mbar_init(&q_full[s], 32 * kStagingWarps);
       mbar_init(&q_empty[s], 4 * NUM_CONSUMERS);
     }
     fence_barrier_init();
   }
 };
 
-// The producer warp that stages q: the last one, so that warp 0, which issues unit 0, starts
-// the first KV copies while q is still being staged (with one unit per CTA, as for small
-// batches, the two latencies would otherwise add up on the critical path).
-constexpr int kStagingWarp = NUM_PRODUCERS - 1;
-
-// Producer warps (warpgroup 0). Warp kStagingWarp stages the q of every request the walk enters:
-// `stage_q(b, slot)` fills q slot `slot` with generic stores (all 32 lanes take part). Unit k
-// is issued by warp k % NUM_PRODUCERS: it waits until its stage is free, looks up the physical
-// block of each box (-1 past the request's end), and lane 0 calls
-// `issue(stage, walk, block_ids, boxes)`, which must arm full[stage] for the bytes it copies.
+// Producer warps (warpgroup 0). The staging warps stage the q of every request the walk
+// enters: `stage_q(b, slot, part)` fills its share (`part` of kStagingWarps, all 32 lanes take
+// part) of q slot `slot` with generic stores. Unit k is issued by warp k % NUM_PRODUCERS: it
+// waits until its stage is free, looks up the physical block of each box (-1 past the
+// request's end), and lane 0 calls `issue(stage, walk, block_ids, boxes)`, which must arm
+// full[stage] for the bytes it copies.
 template <typename StageQ, typename IssueUnit>
 __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_tables, long long block_table_stride,
                                              const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue) {
@@ -175,10 +288,10 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   BlockTableWindow table;
   auto on_request = [&]() {
     ++request_ordinal;
-    if (producer_index == kStagingWarp) {
+    if (producer_index >= kFirstStagingWarp) {
       const int slot = request_ordinal & 1;
       if (request_ordinal >= 2) mbar_wait(&bars.q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
-      stage_q(walk.b, slot);
+      stage_q(walk.b, slot, producer_index - kFirstStagingWarp);
       fence_proxy_async_smem();  // generic-proxy stores, read by the tensor cores
       mbar_arrive(&bars.q_full[slot]);
     }

@@ -1,0 +1,103 @@
+"""With `schedule_meta=None` each CTA derives its schedule rows from `seq_lens` inside the
+logits kernel; they must equal `compute_paged_mqa_logits_schedule` bit for bit (the kernel
+writes the rows it used into `schedule_rows_out`, a test-only launcher argument)."""
+
+from __future__ import annotations
+
+import random
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90, fp8_sm90
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
+from flashinfer_schedule import padded_seq_len
+from test_gpu import magnitude_of, tolerance
+
+pytestmark = pytest.mark.gpu
+
+BATCH_SIZES = [1, 7, 31, 32, 33, 63, 64, 65, 127, 128, 256, 2048, 12288]
+
+
+def lengths(mix: str, batch_size: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    longest = 300 if batch_size <= 256 else 70  # keeps the KV pools of B = 12288 small
+    if mix == "all_zero":
+        return [0] * batch_size
+    if mix == "half_zero":
+        return [0 if rng.random() < 0.5 else rng.randint(1, longest) for _ in range(batch_size)]
+    if mix == "one_huge":
+        lens = [rng.randint(0, 3) for _ in range(batch_size)]
+        lens[rng.randrange(batch_size)] = 20_000 if batch_size <= 256 else 3_000
+        return lens
+    return [rng.randint(1, longest) for _ in range(batch_size)]  # "random"
+
+
+def run_with_rows_out(variant: str, case, block_size: int):
+    """Launch with schedule_meta=None; return (logits, rows the kernel computed)."""
+    device = case.q.device
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows_out = torch.full((num_sms + 1, 2), -7, dtype=torch.int32, device=device)
+    out = torch.full(
+        (case.rows, max(padded_seq_len(case.max_seq_len), 1)), float("nan"), device=device
+    )
+    if variant == "fp8":
+        fp8_sm90.launch(
+            case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None,
+            output_dtype=torch.float32, epi_dtype=torch.float32, acc_dtype=torch.float32,
+            schedule_rows_out=rows_out,
+        )  # fmt: skip
+    else:
+        fp4_sm90.launch(
+            case.q, case.q_sf, case.kv_fused, case.weights, case.block_tables, case.seq_lens,
+            out, None, output_dtype=torch.float32, epi_dtype=torch.float32,
+            is_kv_sf_interleaved=False, schedule_rows_out=rows_out,
+        )  # fmt: skip
+    torch.cuda.synchronize()
+    return out[:, : case.max_seq_len], rows_out
+
+
+def make_case(variant: str, lens: list[int], block_size: int, seed: int):
+    if variant == "fp8":
+        case = make_fp8_case(
+            lens, next_n=1, num_heads=64, head_dim=128, block_size=block_size, seed=seed
+        )
+    else:
+        case = make_fp4_case(lens, next_n=1, block_size=block_size, seed=seed)
+    return case.to("cuda")
+
+
+@pytest.mark.parametrize("mix", ["all_zero", "half_zero", "one_huge", "random"])
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+def test_fp8_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
+    lens = lengths(mix, batch_size, seed=batch_size)
+    case = make_case("fp8", lens, 64, seed=batch_size)
+    got, rows = run_with_rows_out("fp8", case, 64)
+    expected_rows = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=1, variant="fp8")
+    assert torch.equal(rows, expected_rows), (rows.cpu().tolist(), expected_rows.cpu().tolist())
+    if batch_size <= 256 and case.max_seq_len > 0:  # the logits, for the smaller batches
+        args = case.fp8_args()
+        mask = valid_mask(case.seq_lens.cpu(), 1, case.max_seq_len)
+        assert_rows_close(
+            got,
+            fp8_paged_mqa_logits_reference(*args),
+            mask,
+            tolerance(torch.float32),
+            magnitude_of(fp8_paged_mqa_logits_reference, args),
+        )
+
+
+@pytest.mark.parametrize("mix", ["half_zero", "one_huge", "random"])
+@pytest.mark.parametrize("batch_size", [1, 33, 128, 2048])
+def test_fp4_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
+    lens = lengths(mix, batch_size, seed=batch_size + 1)
+    case = make_case("fp4", lens, 64, seed=batch_size + 1)
+    got, rows = run_with_rows_out("fp4", case, 64)
+    expected_rows = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=1, variant="fp4")
+    assert torch.equal(rows, expected_rows), (rows.cpu().tolist(), expected_rows.cpu().tolist())
+    mask = valid_mask(case.seq_lens, 1, case.max_seq_len)
+    assert not torch.isnan(got[mask]).any(), "a unit of the schedule was not computed"
