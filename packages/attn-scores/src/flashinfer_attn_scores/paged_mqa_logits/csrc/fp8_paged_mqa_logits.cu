@@ -49,6 +49,12 @@ constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 22
 #ifndef EXP_SKIP_MATH
 #define EXP_SKIP_MATH 0
 #endif
+// OVERLAP=1: two accumulator sets per consumer, the next unit's MMAs issued before the
+// previous unit's epilogue (run_consumer_overlapped); needs 2 * N / 2 accumulator registers.
+#ifndef OVERLAP
+#define OVERLAP 0
+#endif
+constexpr int kAccSets = OVERLAP && !EXP_SKIP_MATH ? 2 : 1;
 // EXP_EXIT=1 returns at once, 2 after the schedule rows: the launch and prologue floor.
 #ifndef EXP_EXIT
 #define EXP_EXIT 0
@@ -158,31 +164,39 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   run_producer(walk, block_tables, block_table_stride, bars, stage_q, issue);
 }
 
-__device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
-                                         uint8_t* smem) {
-  const int warp_in_group = (threadIdx.x / 32) % 4;
-  const int lane = threadIdx.x % 32;
-  const int quad = lane % 4;                       // which column pair of each 8-column group
-  const int row0 = 16 * warp_in_group + lane / 4;  // this thread's rows: row0 and row0 + 8
-  const uint8_t* kv_tiles = smem + SharedLayout::kKv;
-  const uint8_t* q_slots = smem + SharedLayout::kQ;
-  const float* weight_slots = reinterpret_cast<const float*>(smem + SharedLayout::kWeights);
-  const float* scales = reinterpret_cast<const float*>(smem + SharedLayout::kScales);
-  const Barriers bars(smem + SharedLayout::kBarriers);
-  AccReg acc[Mma::kRegs];
+// A consumer warpgroup's math: the MMAs of a unit into accumulator set P, and the epilogue.
+// (Template member functions rather than generic lambdas: NVRTC 13.0 treats a generic
+// lambda's call operator as host code.)
+struct ConsumerMath {
+  int lane, quad, row0;
+  const uint8_t* kv_tiles;
+  const uint8_t* q_slots;
+  const float* weight_slots;
+  const float* scales;
+  Barriers bars;
+  Out* out;
+  long long out_stride;
+  AccReg acc[kAccSets][Mma::kRegs];
 
-  auto process = [&](int stage, int slot, const UnitWalker& unit) {
-    if (EXP_SKIP_MATH) {
-      const float scale = scales[stage * kTile + row0];
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&bars.empty[stage]);
-      if (quad == 0) out[static_cast<long long>(unit.b) * NEXT_N * out_stride + unit.u * kTile + row0] = to_out(scale);
-      return;
-    }
+  __device__ ConsumerMath(uint8_t* smem, Out* out_, long long out_stride_)
+      : lane(threadIdx.x % 32),
+        quad(lane % 4),                                     // which column pair of each 8-column group
+        row0(16 * ((threadIdx.x / 32) % 4) + lane / 4),     // this thread's rows: row0 and row0 + 8
+        kv_tiles(smem + SharedLayout::kKv),
+        q_slots(smem + SharedLayout::kQ),
+        weight_slots(reinterpret_cast<const float*>(smem + SharedLayout::kWeights)),
+        scales(reinterpret_cast<const float*>(smem + SharedLayout::kScales)),
+        bars(smem + SharedLayout::kBarriers),
+        out(out_),
+        out_stride(out_stride_) {}
+
+  // Issue and commit the MMAs of the unit in `stage` into accumulator set P.
+  template <int P>
+  __device__ __forceinline__ void issue(int stage, int slot) {
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[P][i]);
     wgmma_fence();
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -190,21 +204,24 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       for (int ks = 0; ks < kKStepsPerChunk; ++ks) {
         const uint64_t desc_a = smem_desc<kSwizzle>(a_tile + c * kTile * kSwizzle + ks * 32);
         const uint64_t desc_b = smem_desc<kSwizzle>(b_tile + c * kN * kSwizzle + ks * 32);
-        Mma::mma(acc, desc_a, desc_b, (c | ks) != 0);
+        Mma::mma(acc[P], desc_a, desc_b, (c | ks) != 0);
       }
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+    wgmma_commit();  // no access to acc[P] until a wait covers this group (ptxas would serialize)
+  }
 
+  // Once set P holds unit (b, u): release the stage, then the epilogue: per draft slot, the sum
+  // over this thread's columns of w * relu(acc), then the quad's sum, times the token scale.
+  // No reg_fence on acc[P] here: an asm that defines accumulator registers on a path ptxas
+  // cannot prove warp-uniform (run_consumer_overlapped's flush) makes it serialize every wgmma;
+  // ptxas itself keeps register reads after the wait that covers them.
+  template <int P>
+  __device__ __forceinline__ void finish(int stage, int slot, int b, int u) {
     const float scale0 = scales[stage * kTile + row0];
     const float scale1 = scales[stage * kTile + row0 + 8];
     __syncwarp();
-    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    mbar_arrive_if(&bars.empty[stage], lane == 0);
 
-    // Epilogue: per draft slot, the sum over this thread's columns of w * relu(acc), then the
-    // quad's sum, times the token scale.
     SlotSums sums;
     sums.clear();
     const float* w = weight_slots + slot * kN;
@@ -215,22 +232,56 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         Epi x0, x1;
-        acc_pair(acc, j, i, x0, x1);
+        acc_pair(acc[P], j, i, x0, x1);
         sums.add_weighted(j, i, quad, w0, x0, w1, x1);
       }
     }
     sums.reduce_quad();
-    const long long column = static_cast<long long>(unit.u) * kTile + row0;
-    Out* out_request = out + static_cast<long long>(unit.b) * NEXT_N * out_stride + column;
+    // Lane `quad` stores draft slots quad, quad + 4, ...; where NEXT_N is not a multiple of 4
+    // the spare lanes store the last slot again (same value, same address): no lane-dependent
+    // branch, which ptxas would answer by serializing the wgmmas in flight.
+    const long long column = static_cast<long long>(u) * kTile + row0;
+    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + column;
 #pragma unroll
-    for (int t = 0; t < NEXT_N; ++t) {
-      if ((t & 3) == quad) {
-        out_request[t * out_stride] = to_out(to_float(sums.partial[t][0]) * scale0);
-        out_request[t * out_stride + 8] = to_out(to_float(sums.partial[t][1]) * scale1);
+    for (int first = 0; first < NEXT_N; first += 4) {
+      const int t = min(first + quad, NEXT_N - 1);
+      Epi v0 = sums.partial[first][0], v1 = sums.partial[first][1];
+#pragma unroll
+      for (int s = first + 1; s < first + 4 && s < NEXT_N; ++s) {
+        v0 = t == s ? sums.partial[s][0] : v0;
+        v1 = t == s ? sums.partial[s][1] : v1;
       }
+      out_request[t * out_stride] = to_out(to_float(v0) * scale0);
+      out_request[t * out_stride + 8] = to_out(to_float(v1) * scale1);
     }
-  };
-  run_consumer(consumer_index, walk, bars, process);
+  }
+
+  // EXP_SKIP_MATH: release the stage and write the token scale only.
+  __device__ __forceinline__ void skip_math(int stage, int b, int u) {
+    const float scale = scales[stage * kTile + row0];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    if (quad == 0) out[static_cast<long long>(b) * NEXT_N * out_stride + u * kTile + row0] = to_out(scale);
+  }
+};
+
+__device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
+                                         uint8_t* smem) {
+  ConsumerMath math(smem, out, out_stride);
+  if constexpr (EXP_SKIP_MATH) {
+    run_consumer(consumer_index, walk, math.bars,
+                 [&](int stage, int, const UnitWalker& unit) { math.skip_math(stage, unit.b, unit.u); });
+  } else if constexpr (kAccSets == 2) {
+    run_consumer_overlapped(consumer_index, walk, math.bars, math);
+  } else {
+    run_consumer(consumer_index, walk, math.bars, [&](int stage, int slot, const UnitWalker& unit) {
+      math.issue<0>(stage, slot);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < Mma::kRegs; ++i) reg_fence(math.acc[0][i]);
+      math.finish<0>(stage, slot, unit.b, unit.u);
+    });
+  }
 }
 
 }  // namespace

@@ -351,6 +351,82 @@ __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& wal
   release_q();
 }
 
+// Consumer warpgroups with two accumulator sets: a consumer issues the MMAs of its next unit,
+// runs the epilogue of its previous unit while they execute, then waits for them. So the
+// tensor cores work during the epilogue, and no wgmma is in flight across a branch ptxas
+// cannot prove warp-uniform (the walk, the request protocol): it would serialize every wgmma
+// ("wgmma.mma_async instructions are serialized ... in divergent path").
+// `math.issue<P>(stage, slot)` issues and commits one unit's MMAs into set P;
+// `math.finish<P>(stage, slot, b, u)` must arrive on empty[stage] and runs the epilogue of unit
+// (b, u) from set P, without lane-dependent branches (it runs while a wgmma is in flight).
+// The pending epilogue is flushed before the walk enters another request, so a q slot (which
+// also holds the weights) is never released while a unit of its request still needs it.
+// Otherwise the q-slot protocol of run_consumer.
+struct OverlapState {
+  int request_ordinal = -1;
+  int k = 0;
+  bool pending = false;  // a unit whose MMAs are complete and whose epilogue has not run
+  int pending_set = 0, pending_stage = 0, pending_b = 0, pending_u = 0;
+};
+
+// Unit k into set P; with kOverlap, the pending unit (set 1 - P) is finished meanwhile.
+template <int P, bool kOverlap, typename Math, typename OnRequest>
+__device__ __forceinline__ void overlapped_step(OverlapState& st, UnitWalker& walk, const Barriers& bars, Math& math,
+                                                OnRequest& on_request) {
+  const int stage = st.k % NUM_STAGES;
+  const int slot = st.request_ordinal & 1;
+  mbar_wait(&bars.full[stage], (st.k / NUM_STAGES) & 1);
+  math.template issue<P>(stage, slot);
+  if constexpr (kOverlap) math.template finish<1 - P>(st.pending_stage, slot, st.pending_b, st.pending_u);
+  wgmma_wait<0>();
+  st.pending = true;
+  st.pending_set = P;
+  st.pending_stage = stage;
+  st.pending_b = walk.b;
+  st.pending_u = walk.u;
+  walk.advance(st.k, NUM_CONSUMERS, on_request);  // may flush
+}
+
+template <typename Math>
+__device__ __forceinline__ void run_consumer_overlapped(int consumer_index, UnitWalker& walk, const Barriers& bars,
+                                                        Math& math) {
+  const int lane = threadIdx.x % 32;
+  OverlapState st;
+  auto flush = [&]() {
+    if (!st.pending) return;
+    const int slot = st.request_ordinal & 1;
+    if (st.pending_set == 0) {
+      math.template finish<0>(st.pending_stage, slot, st.pending_b, st.pending_u);
+    } else {
+      math.template finish<1>(st.pending_stage, slot, st.pending_b, st.pending_u);
+    }
+    st.pending = false;
+  };
+  auto release_q = [&]() {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bars.q_empty[st.request_ordinal & 1]);
+  };
+  auto on_request = [&]() {
+    flush();
+    if (st.request_ordinal >= 0) release_q();
+    ++st.request_ordinal;
+    mbar_wait(&bars.q_full[st.request_ordinal & 1], (st.request_ordinal >> 1) & 1);
+  };
+  if (!walk.valid()) return;
+  on_request();
+  walk.advance(st.k, consumer_index, on_request);
+  while (walk.valid()) {  // no unit pending here
+    overlapped_step<0, false>(st, walk, bars, math, on_request);
+    while (walk.valid() && st.pending) {  // unrolled by two: the sets are compile-time choices
+      overlapped_step<1, true>(st, walk, bars, math, on_request);
+      if (!walk.valid() || !st.pending) break;
+      overlapped_step<0, true>(st, walk, bars, math, on_request);
+    }
+  }
+  flush();
+  release_q();
+}
+
 // ---------------------------------------------------------------- epilogue number types
 #if EPI_DTYPE == 2
 using Epi = __nv_bfloat16;
