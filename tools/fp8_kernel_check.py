@@ -250,9 +250,8 @@ def timing(quick: bool):
 EXPERIMENTS = [
     ("production", ()),
     ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
-    ("overlap", (("OVERLAP", 1),)),
-    ("overlap 2 consumers", (("OVERLAP", 1), ("NUM_CONSUMERS", 2))),
-    ("overlap 3 consumers", (("OVERLAP", 1), ("NUM_CONSUMERS", 3))),
+    ("no MMA", (("EXP_SKIP_MMA", 1),)),
+    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
     ("2 consumers", (("NUM_CONSUMERS", 2),)),
     ("16 stages", (("NUM_STAGES", 16),)),
 ]

@@ -49,12 +49,14 @@ constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 22
 #ifndef EXP_SKIP_MATH
 #define EXP_SKIP_MATH 0
 #endif
-// OVERLAP=1: two accumulator sets per consumer, the next unit's MMAs issued before the
-// previous unit's epilogue (run_consumer_overlapped); needs 2 * N / 2 accumulator registers.
-#ifndef OVERLAP
-#define OVERLAP 0
+// EXP_SKIP_MMA=1 keeps the epilogue but issues no MMA (accumulators hold whatever they held);
+// EXP_SKIP_EPILOGUE=1 keeps the MMA but replaces the epilogue by one store per row.
+#ifndef EXP_SKIP_MMA
+#define EXP_SKIP_MMA 0
 #endif
-constexpr int kAccSets = OVERLAP && !EXP_SKIP_MATH ? 2 : 1;
+#ifndef EXP_SKIP_EPILOGUE
+#define EXP_SKIP_EPILOGUE 0
+#endif
 // EXP_EXIT=1 returns at once, 2 after the schedule rows: the launch and prologue floor.
 #ifndef EXP_EXIT
 #define EXP_EXIT 0
@@ -164,9 +166,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   run_producer(walk, block_tables, block_table_stride, bars, stage_q, issue);
 }
 
-// A consumer warpgroup's math: the MMAs of a unit into accumulator set P, and the epilogue.
-// (Template member functions rather than generic lambdas: NVRTC 13.0 treats a generic
-// lambda's call operator as host code.)
+// A consumer warpgroup's math: the MMAs of one unit, and the epilogue.
 struct ConsumerMath {
   int lane, quad, row0;
   const uint8_t* kv_tiles;
@@ -176,12 +176,12 @@ struct ConsumerMath {
   Barriers bars;
   Out* out;
   long long out_stride;
-  AccReg acc[kAccSets][Mma::kRegs];
+  AccReg acc[Mma::kRegs];
 
   __device__ ConsumerMath(uint8_t* smem, Out* out_, long long out_stride_)
       : lane(threadIdx.x % 32),
-        quad(lane % 4),                                     // which column pair of each 8-column group
-        row0(16 * ((threadIdx.x / 32) % 4) + lane / 4),     // this thread's rows: row0 and row0 + 8
+        quad(lane % 4),                                  // which column pair of each 8-column group
+        row0(16 * ((threadIdx.x / 32) % 4) + lane / 4),  // this thread's rows: row0 and row0 + 8
         kv_tiles(smem + SharedLayout::kKv),
         q_slots(smem + SharedLayout::kQ),
         weight_slots(reinterpret_cast<const float*>(smem + SharedLayout::kWeights)),
@@ -190,13 +190,12 @@ struct ConsumerMath {
         out(out_),
         out_stride(out_stride_) {}
 
-  // Issue and commit the MMAs of the unit in `stage` into accumulator set P.
-  template <int P>
-  __device__ __forceinline__ void issue(int stage, int slot) {
+  // The MMAs of the unit in `stage` against q slot `slot`, waited for.
+  __device__ __forceinline__ void mma(int stage, int slot) {
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[P][i]);
+    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
     wgmma_fence();
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -204,23 +203,28 @@ struct ConsumerMath {
       for (int ks = 0; ks < kKStepsPerChunk; ++ks) {
         const uint64_t desc_a = smem_desc<kSwizzle>(a_tile + c * kTile * kSwizzle + ks * 32);
         const uint64_t desc_b = smem_desc<kSwizzle>(b_tile + c * kN * kSwizzle + ks * 32);
-        Mma::mma(acc[P], desc_a, desc_b, (c | ks) != 0);
+        if (!EXP_SKIP_MMA) Mma::mma(acc, desc_a, desc_b, (c | ks) != 0);
       }
     }
-    wgmma_commit();  // no access to acc[P] until a wait covers this group (ptxas would serialize)
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
   }
 
-  // Once set P holds unit (b, u): release the stage, then the epilogue: per draft slot, the sum
-  // over this thread's columns of w * relu(acc), then the quad's sum, times the token scale.
-  // No reg_fence on acc[P] here: an asm that defines accumulator registers on a path ptxas
-  // cannot prove warp-uniform (run_consumer_overlapped's flush) makes it serialize every wgmma;
-  // ptxas itself keeps register reads after the wait that covers them.
-  template <int P>
-  __device__ __forceinline__ void finish(int stage, int slot, int b, int u) {
+  // Release the stage, then the epilogue of unit (b, u): per draft slot, the sum over this
+  // thread's columns of w * relu(acc), then the quad's sum, times the token scale.
+  __device__ __forceinline__ void epilogue(int stage, int slot, int b, int u) {
     const float scale0 = scales[stage * kTile + row0];
     const float scale1 = scales[stage * kTile + row0 + 8];
     __syncwarp();
-    mbar_arrive_if(&bars.empty[stage], lane == 0);
+    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    const long long column = static_cast<long long>(u) * kTile + row0;
+    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + column;
+    if (EXP_SKIP_EPILOGUE) {
+      if (quad == 0) out_request[0] = to_out(to_float(to_epi(acc[0])) * scale0);
+      return;
+    }
 
     SlotSums sums;
     sums.clear();
@@ -232,16 +236,13 @@ struct ConsumerMath {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         Epi x0, x1;
-        acc_pair(acc[P], j, i, x0, x1);
+        acc_pair(acc, j, i, x0, x1);
         sums.add_weighted(j, i, quad, w0, x0, w1, x1);
       }
     }
     sums.reduce_quad();
     // Lane `quad` stores draft slots quad, quad + 4, ...; where NEXT_N is not a multiple of 4
-    // the spare lanes store the last slot again (same value, same address): no lane-dependent
-    // branch, which ptxas would answer by serializing the wgmmas in flight.
-    const long long column = static_cast<long long>(u) * kTile + row0;
-    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + column;
+    // the spare lanes store the last slot again (same value, same address).
 #pragma unroll
     for (int first = 0; first < NEXT_N; first += 4) {
       const int t = min(first + quad, NEXT_N - 1);
@@ -268,20 +269,14 @@ struct ConsumerMath {
 __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
                                          uint8_t* smem) {
   ConsumerMath math(smem, out, out_stride);
-  if constexpr (EXP_SKIP_MATH) {
-    run_consumer(consumer_index, walk, math.bars,
-                 [&](int stage, int, const UnitWalker& unit) { math.skip_math(stage, unit.b, unit.u); });
-  } else if constexpr (kAccSets == 2) {
-    run_consumer_overlapped(consumer_index, walk, math.bars, math);
-  } else {
-    run_consumer(consumer_index, walk, math.bars, [&](int stage, int slot, const UnitWalker& unit) {
-      math.issue<0>(stage, slot);
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < Mma::kRegs; ++i) reg_fence(math.acc[0][i]);
-      math.finish<0>(stage, slot, unit.b, unit.u);
-    });
-  }
+  run_consumer(consumer_index, walk, math.bars, [&](int stage, int slot, const UnitWalker& unit) {
+    if (EXP_SKIP_MATH) {
+      math.skip_math(stage, unit.b, unit.u);
+      return;
+    }
+    math.mma(stage, slot);
+    math.epilogue(stage, slot, unit.b, unit.u);
+  });
 }
 
 }  // namespace

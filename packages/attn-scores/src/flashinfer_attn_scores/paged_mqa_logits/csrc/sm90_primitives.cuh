@@ -28,17 +28,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// Arrive once if `pred`, as a predicated instruction rather than a branch: code that runs while
-// a wgmma is in flight must not branch on the lane (ptxas then serializes the wgmmas).
-__device__ __forceinline__ void mbar_arrive_if(uint64_t* bar, bool pred) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.u32 p, %1, 0;\n"
-      "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n"
-      "}\n" ::"r"(smem_addr(bar)), "r"(static_cast<uint32_t>(pred)) : "memory");
-}
-
 // Arrive once and announce `bytes` of asynchronous (TMA) traffic that completes the phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
