@@ -67,7 +67,8 @@ if [ "${SANITIZE:-0}" = 1 ]; then
           python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-$run.log" 2>&1
       fi
       rc=$?
-      summary=$(grep -m1 "ERROR SUMMARY" "$OUT/sanitize-$run.log" || echo "no ERROR SUMMARY line (see sanitize-$run.log)")
+      # memcheck/synccheck print "ERROR SUMMARY", racecheck "RACECHECK SUMMARY"
+      summary=$(grep -m1 -E "(ERROR|RACECHECK) SUMMARY" "$OUT/sanitize-$run.log" || echo "no summary line (see sanitize-$run.log)")
       echo "$run: exit $rc; ${summary#========= }; $(grep -E "cases match the reference" "$OUT/sanitize-$run.log" | tail -n 1)"
     done
   fi
