@@ -17,10 +17,11 @@ from .fp8_sm90 import (
     _ALIGNMENT_SLACK,
     CSRC,
     DTYPE_CODE,
-    SM90_SHARED_MEMORY_LIMIT,
     TOKENS_PER_UNIT,
     _contiguous_aligned,
     _short,
+    barrier_bytes,
+    deepest_stages,
     kv_values_tensor_map,
     schedule_arguments,
 )
@@ -65,16 +66,11 @@ class Fp4KernelConfig:
         lut = slot_exp + 2 * 4 * 4
         scales = lut + _LUT_LEVELS * 8
         barriers = scales + stages * self.scale_bytes
-        return barriers + (2 * stages + 4) * 8 + 16 + _ALIGNMENT_SLACK  # + the schedule rows
+        return barriers + barrier_bytes(stages) + _ALIGNMENT_SLACK
 
     @functools.cached_property
     def stages(self) -> int:
-        if "NUM_STAGES" in dict(self.experiment):
-            return dict(self.experiment)["NUM_STAGES"]
-        for stages in range(MAX_STAGES, 1, -1):
-            if self.shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
-                return stages
-        return 0
+        return deepest_stages(self.shared_memory_bytes, self.experiment, MAX_STAGES)
 
     @property
     def consumers(self) -> int:
@@ -166,11 +162,13 @@ def launch(
     output_dtype: torch.dtype,
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
+    sf_vec_size: int = 32,
     experiment: tuple[tuple[str, int], ...] = (),
     schedule_rows_out: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on the current stream; `schedule_meta=None`: the kernel schedules
-    itself (see `fp8_sm90.schedule_arguments`)."""
+    itself (see `fp8_sm90.schedule_arguments`). `sf_vec_size` is always 32 here (validated by
+    the api); the kernel hard-codes it."""
     from flashinfer_jit import i32, i64, load_kernel
 
     batch_size, next_n = q.shape[:2]

@@ -31,6 +31,24 @@ MAX_STAGES = 12
 SM90_SHARED_MEMORY_LIMIT = 232_448
 _ALIGNMENT_SLACK = 1024  # the kernel rounds its dynamic shared memory base up to 1024 bytes
 
+
+def barrier_bytes(stages: int) -> int:
+    """`Barriers::kBytes` of csrc/paged_mqa_common.cuh: full/empty per stage, q_full/q_empty
+    per q slot, then the 4 ints of the in-kernel schedule rows."""
+    return (2 * stages + 4) * 8 + 16
+
+
+def deepest_stages(shared_memory_bytes, experiment: tuple, max_stages: int) -> int:
+    """Deepest KV pipeline (<= max_stages) whose `shared_memory_bytes(stages)` fits; 0 when not
+    even two stages fit. An experiment's NUM_STAGES wins. Shared by both kernels' configs."""
+    if "NUM_STAGES" in dict(experiment):
+        return dict(experiment)["NUM_STAGES"]
+    for stages in range(max_stages, 1, -1):
+        if shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
+            return stages
+    return 0
+
+
 # OUT_DTYPE / EPI_DTYPE codes of csrc/paged_mqa_common.cuh.
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -61,17 +79,12 @@ class Fp8KernelConfig:
         weights = 2 * q_slot + stages * kv_tile
         scales = weights + 2 * self.n * 4
         barriers = (scales + stages * TOKENS_PER_UNIT * 4 + 7) // 8 * 8
-        return barriers + (2 * stages + 4) * 8 + 16 + _ALIGNMENT_SLACK  # + the schedule rows
+        return barriers + barrier_bytes(stages) + _ALIGNMENT_SLACK
 
     @functools.cached_property
     def stages(self) -> int:
         """Deepest KV pipeline (<= MAX_STAGES) that fits; 0 when not even two stages fit."""
-        if "NUM_STAGES" in dict(self.experiment):
-            return dict(self.experiment)["NUM_STAGES"]
-        for stages in range(MAX_STAGES, 1, -1):
-            if self.shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
-                return stages
-        return 0
+        return deepest_stages(self.shared_memory_bytes, self.experiment, MAX_STAGES)
 
     @property
     def threads(self) -> int:
