@@ -22,6 +22,7 @@ import torch
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 from flashinfer_jit.compiler import compile_kernel
+from flashinfer_jit.errors import KernelCompileError
 from flashinfer_schedule import compute_paged_mqa_logits_schedule, padded_seq_len
 
 
@@ -259,7 +260,9 @@ EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
     (2, 64, 128, 65536),
     (1, 32, 128, 32768),
+    (3, 64, 64, 32768),
     (4, 64, 64, 32768),
+    (4, 128, 128, 32768),
 ]
 # Small batches: the kernel deriving its own schedule (schedule_meta=None) against the separate
 # schedule kernel launched in the same graph (what every call did before).
@@ -273,6 +276,13 @@ SMALL_SHAPES = [
     (1, 64, 128, 16384),
     (4, 64, 1, 4096),
 ]
+
+
+def compiles_without_spills(spec) -> bool:
+    try:
+        return not compile_kernel(spec, "sm_90a").spills
+    except KernelCompileError:  # e.g. too few registers for the accumulator
+        return False
 
 
 def timing_case(next_n, block_size, batch, avg, seed=3):
@@ -304,6 +314,9 @@ def fp8_call(case, schedule, experiment=()):
 
 
 def experiments(copy_bw: float, which: str = "all") -> None:
+    if which == "fp4":
+        fp4_experiments(copy_bw)
+        return
     if which != "small":
         large_experiments(copy_bw)
     if which != "large":
@@ -317,10 +330,12 @@ def large_experiments(copy_bw: float) -> None:
         schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
         reference = None
         for name, experiment in EXPERIMENTS:
+            if next_n % dict(experiment).get("NSPLIT", 1):
+                continue  # the N split takes whole draft slots
             config = fp8_sm90.fp8_config(
                 block_size, 128, 64, next_n, *(torch.float32,) * 3, experiment
             )
-            if not config.fits or compile_kernel(config.spec, "sm_90a").spills:
+            if not config.fits or not compiles_without_spills(config.spec):
                 print(
                     f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d}   (spills or does not fit)"
                 )
@@ -342,6 +357,97 @@ def large_experiments(copy_bw: float) -> None:
             print(
                 f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {t * 1e6:8.1f}"
                 f" {nbytes / t / copy_bw:9.2f}  {check}"
+            )
+        del case
+
+
+# The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
+FP4_EXPERIMENTS = [
+    ("production", ()),
+    ("no MMA/decode/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("no decode", (("EXP_SKIP_DECODE", 1),)),
+    ("no MMA", (("EXP_SKIP_MMA", 1),)),
+    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
+    ("no decode, no epilogue", (("EXP_SKIP_DECODE", 1), ("EXP_SKIP_EPILOGUE", 1))),
+    ("2 consumers", (("NUM_CONSUMERS", 2),)),
+    ("4 consumers", (("NUM_CONSUMERS", 4),)),
+]
+FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
+
+
+def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
+    """Random packed E2M1 bytes with UE8M0 scales in [120, 134) (no overflow anywhere)."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
+    total = sum(lens)
+    width = max(lens) // block_size + 1
+    pool_blocks = max(batch * width, math.ceil(2e9 / (block_size * 68)))
+    dev = "cuda"
+    kv = torch.randint(0, 256, (pool_blocks, block_size * 68), dtype=torch.uint8, device=dev)
+    kv[:, block_size * 64 :] = torch.randint(
+        120, 134, (pool_blocks, block_size * 4), dtype=torch.uint8, device=dev
+    )
+    sf = torch.randint(120, 134, (batch, next_n, 64, 4), dtype=torch.uint8, device=dev)
+    case = dict(
+        q=torch.randint(0, 256, (batch, next_n, 64, 64), dtype=torch.uint8, device=dev),
+        q_sf=sf.view(torch.int32).view(batch, next_n, 64),
+        kv_fused=kv.view(pool_blocks, block_size, 1, 68),
+        weights=torch.randn(batch * next_n, 64, device=dev),
+        block_tables=torch.randperm(pool_blocks, device=dev)[: batch * width]
+        .view(batch, width)
+        .to(torch.int32),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        storage=torch.empty(batch * next_n, padded_seq_len(max(lens)), device=dev),
+    )
+    return case, total
+
+
+def fp4_experiments(copy_bw: float) -> None:
+    from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
+
+    print("\nfp4 variant                next_n  bs     B      L  time_us  frac_copy  tokens/us")
+    for next_n, block_size, batch, avg in FP4_SHAPES:
+        case, total = fp4_timing_case(next_n, block_size, batch, avg)
+        schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n, variant="fp4")
+        reference = None
+        for name, experiment in FP4_EXPERIMENTS:
+            config = fp4_sm90.fp4_config(
+                block_size, next_n, torch.float32, torch.float32, False, experiment
+            )
+            if not compiles_without_spills(config.spec):
+                print(f"{name:26s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d}   (spills)")
+                continue
+            call = functools.partial(
+                fp4_sm90.launch,
+                case["q"],
+                case["q_sf"],
+                case["kv_fused"],
+                case["weights"],
+                case["block_tables"],
+                case["seq_lens"],
+                case["storage"],
+                schedule,
+                output_dtype=torch.float32,
+                epi_dtype=torch.float32,
+                is_kv_sf_interleaved=False,
+                experiment=experiment,
+            )
+            case["storage"].fill_(float("nan"))
+            t = bench(call)
+            nbytes = total * (68 + 4 * next_n)
+            check = ""
+            if not any(knob.startswith("EXP_") for knob, _ in experiment):
+                valid = valid_mask(case["seq_lens"].cpu(), next_n, case["storage"].shape[1])
+                got = case["storage"].cpu()[valid]
+                if reference is None:
+                    reference = got
+                    check = f"{int(torch.isnan(got).sum())} NaN"
+                else:
+                    same = torch.equal(got, reference)
+                    check = "bitwise = production" if same else "DIFFERS from production"
+            print(
+                f"{name:26s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {t * 1e6:8.1f}"
+                f" {nbytes / t / copy_bw:9.2f} {total / t / 1e6:10.0f}  {check}"
             )
         del case
 
@@ -418,7 +524,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--experiments",
-        choices=["all", "large", "small"],
+        choices=["all", "large", "small", "fp4"],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()

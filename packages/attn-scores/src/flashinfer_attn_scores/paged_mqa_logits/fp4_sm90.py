@@ -91,7 +91,7 @@ class Fp4KernelConfig:
                 "BLOCK_SIZE": self.block_size,
                 "NEXT_N": self.next_n,
                 "NUM_STAGES": self.stages,
-                "NUM_CONSUMERS": consumers_for(self.n),
+                "NUM_CONSUMERS": self.consumers,
                 "NUM_PRODUCERS": 4,
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
