@@ -254,6 +254,8 @@ EXPERIMENTS = [
     ("no MMA", (("EXP_SKIP_MMA", 1),)),
     ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
     ("2 consumers", (("NUM_CONSUMERS", 2),)),
+    ("one MMA group", (("MMA_HALVES", 1),)),
+    ("two MMA halves", (("MMA_HALVES", 2),)),
     ("16 stages", (("NUM_STAGES", 16),)),
 ]
 EXPERIMENT_SHAPES = [
@@ -371,6 +373,8 @@ FP4_EXPERIMENTS = [
     ("no decode, no epilogue", (("EXP_SKIP_DECODE", 1), ("EXP_SKIP_EPILOGUE", 1))),
     ("2 consumers", (("NUM_CONSUMERS", 2),)),
     ("4 consumers", (("NUM_CONSUMERS", 4),)),
+    ("one MMA group", (("MMA_HALVES", 1),)),
+    ("two MMA halves", (("MMA_HALVES", 2),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 
@@ -478,10 +482,26 @@ def small_batch_experiments() -> None:
         del case
 
 
-def profile_one(next_n, block_size, batch, avg):
-    case, _ = timing_case(next_n, block_size, batch, avg)
+def profile_one(next_n, block_size, batch, avg, kernel="fp8"):
+    if kernel == "fp4":
+        from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
+
+        case, _ = fp4_timing_case(next_n, block_size, batch, avg)
+        args = [case[k] for k in ("q", "q_sf", "kv_fused", "weights", "block_tables", "seq_lens")]
+        call = functools.partial(
+            fp4_sm90.launch,
+            *args,
+            case["storage"],
+            None,
+            output_dtype=torch.float32,
+            epi_dtype=torch.float32,
+            is_kv_sf_interleaved=False,
+        )
+    else:
+        case, _ = timing_case(next_n, block_size, batch, avg)
+        call = fp8_call(case, None)
     for _ in range(3):
-        fp8_call(case, None)()
+        call()
     torch.cuda.synchronize()
 
 
@@ -522,6 +542,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--profile-shape", default="1,64,128,32768", help="next_n,block_size,batch,avg_len"
     )
+    parser.add_argument("--profile-kernel", choices=["fp8", "fp4"], default="fp8")
     parser.add_argument(
         "--experiments",
         choices=["all", "large", "small", "fp4"],
@@ -529,7 +550,7 @@ if __name__ == "__main__":
     )
     args = parser.parse_args()
     if args.profile:
-        profile_one(*map(int, args.profile_shape.split(",")))
+        profile_one(*map(int, args.profile_shape.split(",")), kernel=args.profile_kernel)
         sys.exit(0)
     if args.experiments:
         experiments(copy_bandwidth(), args.experiments)

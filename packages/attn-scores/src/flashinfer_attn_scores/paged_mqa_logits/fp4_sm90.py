@@ -38,6 +38,11 @@ def consumers_for(n: int) -> int:
     return 4 if n <= 64 else 2
 
 
+def mma_halves_for(n: int) -> int:
+    """MMA commit groups per unit (see MMA_HALVES in csrc/paged_mqa_common.cuh)."""
+    return 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Fp4KernelConfig:
     """One compiled specialisation of the MXFP4 kernel (H = 64, D = 128)."""
@@ -93,6 +98,7 @@ class Fp4KernelConfig:
                 "NUM_STAGES": self.stages,
                 "NUM_CONSUMERS": self.consumers,
                 "NUM_PRODUCERS": 4,
+                "MMA_HALVES": mma_halves_for(self.n),
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "SF_INTERLEAVED": int(self.interleaved),

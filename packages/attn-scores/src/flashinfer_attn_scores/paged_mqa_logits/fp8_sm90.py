@@ -26,6 +26,12 @@ def consumers_for(n: int) -> int:
     return 4 if n <= 128 else 2
 
 
+# MMA commit groups per unit: with two (N/2 columns each) the epilogue of the first half runs
+# while the tensor cores compute the second, without more accumulator registers.
+def mma_halves_for(n: int) -> int:
+    return 1
+
+
 MAX_STAGES = 12
 # Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
 SM90_SHARED_MEMORY_LIMIT = 232_448
@@ -111,6 +117,7 @@ class Fp8KernelConfig:
                 # One producer warp could not issue the TMA copies fast enough: 0.47 -> 0.70
                 # of copy bandwidth with 4 (H200, next_n 1, block 64, B 128, L 32k, 2026-11-29).
                 "NUM_PRODUCERS": 4,
+                "MMA_HALVES": mma_halves_for(self.n),
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "ACC_FP16": int(self.acc_dtype == torch.float16),

@@ -88,7 +88,7 @@ static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
 static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");
 static_assert(BLOCK_SIZE == 32 || BLOCK_SIZE == 64 || BLOCK_SIZE == 128, "block size must be 32, 64 or 128");
 
-using Mma = WgmmaFp8<kN, true>;
+using Mma = WgmmaFp8<kNHalf, true>;
 
 struct SharedLayout {
   static constexpr int kQ = 0;  // 1024-byte aligned for the 128-byte swizzle
@@ -114,19 +114,23 @@ __device__ __forceinline__ int max_byte(uint32_t word) {
 }
 
 // Eight E2M1 nibbles (element i in bits [4i, 4i+4)) -> eight E4M3 bytes via the group's
-// 8-entry magnitude table `lut` (byte c = E4M3 of code c's value times 2^(6 - d)).
+// 8-entry magnitude table `lut` (byte c = E4M3 of code c's value times 2^(6 - d), bit 7 clear).
 // lo gets elements 0..3, hi elements 4..7 (byte i = element i). prmt picks each magnitude with
-// the nibble's 3 code bits; for the sign, prmt's sign-replicate mode (selector bit 3) turns the
-// 0x80 source bytes into 0xFF exactly where the nibble is negative, and bit 0 of that byte is
-// moved to bit 7.
+// the nibble's 3 code bits (the sign bit masked off: it would select prmt's sign-replicate
+// mode). Signs: an odd nibble's sign is bit 7 of its byte of `packed`, an even nibble's is
+// bit 7 of the same byte of packed << 4, so one byte permute of the two words lines every
+// element's sign up with bit 7 of its output byte. 9 instructions per 8 values.
 __device__ __forceinline__ void decode_e2m1x8(uint32_t packed, uint2 lut, uint32_t& lo, uint32_t& hi) {
   const uint32_t codes = packed & 0x77777777u;
   const uint32_t mag_lo = prmt(lut.x, lut.y, codes);
   const uint32_t mag_hi = prmt(lut.x, lut.y, codes >> 16);
-  const uint32_t neg_lo = prmt(0x80808080u, 0x80808080u, packed);
-  const uint32_t neg_hi = prmt(0x80808080u, 0x80808080u, packed >> 16);
-  lo = mag_lo | ((neg_lo << 7) & 0x80808080u);
-  hi = mag_hi | ((neg_hi << 7) & 0x80808080u);
+  const uint32_t shifted = packed << 4;
+  // Byte selectors over {shifted (bytes 0-3), packed (bytes 4-7)}: elements 0..3 take their
+  // signs from shifted.b0, packed.b0, shifted.b1, packed.b1; elements 4..7 from bytes 2 and 3.
+  const uint32_t signs_lo = prmt(shifted, packed, 0x5140u);
+  const uint32_t signs_hi = prmt(shifted, packed, 0x7362u);
+  lo = mag_lo | (signs_lo & 0x80808080u);
+  hi = mag_hi | (signs_hi & 0x80808080u);
 }
 
 // Where the decoded bytes go. A thread's A fragment holds, per k step s (32 logical columns),
@@ -274,10 +278,13 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   const uint2* luts = reinterpret_cast<const uint2*>(smem + SharedLayout::kLut);
   const uint8_t* scales = smem + SharedLayout::kScales;
   const Barriers bars(smem + SharedLayout::kBarriers);
-  float acc[Mma::kRegs];
+  float acc[kHalves][Mma::kRegs];
   if (EXP_SKIP_MMA) {
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) acc[i] = 0.f;
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int i = 0; i < Mma::kRegs; ++i) acc[h][i] = 0.f;
+    }
   }
 
   auto process = [&](int stage, int slot, const UnitWalker& unit) {
@@ -312,32 +319,40 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
     }
 
+    // One commit group per half of the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf)).
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
-    wgmma_fence();
+    for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      if (EXP_SKIP_MMA) {
-        asm volatile("" ::"r"(a[s][0]), "r"(a[s][1]), "r"(a[s][2]), "r"(a[s][3]));  // keep the decode
-      } else {
-        Mma::mma_rs(acc, a[s], smem_desc<128>(b_tile + s * 32), s != 0);
-      }
+      for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_fence();
+    const uint64_t b_desc = smem_desc<128>(b_tile);
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if (EXP_SKIP_MMA) {
+          asm volatile("" ::"r"(a[s][0]), "r"(a[s][1]), "r"(a[s][2]), "r"(a[s][3]));  // keep the decode
+        } else {
+          Mma::mma_rs(acc[h], a[s], smem_desc_advance(b_desc, h * kNHalf * kQRowBytes + s * 32), s != 0);
+        }
+      }
+      wgmma_commit();
+    }
 
     if (EXP_SKIP_EPILOGUE) {
-      if (quad == 0) out_request[0] = to_out(acc[0] + acc[Mma::kRegs - 1]);
+      wgmma_wait<0>();
+      if (quad == 0) out_request[0] = to_out(acc[0][0] + acc[kHalves - 1][Mma::kRegs - 1]);
       return;
     }
 
-    // Epilogue. float32: the folded weights w' (head scales inside) times relu(acc), summed,
-    // then 2^(M + Q_t - 266) once (two exact power-of-two multiplies). float16/bfloat16: each head score is formed in float32 at
-    // its true scale before the conversion, so the reduced-precision sums see the same
-    // numbers as the definition (and overflow where it would).
+    // Epilogue, half by half as the MMA groups complete (no lane-dependent branch until the
+    // last wait: ptxas serializes wgmmas in flight across one). float32: the folded weights w'
+    // (head scales inside) times relu(acc), summed, then 2^(M + Q_t - 266) once (two exact
+    // power-of-two multiplies). float16/bfloat16: each head score is formed in float32 at its
+    // true scale before the conversion, so the reduced-precision sums see the same numbers as
+    // the definition (and overflow where it would).
     const float* w = weight_slots + slot * kN;
     const int* q_exp = slot_exp + slot * 4;
     SlotSums sums;
@@ -352,23 +367,34 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
 #endif
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const int column = 8 * j + 2 * quad;
-      const float2 wf = *reinterpret_cast<const float2*>(w + column);
-      const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
+    for (int h = 0; h < kHalves; ++h) {
+      if (h == kHalves - 1) {
+        wgmma_wait<0>();
+      } else {
+        wgmma_wait<kHalves - 1>();
+      }
+#pragma unroll
+      for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
+#pragma unroll
+      for (int jl = 0; jl < kNHalf / 8; ++jl) {
+        const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
+        const int column = 8 * j + 2 * quad;
+        const float2 wf = *reinterpret_cast<const float2*>(w + column);
+        const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
 #if EPI_DTYPE != 0
-      const float2 hs = *reinterpret_cast<const float2*>(head_scale + column);
-      const int t = column / NUM_HEADS;
+        const float2 hs = *reinterpret_cast<const float2*>(head_scale + column);
+        const int t = column / NUM_HEADS;
 #endif
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 2; ++i) {
 #if EPI_DTYPE == 0
-        const Epi x0 = acc[4 * j + 2 * i], x1 = acc[4 * j + 2 * i + 1];
+          const Epi x0 = acc[h][4 * jl + 2 * i], x1 = acc[h][4 * jl + 2 * i + 1];
 #else
-        const Epi x0 = to_epi(acc[4 * j + 2 * i] * hs.x * token_scale[t][i]);
-        const Epi x1 = to_epi(acc[4 * j + 2 * i + 1] * hs.y * token_scale[t][i]);
+          const Epi x0 = to_epi(acc[h][4 * jl + 2 * i] * hs.x * token_scale[t][i]);
+          const Epi x1 = to_epi(acc[h][4 * jl + 2 * i + 1] * hs.y * token_scale[t][i]);
 #endif
-        sums.add_weighted(j, i, quad, w0, x0, w1, x1);
+          sums.add_weighted(j, i, quad, w0, x0, w1, x1);
+        }
       }
     }
     sums.reduce_quad();

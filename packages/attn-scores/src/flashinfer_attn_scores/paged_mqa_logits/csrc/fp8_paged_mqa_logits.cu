@@ -72,7 +72,7 @@ using AccReg = uint32_t;  // packed half2
 #else
 using AccReg = float;
 #endif
-using Mma = WgmmaFp8<kN, !ACC_FP16>;
+using Mma = WgmmaFp8<kNHalf, !ACC_FP16>;
 
 struct SharedLayout {
   static constexpr int kKv = 0;
@@ -176,7 +176,7 @@ struct ConsumerMath {
   Barriers bars;
   Out* out;
   long long out_stride;
-  AccReg acc[Mma::kRegs];
+  AccReg acc[kHalves][Mma::kRegs];
 
   __device__ ConsumerMath(uint8_t* smem, Out* out_, long long out_stride_)
       : lane(threadIdx.x % 32),
@@ -190,56 +190,82 @@ struct ConsumerMath {
         out(out_),
         out_stride(out_stride_) {}
 
-  // The MMAs of the unit in `stage` against q slot `slot`, waited for.
+  // Issue the MMAs of the unit in `stage` against q slot `slot`: one commit group per half of
+  // the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf) of each chunk).
   __device__ __forceinline__ void mma(int stage, int slot) {
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
-    wgmma_fence();
+    for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-      for (int ks = 0; ks < kKStepsPerChunk; ++ks) {
-        const uint64_t desc_a = smem_desc<kSwizzle>(a_tile + c * kTile * kSwizzle + ks * 32);
-        const uint64_t desc_b = smem_desc<kSwizzle>(b_tile + c * kN * kSwizzle + ks * 32);
-        if (!EXP_SKIP_MMA) Mma::mma(acc, desc_a, desc_b, (c | ks) != 0);
-      }
+      for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_fence();
+    const uint64_t a_desc = smem_desc<kSwizzle>(a_tile), b_desc = smem_desc<kSwizzle>(b_tile);
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int ks = 0; ks < kKStepsPerChunk; ++ks) {
+          const uint64_t desc_a = smem_desc_advance(a_desc, c * kTile * kSwizzle + ks * 32);
+          const uint64_t desc_b = smem_desc_advance(b_desc, (c * kN + h * kNHalf) * kSwizzle + ks * 32);
+          if (!EXP_SKIP_MMA) Mma::mma(acc[h], desc_a, desc_b, (c | ks) != 0);
+        }
+      }
+      wgmma_commit();
+    }
   }
 
-  // Release the stage, then the epilogue of unit (b, u): per draft slot, the sum over this
-  // thread's columns of w * relu(acc), then the quad's sum, times the token scale.
-  __device__ __forceinline__ void epilogue(int stage, int slot, int b, int u) {
-    const float scale0 = scales[stage * kTile + row0];
-    const float scale1 = scales[stage * kTile + row0 + 8];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bars.empty[stage]);
-    const long long column = static_cast<long long>(u) * kTile + row0;
-    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + column;
-    if (EXP_SKIP_EPILOGUE) {
-      if (quad == 0) out_request[0] = to_out(to_float(to_epi(acc[0])) * scale0);
-      return;
-    }
-
-    SlotSums sums;
-    sums.clear();
-    const float* w = weight_slots + slot * kN;
+  // Wait for half h's MMA group (the later half may still run).
+  template <int h>
+  __device__ __forceinline__ void wait_half() {
+    wgmma_wait<kHalves - 1 - h>();
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
+    for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
+  }
+
+  // Half h's share of the epilogue: w * relu(acc) summed per draft slot into `sums`.
+  template <int h>
+  __device__ __forceinline__ void add_half(const float* w, SlotSums& sums) {
+#pragma unroll
+    for (int jl = 0; jl < kNHalf / 8; ++jl) {
+      const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
       const float2 wf = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
       const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         Epi x0, x1;
-        acc_pair(acc, j, i, x0, x1);
+        acc_pair(acc[h], jl, i, x0, x1);
         sums.add_weighted(j, i, quad, w0, x0, w1, x1);
       }
     }
+  }
+
+  // The epilogue of unit (b, u), half by half as its MMA groups complete: per draft slot, the
+  // sum over this thread's columns of w * relu(acc), then the quad's sum, times the token
+  // scale. The stage goes back to the producer once the last group has read it. No
+  // lane-dependent branch before that: ptxas serializes wgmmas in flight across one.
+  __device__ __forceinline__ void epilogue(int stage, int slot, int b, int u) {
+    const float scale0 = scales[stage * kTile + row0];
+    const float scale1 = scales[stage * kTile + row0 + 8];
+    const long long column = static_cast<long long>(u) * kTile + row0;
+    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + column;
+    const float* w = weight_slots + slot * kN;
+    SlotSums sums;
+    sums.clear();
+    if (!EXP_SKIP_EPILOGUE && kHalves == 2) {
+      wait_half<0>();
+      add_half<0>(w, sums);
+    }
+    wait_half<kHalves - 1>();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    if (EXP_SKIP_EPILOGUE) {
+      if (quad == 0) out_request[0] = to_out(to_float(to_epi(acc[0][0])) * scale0);
+      return;
+    }
+    add_half<kHalves - 1>(w, sums);
     sums.reduce_quad();
     // Lane `quad` stores draft slots quad, quad + 4, ...; where NEXT_N is not a multiple of 4
     // the spare lanes store the last slot again (same value, same address).

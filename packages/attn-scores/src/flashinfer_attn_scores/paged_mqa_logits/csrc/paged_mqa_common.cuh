@@ -25,6 +25,15 @@ static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgro
 
 constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M (flashinfer_schedule's unit)
 constexpr int kN = NEXT_N * NUM_HEADS;
+// MMA_HALVES = 2: a unit's N columns are two MMA commit groups of N / 2, so the epilogue of
+// the first half runs while the tensor cores compute the second (no more accumulator
+// registers than one group of N). 1: one group.
+#ifndef MMA_HALVES
+#define MMA_HALVES 1
+#endif
+constexpr int kHalves = MMA_HALVES;
+constexpr int kNHalf = kN / kHalves;
+static_assert(kHalves == 1 || (kHalves == 2 && kNHalf % 8 == 0), "MMA_HALVES: 1, or 2 with N / 2 a multiple of 8");
 // A unit's tokens come in boxes of min(64, BLOCK_SIZE) rows, one per KV block it touches.
 constexpr int kBoxRows = BLOCK_SIZE < kTile ? BLOCK_SIZE : kTile;
 constexpr int kBoxesPerTile = kTile / kBoxRows;

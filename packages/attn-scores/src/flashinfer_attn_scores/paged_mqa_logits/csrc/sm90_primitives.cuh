@@ -89,6 +89,11 @@ __device__ __forceinline__ uint64_t smem_desc(const void* tile) {
   return desc;
 }
 
+// The descriptor of the same tile `bytes` further on (a multiple of 16). Shared memory
+// addresses fit the 14-bit start-address field (>> 4) with room to spare, so the add never
+// carries into the next field; one integer add instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
