@@ -253,10 +253,8 @@ EXPERIMENTS = [
     ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
     ("no MMA", (("EXP_SKIP_MMA", 1),)),
     ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
-    ("2 consumers", (("NUM_CONSUMERS", 2),)),
     ("one MMA group", (("MMA_HALVES", 1),)),
     ("two MMA halves", (("MMA_HALVES", 2),)),
-    ("16 stages", (("NUM_STAGES", 16),)),
 ]
 EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
@@ -371,8 +369,6 @@ FP4_EXPERIMENTS = [
     ("no MMA", (("EXP_SKIP_MMA", 1),)),
     ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
     ("no decode, no epilogue", (("EXP_SKIP_DECODE", 1), ("EXP_SKIP_EPILOGUE", 1))),
-    ("2 consumers", (("NUM_CONSUMERS", 2),)),
-    ("4 consumers", (("NUM_CONSUMERS", 4),)),
     ("one MMA group", (("MMA_HALVES", 1),)),
     ("two MMA halves", (("MMA_HALVES", 2),)),
 ]

@@ -23,6 +23,7 @@ from .fp8_sm90 import (
     barrier_bytes,
     deepest_stages,
     kv_values_tensor_map,
+    mma_halves_for,
     schedule_arguments,
 )
 
@@ -36,11 +37,6 @@ _LUT_LEVELS = 32
 def consumers_for(n: int) -> int:
     """Consumer warpgroups: 4 while the accumulator (N/2 fp32 registers) leaves room."""
     return 4 if n <= 64 else 2
-
-
-def mma_halves_for(n: int) -> int:
-    """MMA commit groups per unit (see MMA_HALVES in csrc/paged_mqa_common.cuh)."""
-    return 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,9 +27,12 @@ def consumers_for(n: int) -> int:
 
 
 # MMA commit groups per unit: with two (N/2 columns each) the epilogue of the first half runs
-# while the tensor cores compute the second, without more accumulator registers.
+# while the tensor cores compute the second, without more accumulator registers. Measured on
+# the H200 (2026-11-29, tools/fp8_kernel_check.py): a gain only where N > 128 (next_n 4:
+# 0.45 -> 0.47 and 0.48 -> 0.50 of copy; next_n 3: 0.54 -> 0.55), a loss at N = 128 (next_n 2:
+# 0.84 -> 0.77), none at N = 64. Shared by the MXFP4 kernel (next_n 4: 221 -> 213 us).
 def mma_halves_for(n: int) -> int:
-    return 1
+    return 2 if n > 128 and (n // 2) % 8 == 0 else 1
 
 
 MAX_STAGES = 12

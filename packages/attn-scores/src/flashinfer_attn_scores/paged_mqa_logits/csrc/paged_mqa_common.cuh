@@ -194,6 +194,11 @@ struct UnitWalker {
   // it) while units inside a request are skipped in one step instead of one by one.
   template <typename OnRequest>
   __device__ void advance(int& k, int steps, OnRequest&& on_request) {
+    if (steps < units - u) {  // the common case: the step stays inside the request
+      u += steps;
+      k += steps;
+      return;
+    }
     while (steps > 0 && valid()) {
       const int within = min(steps, units - 1 - u);
       if (within > 0) {
