@@ -205,10 +205,10 @@ def _length_mix(kind: str, batch_size: int, gen: torch.Generator) -> torch.Tenso
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["random", "all_zero", "half_zero", "one_huge", "every_fifth_zero"])
 @pytest.mark.parametrize(
-    "batch_size", [1, 7, 31, 32, 33, 63, 64, 65, 127, 128, 256, 2048, 12288]
+    "kind", ["random", "all_zero", "half_zero", "one_huge", "every_fifth_zero"]
 )
+@pytest.mark.parametrize("batch_size", [1, 7, 31, 32, 33, 63, 64, 65, 127, 128, 256, 2048, 12288])
 @pytest.mark.parametrize("variant,next_n", [("fp8", 1), ("fp8", 3), ("fp4", 4)])
 def test_cuda_matches_cpu_bitwise(batch_size, kind, variant, next_n):
     gen = torch.Generator().manual_seed(batch_size * 7 + len(kind))
