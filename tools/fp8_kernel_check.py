@@ -14,9 +14,11 @@ of the package's reference module. Prints one line per case and a timing table l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import math
 import sys
+from collections.abc import Callable
 
 import torch
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
@@ -323,26 +325,38 @@ def experiments(copy_bw: float, which: str = "all") -> None:
         small_batch_experiments()
 
 
-def large_experiments(copy_bw: float) -> None:
-    print("\nvariant                  next_n  bs     B      L  time_us  frac_copy")
-    for next_n, block_size, batch, avg in EXPERIMENT_SHAPES:
-        case, total = timing_case(next_n, block_size, batch, avg)
-        schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+@dataclasses.dataclass(frozen=True)
+class KernelUnderTest:
+    """What the variant table needs to know about one kernel."""
+
+    variant: str  # the schedule helper's variant name: "fp8" or "fp4"
+    make_case: Callable  # (next_n, block_size, batch, avg) -> (case, total tokens)
+    config: Callable  # (block_size, next_n, experiment) -> kernel config
+    call: Callable  # (case, schedule, experiment) -> the launch, as a zero-argument callable
+    bytes_per_token: int  # KV bytes per token, outputs (4 B float32 per draft slot) aside
+
+
+def variant_table(kernel: KernelUnderTest, shapes, variants, copy_bw: float) -> None:
+    """Time every variant at every shape; variants that compute logits are compared bitwise
+    with the first one (production) on the valid region."""
+    print(
+        f"\n{kernel.variant} variant             next_n  bs     B      L  time_us  frac_copy  tokens/us"
+    )
+    for next_n, block_size, batch, avg in shapes:
+        case, total = kernel.make_case(next_n, block_size, batch, avg)
+        schedule = compute_paged_mqa_logits_schedule(
+            case["seq_lens"], next_n=next_n, variant=kernel.variant
+        )
+        label = f"{next_n:6d} {block_size:3d} {batch:5d} {avg:6d}"
         reference = None
-        for name, experiment in EXPERIMENTS:
-            if next_n % dict(experiment).get("NSPLIT", 1):
-                continue  # the N split takes whole draft slots
-            config = fp8_sm90.fp8_config(
-                block_size, 128, 64, next_n, *(torch.float32,) * 3, experiment
-            )
-            if not config.fits or not compiles_without_spills(config.spec):
-                print(
-                    f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d}   (spills or does not fit)"
-                )
+        for name, experiment in variants:
+            config = kernel.config(block_size, next_n, experiment)
+            if not getattr(config, "fits", True) or not compiles_without_spills(config.spec):
+                print(f"{name:24s} {label}   (spills or does not fit)")
                 continue
             case["storage"].fill_(float("nan"))
-            t = bench(fp8_call(case, schedule, experiment))
-            nbytes = total * (132 + 4 * next_n)
+            t = bench(kernel.call(case, schedule, experiment))
+            nbytes = total * (kernel.bytes_per_token + 4 * next_n)
             check = ""
             if not any(knob.startswith("EXP_") for knob, _ in experiment):
                 # Only positions < seq_len are defined: the padding columns of a request's last
@@ -351,14 +365,30 @@ def large_experiments(copy_bw: float) -> None:
                 got = case["storage"].cpu()[valid]
                 if reference is None:
                     reference = got
+                    check = f"{int(torch.isnan(got).sum())} NaN"
                 else:
                     same = torch.equal(got, reference)
                     check = "bitwise = production" if same else "DIFFERS from production"
             print(
-                f"{name:24s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {t * 1e6:8.1f}"
-                f" {nbytes / t / copy_bw:9.2f}  {check}"
+                f"{name:24s} {label} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f}"
+                f" {total / t / 1e6:10.0f}  {check}"
             )
         del case
+
+
+FP8 = KernelUnderTest(
+    "fp8",
+    timing_case,
+    lambda block_size, next_n, experiment: fp8_sm90.fp8_config(
+        block_size, 128, 64, next_n, *(torch.float32,) * 3, experiment
+    ),
+    fp8_call,
+    132,
+)
+
+
+def large_experiments(copy_bw: float) -> None:
+    variant_table(FP8, EXPERIMENT_SHAPES, EXPERIMENTS, copy_bw)
 
 
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
@@ -402,54 +432,37 @@ def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
-def fp4_experiments(copy_bw: float) -> None:
+def fp4_call(case, schedule, experiment=()):
     from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
 
-    print("\nfp4 variant                next_n  bs     B      L  time_us  frac_copy  tokens/us")
-    for next_n, block_size, batch, avg in FP4_SHAPES:
-        case, total = fp4_timing_case(next_n, block_size, batch, avg)
-        schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n, variant="fp4")
-        reference = None
-        for name, experiment in FP4_EXPERIMENTS:
-            config = fp4_sm90.fp4_config(
-                block_size, next_n, torch.float32, torch.float32, False, experiment
-            )
-            if not compiles_without_spills(config.spec):
-                print(f"{name:26s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d}   (spills)")
-                continue
-            call = functools.partial(
-                fp4_sm90.launch,
-                case["q"],
-                case["q_sf"],
-                case["kv_fused"],
-                case["weights"],
-                case["block_tables"],
-                case["seq_lens"],
-                case["storage"],
-                schedule,
-                output_dtype=torch.float32,
-                epi_dtype=torch.float32,
-                is_kv_sf_interleaved=False,
-                experiment=experiment,
-            )
-            case["storage"].fill_(float("nan"))
-            t = bench(call)
-            nbytes = total * (68 + 4 * next_n)
-            check = ""
-            if not any(knob.startswith("EXP_") for knob, _ in experiment):
-                valid = valid_mask(case["seq_lens"].cpu(), next_n, case["storage"].shape[1])
-                got = case["storage"].cpu()[valid]
-                if reference is None:
-                    reference = got
-                    check = f"{int(torch.isnan(got).sum())} NaN"
-                else:
-                    same = torch.equal(got, reference)
-                    check = "bitwise = production" if same else "DIFFERS from production"
-            print(
-                f"{name:26s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {t * 1e6:8.1f}"
-                f" {nbytes / t / copy_bw:9.2f} {total / t / 1e6:10.0f}  {check}"
-            )
-        del case
+    return functools.partial(
+        fp4_sm90.launch,
+        case["q"],
+        case["q_sf"],
+        case["kv_fused"],
+        case["weights"],
+        case["block_tables"],
+        case["seq_lens"],
+        case["storage"],
+        schedule,
+        output_dtype=torch.float32,
+        epi_dtype=torch.float32,
+        is_kv_sf_interleaved=False,
+        experiment=experiment,
+    )
+
+
+def fp4_config(block_size, next_n, experiment):
+    from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
+
+    return fp4_sm90.fp4_config(block_size, next_n, torch.float32, torch.float32, False, experiment)
+
+
+FP4 = KernelUnderTest("fp4", fp4_timing_case, fp4_config, fp4_call, 68)
+
+
+def fp4_experiments(copy_bw: float) -> None:
+    variant_table(FP4, FP4_SHAPES, FP4_EXPERIMENTS, copy_bw)
 
 
 def small_batch_experiments() -> None:
@@ -479,23 +492,9 @@ def small_batch_experiments() -> None:
 
 
 def profile_one(next_n, block_size, batch, avg, kernel="fp8"):
-    if kernel == "fp4":
-        from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
-
-        case, _ = fp4_timing_case(next_n, block_size, batch, avg)
-        args = [case[k] for k in ("q", "q_sf", "kv_fused", "weights", "block_tables", "seq_lens")]
-        call = functools.partial(
-            fp4_sm90.launch,
-            *args,
-            case["storage"],
-            None,
-            output_dtype=torch.float32,
-            epi_dtype=torch.float32,
-            is_kv_sf_interleaved=False,
-        )
-    else:
-        case, _ = timing_case(next_n, block_size, batch, avg)
-        call = fp8_call(case, None)
+    under_test = FP4 if kernel == "fp4" else FP8
+    case, _ = under_test.make_case(next_n, block_size, batch, avg)
+    call = under_test.call(case, None, ())
     for _ in range(3):
         call()
     torch.cuda.synchronize()

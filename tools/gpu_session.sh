@@ -5,7 +5,7 @@
 # Runs the packages from their src/ folders (the device image has no package registry).
 #   bash tools/gpu_session.sh [extra pytest args...]
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
-# Knobs: PROFILE_SHAPE (next_n,block,B,L of the ncu launch), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
+# Knobs: PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
 # (110 s per tool run; five runs then fit one 600 s device call even if each one times out).
@@ -35,12 +35,23 @@ if [ "${JIT_BENCH:-1}" = 1 ]; then
   tail -n 15 "$OUT/jit-launch.log"
 fi
 if [ "${PROFILE:-0}" = 1 ]; then
-  # PROFILE_SHAPE: next_n,block_size,batch,avg_len of the profiled launch (fp8 kernel).
-  timeout 240 ncu --clock-control none -k regex:fp8_paged_mqa_logits_sm90 -s 2 -c 1 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
-    python tools/fp8_kernel_check.py --profile --profile-shape "${PROFILE_SHAPE:-1,64,128,32768}" > "$OUT/ncu.txt" 2>&1
-  grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|No Eligible|One or More|Pipe|SM Frequency" "$OUT/ncu.txt" | head -50
+  # PROFILE_SPECS: ";"-separated "kernel next_n,block_size,batch,avg_len" launches to profile;
+  # each gets its section report (<name>.txt) and per-SASS-instruction executions and stall
+  # samples (<name>.sass.csv) in $OUT.
+  IFS=';' read -ra specs <<< "${PROFILE_SPECS:-fp4 1,64,128,32768;fp8 2,64,128,32768}"
+  for spec in "${specs[@]}"; do
+    read -r kernel shape <<< "$spec"
+    name=ncu_${kernel}_${shape//,/_}
+    timeout 200 ncu --clock-control none -k "regex:${kernel}_paged_mqa_logits_sm90" -s 2 -c 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -o "$OUT/$name" -f \
+      python tools/fp8_kernel_check.py --profile --profile-kernel "$kernel" --profile-shape "$shape" > "$OUT/$name.log" 2>&1
+    ncu -i "$OUT/$name.ncu-rep" > "$OUT/$name.txt" 2>&1
+    ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.sass.csv" 2>&1
+    rm -f "$OUT/$name.ncu-rep"
+    echo "== ncu $spec"
+    grep -E "Duration|SM Frequency|DRAM Throughput|Issue Slots Busy|Eligible Warps|No Eligible" "$OUT/$name.txt" | head -12
+  done
 fi
 if [ "${SANITIZE:-0}" = 1 ]; then
   # --report-api-errors no: host API calls that fail by design are not kernel errors

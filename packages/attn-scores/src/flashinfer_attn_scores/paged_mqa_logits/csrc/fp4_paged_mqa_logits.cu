@@ -47,17 +47,8 @@
 // releases each stage and writes one value per row; EXP_SKIP_DECODE=1 feeds the packed bytes
 // to the MMA undecoded; EXP_SKIP_MMA=1 decodes but issues no MMA; EXP_SKIP_EPILOGUE=1 replaces
 // the epilogue by one store per row.
-#ifndef EXP_SKIP_MATH
-#define EXP_SKIP_MATH 0
-#endif
 #ifndef EXP_SKIP_DECODE
 #define EXP_SKIP_DECODE 0
-#endif
-#ifndef EXP_SKIP_MMA
-#define EXP_SKIP_MMA 0
-#endif
-#ifndef EXP_SKIP_EPILOGUE
-#define EXP_SKIP_EPILOGUE 0
 #endif
 
 #define NUM_HEADS 64

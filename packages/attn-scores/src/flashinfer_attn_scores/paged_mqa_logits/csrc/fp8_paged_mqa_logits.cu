@@ -44,19 +44,11 @@ constexpr int kProducerRegs = 56;
 // Registers left per consumer thread: 65536 = 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs).
 constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
 
-// Measurement variants (never set in production): EXP_SKIP_MATH=1 drops the MMA and the
-// epilogue (consumers only release stages and write the token scale), timing the load pipeline.
-#ifndef EXP_SKIP_MATH
-#define EXP_SKIP_MATH 0
-#endif
-// EXP_SKIP_MMA=1 keeps the epilogue but issues no MMA (accumulators hold whatever they held);
-// EXP_SKIP_EPILOGUE=1 keeps the MMA but replaces the epilogue by one store per row.
-#ifndef EXP_SKIP_MMA
-#define EXP_SKIP_MMA 0
-#endif
-#ifndef EXP_SKIP_EPILOGUE
-#define EXP_SKIP_EPILOGUE 0
-#endif
+// Measurement variants (never set in production; defaults in paged_mqa_common.cuh):
+// EXP_SKIP_MATH=1 drops the MMA and the epilogue (consumers only release stages and write the
+// token scale), timing the load pipeline; EXP_SKIP_MMA=1 keeps the epilogue but issues no MMA
+// (accumulators hold whatever they held); EXP_SKIP_EPILOGUE=1 keeps the MMA but replaces the
+// epilogue by one store per row.
 // EXP_EXIT=1 returns at once, 2 after the schedule rows: the launch and prologue floor.
 #ifndef EXP_EXIT
 #define EXP_EXIT 0

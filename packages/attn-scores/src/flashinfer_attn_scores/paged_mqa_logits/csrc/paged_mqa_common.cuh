@@ -25,6 +25,17 @@ static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgro
 
 constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M (flashinfer_schedule's unit)
 constexpr int kN = NEXT_N * NUM_HEADS;
+// Measurement knobs shared by both kernels (never set in production; each kernel's header
+// says what it drops).
+#ifndef EXP_SKIP_MATH
+#define EXP_SKIP_MATH 0
+#endif
+#ifndef EXP_SKIP_MMA
+#define EXP_SKIP_MMA 0
+#endif
+#ifndef EXP_SKIP_EPILOGUE
+#define EXP_SKIP_EPILOGUE 0
+#endif
 // MMA_HALVES = 2: a unit's N columns are two MMA commit groups of N / 2, so the epilogue of
 // the first half runs while the tensor cores compute the second (no more accumulator
 // registers than one group of N). 1: one group.
