@@ -287,10 +287,15 @@ def compiles_without_spills(spec) -> bool:
         return False
 
 
-def timing_case(next_n, block_size, batch, avg, seed=3):
+def draw_lengths(batch, avg, seed):
+    """Request lengths uniform in 0.7..1.3 of `avg`, and their sum."""
     gen = torch.Generator().manual_seed(seed)
     lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
-    total = sum(lens)
+    return lens, sum(lens)
+
+
+def timing_case(next_n, block_size, batch, avg, seed=3):
+    lens, total = draw_lengths(batch, avg, seed)
     width = max(lens) // block_size + 1
     pool_blocks = max(batch * width, math.ceil(max(2e9, 2 * total * 132) / (block_size * 132)))
     case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
@@ -407,9 +412,7 @@ FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 
 
 def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
     """Random packed E2M1 bytes with UE8M0 scales in [120, 134) (no overflow anywhere)."""
-    gen = torch.Generator().manual_seed(seed)
-    lens = [int(x) for x in (torch.rand(batch, generator=gen) * 0.6 + 0.7) * avg]
-    total = sum(lens)
+    lens, total = draw_lengths(batch, avg, seed)
     width = max(lens) // block_size + 1
     pool_blocks = max(batch * width, math.ceil(2e9 / (block_size * 68)))
     dev = "cuda"
