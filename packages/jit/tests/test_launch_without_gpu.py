@@ -238,6 +238,7 @@ def test_cluster_launch_uses_launch_kernel_ex(kernel, fake_driver):
 
 def test_default_stream_switches_to_the_kernels_context_and_back(kernel, fake_driver):
     kernel._raw_stream = lambda index: 0
+    kernel._current_device = lambda: kernel.device_index + 1  # PyTorch is on another GPU
     fake_driver.current_context = OTHER_CONTEXT
     kernel.launch(1, 32, *_args())
     assert fake_driver.calls == [
@@ -246,9 +247,33 @@ def test_default_stream_switches_to_the_kernels_context_and_back(kernel, fake_dr
         ("cuCtxSetCurrent", OTHER_CONTEXT),
     ]
     fake_driver.calls.clear()
+    kernel._current_device = lambda: kernel.device_index
     fake_driver.current_context = OUR_CONTEXT
     kernel.launch(1, 32, *_args())
     assert [c[0] for c in fake_driver.calls] == ["cuLaunchKernel"]  # no switch needed
+
+
+def test_default_stream_in_a_thread_without_a_context_retries_in_the_kernels(
+    kernel, fake_driver, monkeypatch
+):
+    kernel._raw_stream = lambda index: 0
+    kernel._current_device = lambda: kernel.device_index  # the runtime's default, device 0
+    fake_driver.current_context = 0
+    original = fake_driver.cuLaunchKernel
+
+    def launch(*args):
+        original(*args)
+        return (201 if fake_driver.current_context == 0 else 0,)  # INVALID_CONTEXT
+
+    monkeypatch.setattr(fake_driver, "cuLaunchKernel", launch)
+    kernel._cuLaunchKernel = launch  # the fast path keeps the driver function it was built with
+    kernel.launch(1, 32, *_args())
+    assert [(c[0], c[-1]) for c in fake_driver.calls] == [
+        ("cuLaunchKernel", 0),
+        ("cuCtxSetCurrent", OUR_CONTEXT),
+        ("cuLaunchKernel", OUR_CONTEXT),
+        ("cuCtxSetCurrent", 0),
+    ]
 
 
 def test_driver_errors_become_kernel_launch_errors(kernel, fake_driver):

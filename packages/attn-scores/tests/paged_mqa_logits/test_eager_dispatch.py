@@ -1,12 +1,11 @@
-"""Eager CUDA calls skip the custom-op dispatch but reach the launcher with the same arguments.
+"""The eager call path without a GPU: the remembered call of a validated signature, its
+output view, what makes a signature new, and the custom ops' CUDA functions forwarding every
+argument to the launcher (replaced here by a recorder).
 
-No GPU here: the launcher is replaced by a recorder, and `_dispatch` is driven with an object
-that says it lives on CUDA.
+On the GPU, test_gpu_eager_calls.py runs the same path against the reference.
 """
 
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
@@ -14,16 +13,90 @@ from attn_scores_cases import make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import api, custom_ops, launcher
 
 
-def test_dispatch_picks_the_cuda_kernel_for_cuda_tensors_and_the_op_otherwise():
+def _problem(rows: int, max_seq_len: int) -> api._Problem:
+    return api._Problem(
+        batch_size=rows,
+        next_n=1,
+        num_heads=64,
+        head_dim=128,
+        num_blocks=4,
+        block_size=64,
+        max_seq_len=max_seq_len,
+    )
+
+
+def _recording_run(calls: list):
+    def run(*args):
+        calls.append(args)
+
+    return run
+
+
+def test_remembered_call_launches_into_the_callers_out_and_returns_the_sliced_view():
+    buffer = torch.zeros(9, 640)
+    out = buffer[2:]  # a row slice: the view must keep its storage offset
+    problem = _problem(rows=3, max_seq_len=300)
     calls = []
-    op = lambda *a: calls.append(("op", a))  # noqa: E731
-    kernel = lambda *a: calls.append(("kernel", a))  # noqa: E731
-    on_cuda = types.SimpleNamespace(is_cuda=True)
-    on_cpu = torch.zeros(1)
-    api._dispatch(op, kernel, (on_cuda, 1))
-    api._dispatch(op, kernel, (on_cpu, 2))
-    assert [name for name, _ in calls] == ["kernel", "op"]
-    assert calls[0][1] == (on_cuda, 1) and calls[1][1][1] == 2
+    eager = api._EagerCall(_recording_run(calls), problem, out, allocates=False)
+    tensors = (torch.ones(1), torch.ones(2))
+    schedule = torch.zeros(133, 2, dtype=torch.int32)
+    got = eager(tensors, schedule, out)
+    assert len(calls) == 1
+    assert calls[0][:2] == tensors and calls[0][2] is out and calls[0][3] is schedule
+    expected = out[:3, :300]
+    assert got.shape == expected.shape and got.stride() == expected.stride()
+    assert got.data_ptr() == expected.data_ptr()
+    assert got.storage_offset() == expected.storage_offset() == 2 * 640
+    got.fill_(7.0)
+    assert torch.equal(buffer[2:5, :300], torch.full((3, 300), 7.0))
+    assert buffer[2:5, 300:].abs().sum() == 0 and buffer[:2].abs().sum() == 0
+
+
+def test_remembered_call_without_out_allocates_padded_storage_each_call():
+    problem = _problem(rows=2, max_seq_len=1000)
+    first = torch.empty(problem.rows, problem.padded_cols, dtype=torch.float16)
+    calls = []
+    eager = api._EagerCall(_recording_run(calls), problem, first, allocates=True)
+    a = eager((), None, None)
+    b = eager((), None, None)
+    storages = [call[0] for call in calls]
+    assert [s.shape for s in storages] == [(2, problem.padded_cols)] * 2
+    assert all(s.dtype == torch.float16 for s in storages)
+    assert storages[0].data_ptr() != storages[1].data_ptr()  # both alive: fresh buffers
+    assert a.shape == b.shape == (2, 1000) and a.stride() == (problem.padded_cols, 1)
+    assert a.data_ptr() == storages[0].data_ptr()
+
+
+def test_validate_mode_bypasses_a_remembered_call(monkeypatch):
+    key = ("a signature",)
+    monkeypatch.setitem(api._EAGER_CALLS, key, "remembered")
+    monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
+    assert api._eager_call(key) == "remembered"
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    assert api._eager_call(key) is None
+    assert api._eager_call(None) is None
+
+
+def test_every_metadata_change_is_a_new_signature():
+    case = make_fp8_case([40, 70], next_n=1, seed=5)
+    args = list(case.fp8_args())
+    base = api._signature(tuple(args))
+    assert base == api._signature(tuple(make_fp8_case([40, 70], next_n=1, seed=6).fp8_args()))
+    weights = args[2]
+    variants = {
+        "dtype": weights.to(torch.float64),
+        "shape": weights[:, :4],
+        "stride": weights.t().contiguous().t(),
+        "device": weights.to("meta"),
+    }
+    for what, changed in variants.items():
+        other = list(args)
+        other[2] = changed
+        assert api._signature(tuple(other)) != base, what
+    other = list(args)
+    other[-1] += 1  # max_seq_len
+    assert api._signature(tuple(other)) != base
+    assert api._signature((*args, [1])) is None  # a list: left to the checks to name
 
 
 @pytest.fixture

@@ -284,10 +284,13 @@ GRAPH_LENGTHS = [300, 64, 500, 129]
 REPLAY_LENGTHS = [200, 0, 480, 1]
 
 
+@pytest.mark.parametrize("validate", [True, False], ids=["validate", "remembered-call"])
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
-def test_cuda_graph_replay_follows_new_seq_lens(variant, monkeypatch):
-    # Validation mode on: its device reads must be skipped inside the capture.
-    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+def test_cuda_graph_replay_follows_new_seq_lens(variant, validate, monkeypatch):
+    if validate:  # its device reads must be skipped inside the capture
+        monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    else:  # the warm-up's remembered launch is what the capture records
+        monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
     next_n = 2
     if variant == "fp8":
         case = fp8_case(64, next_n, seed=9, lens=GRAPH_LENGTHS, max_seq_len=600)

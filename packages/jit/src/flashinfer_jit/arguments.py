@@ -187,14 +187,18 @@ class ArgumentPacker:
             "device_error": self._device_error,
         }
         names = [f"a{i}" for i in range(count)]
-        lines = ["def packer(args):"]
+        # The expected types and the device are default arguments: local reads in the hot path.
+        for i, kind in enumerate(types):
+            namespace[f"t{i}"] = kind
+        bound = "".join(f", t{i}=t{i}" for i in range(count))
+        lines = [f"def packer(args, device=device{bound}):"]
         if count == 0:
             lines.append("    return (None, 0) if not args else None")
         else:
             lines.append(f"    if len(args) != {count}:")
             lines.append("        return None")
             lines.append(f"    {', '.join(names)}, = args")
-            type_checks = " or ".join(f"type({n}) is not types[{i}]" for i, n in enumerate(names))
+            type_checks = " or ".join(f"type({n}) is not t{i}" for i, n in enumerate(names))
             lines.append(f"    if {type_checks}:")
             lines.append("        return None")
             for name in device_checks:

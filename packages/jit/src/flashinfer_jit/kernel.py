@@ -26,24 +26,28 @@ from .spec import KernelSpec
 
 _torch: Any = None
 _raw_stream: Callable[[int], int] | None = None
+_current_device: Callable[[], int] | None = None
+
+_CUDA_ERROR_INVALID_CONTEXT = 201
 
 
 def _torch_module() -> Any:
-    global _torch, _raw_stream
+    global _torch, _raw_stream, _current_device
     if _torch is None:
         import torch
 
         _torch = torch
         try:
             from torch._C import _cuda_getCurrentRawStream as raw
+            from torch._C import _cuda_getDevice as current
 
-            _raw_stream = raw
-        except ImportError:  # pragma: no cover - every torch 2.x CUDA build has it
+            _raw_stream, _current_device = raw, current
+        except ImportError:  # pragma: no cover - every torch 2.x CUDA build has them
 
             def _fallback(index: int) -> int:
                 return torch.cuda.current_stream(index).cuda_stream
 
-            _raw_stream = _fallback
+            _raw_stream, _current_device = _fallback, torch.cuda.current_device
     return _torch
 
 
@@ -109,7 +113,7 @@ class Kernel:
         self.compiled = compiled
         self.device_index = device_index
         self._device = info.handle
-        with context_of(device_index) as ctx:
+        with context_of(device_index):
             self._library = check(
                 drv.cuLibraryLoadData(compiled.cubin, None, None, 0, None, None, 0),
                 f"cuLibraryLoadData({self.spec.label})",
@@ -124,7 +128,6 @@ class Kernel:
             # Needs a current context: outside it the driver answers INVALID_CONTEXT, which
             # read as "no parameters" in a process where PyTorch had not yet made one current.
             self._params = self._param_layout(drv)
-        self._context_int = int(ctx)
         # Launch a CUkernel cast to CUfunction: the driver takes the context from the stream.
         self._launch_handle = drv.CUfunction(int(self._kernel))
         self.param_sizes = tuple(size for _, size in self._params)
@@ -139,6 +142,7 @@ class Kernel:
         self._cuLaunchKernel = drv.cuLaunchKernel
         _torch_module()
         self._raw_stream = _raw_stream
+        self._current_device = _current_device
 
     def _get_attr(self, attribute: Any) -> int:
         drv = driver()
@@ -202,33 +206,40 @@ class Kernel:
             self._raise_shared_memory_limit(shared_mem)
         handle = self._raw_stream(self.device_index) if stream is None else stream_handle(stream)
         buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched
-        if handle <= 2 and self._needs_context():
-            # The legacy/per-thread default stream belongs to whatever context is current.
+        # The legacy/per-thread default streams (handles 0-2) belong to whatever context is
+        # current. PyTorch's current device (a thread-local read, unlike the driver's
+        # cuCtxGetCurrent, which costs ~1-2 us from Python) names the primary context it made
+        # current; a thread with no context at all gets INVALID_CONTEXT, then the retry below.
+        if handle <= 2 and self._current_device() != self.device_index:
             with context_of(self.device_index):
                 self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
-        elif cluster is None:
+            return
+        if cluster is None:
             (err,) = self._cuLaunchKernel(
                 self._launch_handle, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
             )
-            if err:
-                self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
         else:
-            self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+            err = self._launch_ex(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+        if err:
+            if handle <= 2 and int(err) == _CUDA_ERROR_INVALID_CONTEXT:
+                with context_of(self.device_index):  # a thread where no context was current
+                    self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+            else:
+                self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
         del buffer
 
-    def _needs_context(self) -> bool:
-        err, current = driver().cuCtxGetCurrent()
-        return err or int(current) != self._context_int
+    def _launch_ex(self, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params) -> Any:
+        config = self._cluster_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster, handle)
+        (err,) = driver().cuLaunchKernelEx(config, self._launch_handle, params, 0)
+        return err
 
     def _launch(self, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params) -> None:
-        drv = driver()
         if cluster is None:
-            (err,) = drv.cuLaunchKernel(
+            (err,) = driver().cuLaunchKernel(
                 self._launch_handle, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
             )
         else:
-            config = self._cluster_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster, handle)
-            (err,) = drv.cuLaunchKernelEx(config, self._launch_handle, params, 0)
+            err = self._launch_ex(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
         if err:
             self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
 

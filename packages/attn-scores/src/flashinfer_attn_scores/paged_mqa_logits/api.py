@@ -186,6 +186,10 @@ _SCALAR_TYPES = (bool, int, float, str, torch.dtype)
 
 
 def _signature(args: tuple) -> tuple | None:
+    """The memo key of a call's arguments; None under torch.compile (dynamo guards the
+    metadata itself) or for an argument of an unexpected type (the checks will name it)."""
+    if torch.compiler.is_compiling():
+        return None
     parts = []
     for arg in args:
         if isinstance(arg, torch.Tensor):
@@ -193,15 +197,12 @@ def _signature(args: tuple) -> tuple | None:
         elif arg is None or type(arg) in _SCALAR_TYPES:
             parts.append((type(arg), arg))
         else:
-            return None  # an unexpected type: let the checks name it
+            return None
     return tuple(parts)
 
 
-def _validated(validate: Callable[[], _Problem], *args: object) -> _Problem:
-    """`validate()`'s problem sizes, memoised by the arguments' metadata signature."""
-    if torch.compiler.is_compiling():
-        return validate()  # dynamo traces the checks and guards on the metadata itself
-    key = _signature(args)
+def _validated(validate: Callable[[], _Problem], key: tuple | None) -> _Problem:
+    """`validate()`'s problem sizes, memoised by the arguments' signature `key`."""
     problem = _VALIDATED.get(key) if key is not None else None
     if problem is None:
         problem = validate()
@@ -212,32 +213,76 @@ def _validated(validate: Callable[[], _Problem], *args: object) -> _Problem:
     return problem
 
 
-def _dispatch(op: Callable[..., None], cuda_kernel: Callable[..., None], args: tuple) -> None:
-    """Run `op(*args)`, or its CUDA kernel directly for an eager call on CUDA tensors.
+class _EagerCall:
+    """The whole eager CUDA call of one validated argument signature.
 
-    The custom op exists for `torch.compile` (an opaque node with a fake implementation);
-    outside a trace its Python dispatch costs about 100 us per call on the H200 (2026-11-29,
-    cProfile: `torch._library.custom_ops.backend_impl`) and buys nothing, since it would end
-    in this same CUDA kernel function.
+    It holds what the signature fixes (output geometry, the prepared kernel launch of
+    `launcher.prepare_*`), so a repeated call is: output storage, one launch, one view. The
+    public functions look it up before anything else; only the opt-in validate mode, read on
+    every call, sends a known signature back through `_run`. Through `torch.library` the
+    same call would cost about 100 us more on the H200 (2026-11-29, cProfile:
+    `torch._library.custom_ops.backend_impl`) and buy nothing outside a torch.compile trace.
     """
-    eager_cuda = args[0].is_cuda and not torch.compiler.is_compiling()
-    (cuda_kernel if eager_cuda else op)(*args)
+
+    __slots__ = ("_device", "_dtype", "_run", "_storage_shape", "_view_shape", "_view_stride")
+
+    def __init__(
+        self,
+        run: Callable[..., None],
+        problem: _Problem,
+        storage: torch.Tensor,
+        allocates: bool,
+    ) -> None:
+        self._run = run
+        self._view_shape = (problem.rows, problem.max_seq_len)
+        # The row stride is part of the signature (out's, or the fresh storage's padded width).
+        self._view_stride = (storage.stride(0), 1)
+        self._storage_shape = (problem.rows, problem.padded_cols) if allocates else None
+        self._dtype, self._device = storage.dtype, storage.device
+
+    def __call__(
+        self, tensors: tuple, schedule_meta: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        storage = out
+        if storage is None:
+            storage = torch.empty(self._storage_shape, dtype=self._dtype, device=self._device)
+        self._run(*tensors, storage, schedule_meta)
+        # The same view as storage[:rows, :max_seq_len] (offset kept), in one call.
+        return storage.as_strided(self._view_shape, self._view_stride)
+
+
+_EAGER_CALLS: dict[tuple, _EagerCall] = {}
+
+
+def _eager_call(key: tuple | None) -> _EagerCall | None:
+    """The remembered eager call for `key`, unless validate mode wants the data checks."""
+    eager = _EAGER_CALLS.get(key) if key is not None else None
+    if eager is None or v.validate_inputs_enabled():
+        return None
+    return eager
 
 
 def _run(
     op: str,
     variant: str,
     problem: _Problem,
+    key: tuple | None,
     *,
-    q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
+    tensors: tuple,
     schedule_meta: torch.Tensor | None,
     out: torch.Tensor | None,
     output_dtype: torch.dtype,
+    prepare: Callable[[torch.Tensor], Callable[..., None]],
     compute: Callable[[torch.Tensor], None],
 ) -> torch.Tensor:
-    """Opt-in device-data checks, output allocation, then `compute(storage)` (a custom op)."""
+    """Opt-in device-data checks, output allocation, then the kernel: eager CUDA calls launch
+    `prepare(storage)` directly and remember it under `key`; CPU calls and torch.compile
+    traces go through the custom op (`compute(storage)`).
+
+    `tensors` are the op's input tensors in launch order, q first, seq_lens last but for
+    block_tables before it.
+    """
+    q, block_tables, seq_lens = tensors[0], tensors[-2], tensors[-1]
     if _device_data_checks_wanted():
         v.check_device_data(
             seq_lens=seq_lens,
@@ -261,7 +306,15 @@ def _run(
     logits = storage[: problem.rows, : problem.max_seq_len]
     if problem.rows == 0:
         return logits
-    compute(storage)
+    if q.is_cuda and not torch.compiler.is_compiling():
+        run = prepare(storage)
+        run(*tensors, storage, schedule_meta)
+        if key is not None:
+            if len(_EAGER_CALLS) >= _VALIDATED_LIMIT:
+                _EAGER_CALLS.clear()
+            _EAGER_CALLS[key] = _EagerCall(run, problem, storage, allocates=out is None)
+    else:
+        compute(storage)
     return logits
 
 
@@ -410,6 +463,13 @@ def fp8_paged_mqa_logits(
     out.stride(0) < 2**31`) because the output is indexed with 32-bit offsets.
     """
     op = "fp8_paged_mqa_logits"
+    tensors = (q, kv_fused, weights, block_tables, seq_lens)
+    key = _signature(
+        ("fp8", *tensors, max_seq_len, output_dtype, epi_dtype, acc_dtype, schedule_meta, out)
+    )
+    eager = _eager_call(key)
+    if eager is not None:
+        return eager(tensors, schedule_meta, out)
 
     def validate() -> _Problem:
         v.check_tensor("q", q)
@@ -432,51 +492,37 @@ def fp8_paged_mqa_logits(
         _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
         return problem
 
-    problem = _validated(
-        validate,
-        "fp8",
-        q,
-        kv_fused,
-        weights,
-        block_tables,
-        seq_lens,
-        max_seq_len,
-        output_dtype,
-        epi_dtype,
-        acc_dtype,
-        schedule_meta,
-        out,
-    )
+    def prepare(storage: torch.Tensor) -> Callable[..., None]:
+        return launcher.prepare_fp8_paged_mqa_logits(
+            *tensors,
+            storage,
+            schedule_meta,
+            output_dtype=output_dtype,
+            epi_dtype=epi_dtype,
+            acc_dtype=acc_dtype,
+        )
 
     def compute(storage: torch.Tensor) -> None:
-        _dispatch(
-            custom_ops.fp8_paged_mqa_logits_into,
-            custom_ops.fp8_paged_mqa_logits_into_cuda,
-            (
-                q,
-                kv_fused,
-                weights,
-                block_tables,
-                seq_lens,
-                max_seq_len,
-                storage,
-                schedule_meta,
-                output_dtype,
-                epi_dtype,
-                acc_dtype,
-            ),
+        custom_ops.fp8_paged_mqa_logits_into(
+            *tensors,
+            max_seq_len,
+            storage,
+            schedule_meta,
+            output_dtype,
+            epi_dtype,
+            acc_dtype,
         )
 
     return _run(
         op,
         "fp8",
-        problem,
-        q=q,
-        seq_lens=seq_lens,
-        block_tables=block_tables,
+        _validated(validate, key),
+        key,
+        tensors=tensors,
         schedule_meta=schedule_meta,
         out=out,
         output_dtype=output_dtype,
+        prepare=prepare,
         compute=compute,
     )
 
@@ -620,6 +666,14 @@ def fp4_paged_mqa_logits(
     `batch_size*next_n * out.stride(0) < 2**31`).
     """
     op = "fp4_paged_mqa_logits"
+    tensors = (q, q_sf, kv_fused, weights, block_tables, seq_lens)
+    key = _signature(
+        ("fp4", *tensors, max_seq_len, sf_vec_size, output_dtype, epi_dtype,
+         is_kv_sf_interleaved, schedule_meta, out)
+    )  # fmt: skip
+    eager = _eager_call(key)
+    if eager is not None:
+        return eager(tensors, schedule_meta, out)
 
     def validate() -> _Problem:
         v.check_tensor("q", q)
@@ -671,55 +725,39 @@ def fp4_paged_mqa_logits(
         _check_call_outputs(problem, q, output_dtype, schedule_meta, out)
         return problem
 
-    problem = _validated(
-        validate,
-        "fp4",
-        q,
-        q_sf,
-        kv_fused,
-        weights,
-        block_tables,
-        seq_lens,
-        max_seq_len,
-        sf_vec_size,
-        output_dtype,
-        epi_dtype,
-        is_kv_sf_interleaved,
-        schedule_meta,
-        out,
-    )
+    def prepare(storage: torch.Tensor) -> Callable[..., None]:
+        return launcher.prepare_fp4_paged_mqa_logits(
+            *tensors,
+            storage,
+            schedule_meta,
+            output_dtype=output_dtype,
+            epi_dtype=epi_dtype,
+            is_kv_sf_interleaved=is_kv_sf_interleaved,
+            sf_vec_size=sf_vec_size,
+        )
 
     def compute(storage: torch.Tensor) -> None:
-        _dispatch(
-            custom_ops.fp4_paged_mqa_logits_into,
-            custom_ops.fp4_paged_mqa_logits_into_cuda,
-            (
-                q,
-                q_sf,
-                kv_fused,
-                weights,
-                block_tables,
-                seq_lens,
-                max_seq_len,
-                storage,
-                schedule_meta,
-                sf_vec_size,
-                output_dtype,
-                epi_dtype,
-                is_kv_sf_interleaved,
-            ),
+        custom_ops.fp4_paged_mqa_logits_into(
+            *tensors,
+            max_seq_len,
+            storage,
+            schedule_meta,
+            sf_vec_size,
+            output_dtype,
+            epi_dtype,
+            is_kv_sf_interleaved,
         )
 
     return _run(
         op,
         "fp4",
-        problem,
-        q=q,
-        seq_lens=seq_lens,
-        block_tables=block_tables,
+        _validated(validate, key),
+        key,
+        tensors=tensors,
         schedule_meta=schedule_meta,
         out=out,
         output_dtype=output_dtype,
+        prepare=prepare,
         compute=compute,
     )
 

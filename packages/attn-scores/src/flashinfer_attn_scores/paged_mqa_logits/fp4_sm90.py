@@ -18,6 +18,7 @@ from .fp8_sm90 import (
     CSRC,
     DTYPE_CODE,
     TOKENS_PER_UNIT,
+    PoolTensorMap,
     _contiguous_aligned,
     _short,
     barrier_bytes,
@@ -151,7 +152,7 @@ def _kv_tensor_map(kv_fused: torch.Tensor):
     return kv_values_tensor_map(kv_fused, ROW_BYTES, HEAD_DIM // 32, ROW_BYTES, "none")
 
 
-def launch(
+def prepare(
     q: torch.Tensor,
     q_sf: torch.Tensor,
     kv_fused: torch.Tensor,
@@ -167,38 +168,59 @@ def launch(
     sf_vec_size: int = 32,
     experiment: tuple[tuple[str, int], ...] = (),
     schedule_rows_out: torch.Tensor | None = None,
-) -> None:
-    """Launch the kernel on the current stream; `schedule_meta=None`: the kernel schedules
-    itself (see `fp8_sm90.schedule_arguments`). `sf_vec_size` is always 32 here (validated by
-    the api); the kernel hard-codes it."""
-    from flashinfer_jit import i32, i64, load_kernel
+):
+    """The launch of every call whose arguments match these in dtype, device, shape and
+    strides: returns `run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage,
+    schedule_meta)`, which reads only data pointers and the current stream (as
+    `fp8_sm90.prepare`). `sf_vec_size` is always 32 here (validated by the api); the kernel
+    hard-codes it."""
+    from flashinfer_jit import i32, i64, load_kernel, u64
 
     batch_size, next_n = q.shape[:2]
     config = fp4_config(
         kv_fused.shape[1], next_n, output_dtype, epi_dtype, bool(is_kv_sf_interleaved), experiment
     )
     kernel = load_kernel(config.spec, q.device)
-    grid, schedule, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
-    # q rows are read as 16-byte vectors; q_sf and the weights as one word per row.
-    q = _contiguous_aligned(q)
-    q_sf = _contiguous_aligned(q_sf)
-    weights = _contiguous_aligned(weights)
-    kernel.launch(
-        grid,
-        config.threads,
-        _kv_tensor_map(kv_fused),
-        kv_fused,
-        q,
-        q_sf,
-        weights,
-        block_tables,
-        i64(block_tables.stride(0)),
-        seq_lens,
-        i64(seq_lens.stride(0)),
-        schedule,
-        rows_out,
-        i32(batch_size),
-        out_storage,
-        i64(out_storage.stride(0)),
-        shared_mem=config.shared_memory_bytes(config.stages),
+    grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
+    launch_kernel = functools.partial(
+        kernel.launch, grid, config.threads, shared_mem=config.shared_memory_bytes(config.stages)
     )
+    pool_map = PoolTensorMap(_kv_tensor_map)
+    table_stride, lens_stride = i64(block_tables.stride(0)), i64(seq_lens.stride(0))
+    rows, out_stride, no_schedule = i32(batch_size), i64(out_storage.stride(0)), u64(0)
+
+    def run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
+        launch_kernel(
+            pool_map(kv_fused),
+            kv_fused,
+            _contiguous_aligned(q),  # q rows are read as 16-byte vectors,
+            _contiguous_aligned(q_sf),  # q_sf and the weights as one word per row
+            _contiguous_aligned(weights),
+            block_tables,
+            table_stride,
+            seq_lens,
+            lens_stride,
+            no_schedule if schedule_meta is None else schedule_meta,
+            rows_out,
+            rows,
+            out_storage,
+            out_stride,
+        )
+
+    return run
+
+
+def launch(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    **options,
+) -> None:
+    """Prepare and launch once on the current stream (`options`: those of `prepare`)."""
+    args = (q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta)
+    prepare(*args, **options)(*args)

@@ -275,7 +275,30 @@ def _kv_tensor_map(kv_fused: torch.Tensor, config: Fp8KernelConfig):
     return kv_values_tensor_map(kv_fused, config.head_dim, 4, swizzle, f"{swizzle}B")
 
 
-def launch(
+class PoolTensorMap:
+    """The TMA descriptor of the KV pool a prepared launch saw last (pools rarely move).
+
+    One compare of the pool's address per call; a different pool goes through the shared
+    cache of `kv_values_tensor_map`. The (address, map) pair is replaced as one attribute,
+    so concurrent callers never pair an address with another pool's map.
+    """
+
+    __slots__ = ("_entry", "_make")
+
+    def __init__(self, make) -> None:
+        self._make = make
+        self._entry: tuple[int, object] = (-1, None)
+
+    def __call__(self, kv_fused: torch.Tensor):
+        address = kv_fused.data_ptr()
+        entry = self._entry
+        if entry[0] != address:
+            entry = (address, self._make(kv_fused))
+            self._entry = entry
+        return entry[1]
+
+
+def prepare(
     q: torch.Tensor,
     kv_fused: torch.Tensor,
     weights: torch.Tensor,
@@ -289,10 +312,17 @@ def launch(
     acc_dtype: torch.dtype,
     experiment: tuple[tuple[str, int], ...] = (),
     schedule_rows_out: torch.Tensor | None = None,
-) -> None:
-    """Launch the kernel on the current stream; `schedule_meta=None`: the kernel schedules
-    itself (see `schedule_arguments`)."""
-    from flashinfer_jit import i32, i64, load_kernel
+):
+    """The launch of every call whose arguments match these in dtype, device, shape and
+    strides (their data may differ): returns `run(q, kv_fused, weights, block_tables,
+    seq_lens, out_storage, schedule_meta)`.
+
+    Everything derived from that metadata (configuration, loaded kernel, grid, strides as
+    kernel scalars) is fixed here; `run` reads only data pointers and the current stream, so
+    `api.py` keeps one per validated argument signature and a warm eager call is one launch.
+    `schedule_meta=None`: the kernel schedules itself (see `schedule_arguments`).
+    """
+    from flashinfer_jit import i32, i64, load_kernel, u64
 
     batch_size, next_n, num_heads, head_dim = q.shape
     config = fp8_config(
@@ -306,28 +336,47 @@ def launch(
         experiment,
     )
     kernel = load_kernel(config.spec, q.device)
-    grid, schedule, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
-    # The kernel reads q rows and weight rows as 16-byte vectors.
-    q = _contiguous_aligned(q)
-    weights = _contiguous_aligned(weights)
-    kernel.launch(
-        grid,
-        config.threads,
-        _kv_tensor_map(kv_fused, config),
-        kv_fused,
-        q,
-        weights,
-        block_tables,
-        i64(block_tables.stride(0)),
-        seq_lens,
-        i64(seq_lens.stride(0)),
-        schedule,
-        rows_out,
-        i32(batch_size),
-        out_storage,
-        i64(out_storage.stride(0)),
-        shared_mem=config.shared_memory_bytes(config.stages),
+    grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
+    launch_kernel = functools.partial(
+        kernel.launch, grid, config.threads, shared_mem=config.shared_memory_bytes(config.stages)
     )
+    pool_map = PoolTensorMap(lambda pool: _kv_tensor_map(pool, config))
+    table_stride, lens_stride = i64(block_tables.stride(0)), i64(seq_lens.stride(0))
+    rows, out_stride, no_schedule = i32(batch_size), i64(out_storage.stride(0)), u64(0)
+
+    def run(q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
+        launch_kernel(
+            pool_map(kv_fused),
+            kv_fused,
+            _contiguous_aligned(q),  # the kernel reads q and weight rows as 16-byte vectors
+            _contiguous_aligned(weights),
+            block_tables,
+            table_stride,
+            seq_lens,
+            lens_stride,
+            no_schedule if schedule_meta is None else schedule_meta,
+            rows_out,
+            rows,
+            out_storage,
+            out_stride,
+        )
+
+    return run
+
+
+def launch(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    **options,
+) -> None:
+    """Prepare and launch once on the current stream (`options`: those of `prepare`)."""
+    args = (q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta)
+    prepare(*args, **options)(*args)
 
 
 def _contiguous_aligned(t: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,14 @@ import torch
 
 from . import fp4_sm90, fp8_sm90
 
-# The custom ops' CUDA kernels call these (looked up at call time, so tests can replace them);
-# they are the kernels' own launch functions, not wrappers: one Python call less per launch.
+# Looked up at call time, so tests can replace them. The custom ops' CUDA kernels (the
+# torch.compile path) launch once per call; eager calls keep the prepared launch of each
+# argument signature (see `api._EagerCall`). These are the kernels' own functions, not
+# wrappers: one Python call less per launch.
 launch_fp8_paged_mqa_logits = fp8_sm90.launch
 launch_fp4_paged_mqa_logits = fp4_sm90.launch
+prepare_fp8_paged_mqa_logits = fp8_sm90.prepare
+prepare_fp4_paged_mqa_logits = fp4_sm90.prepare
 
 
 def compile_paged_mqa_logits_kernels(configs: Sequence[object], device: torch.device) -> None:

@@ -1,0 +1,126 @@
+"""Repeated eager calls on the GPU: a validated signature's remembered launch (api._EagerCall)
+against the float64 reference, with everything the signature does not fix changed between
+calls (data, the KV pool's address, q's alignment, the output buffer, the stream)."""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close
+from flashinfer_attn_scores.paged_mqa_logits import api, launcher
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
+from test_gpu import check_result, fp4_case, fp8_case, magnitude_of, poisoned_out, tolerance
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = {
+    "fp8": (fp8_case, fa.fp8_paged_mqa_logits, fp8_paged_mqa_logits_reference, torch.float32),
+    "fp4": (fp4_case, fa.fp4_paged_mqa_logits, fp4_paged_mqa_logits_reference, torch.bfloat16),
+}
+
+
+def args_of(case, variant):
+    return case.fp8_args() if variant == "fp8" else case.fp4_args()
+
+
+@pytest.fixture
+def prepares(monkeypatch):
+    """A fresh table of remembered calls, validate mode off, and a count of prepared launches."""
+    monkeypatch.setattr(api, "_EAGER_CALLS", {})
+    monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
+    counts = {"fp8": 0, "fp4": 0}
+    for variant in counts:
+        name = f"prepare_{variant}_paged_mqa_logits"
+        original = getattr(launcher, name)
+
+        def counted(*args, _variant=variant, _original=original, **kwargs):
+            counts[_variant] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(launcher, name, counted)
+    return counts
+
+
+def check(variant, case, got, out, next_n=2):
+    _, _, reference, dtype = VARIANTS[variant]
+    args = args_of(case, variant)
+    expected = reference(*args)
+    check_result(
+        got, out, expected, case.seq_lens, next_n, tolerance(dtype), magnitude_of(reference, args)
+    )
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_fresh_tensors_of_a_known_signature_reuse_the_launch(variant, prepares):
+    make, op, _, dtype = VARIANTS[variant]
+    for seed in (30, 31, 32):  # new data, a new KV pool address and a new out each time
+        case = make(64, 2, seed=seed)
+        out = poisoned_out(case.rows, case.max_seq_len, dtype)
+        got = op(*args_of(case, variant), out=out)
+        check(variant, case, got, out)
+    assert prepares[variant] == 1
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_without_out_every_call_gets_its_own_storage(variant, prepares):
+    make, op, _, _ = VARIANTS[variant]
+    first_case, second_case = make(32, 2, seed=33), make(32, 2, seed=34)
+    first = op(*args_of(first_case, variant))
+    second = op(*args_of(second_case, variant))
+    assert prepares[variant] == 1
+    assert first.data_ptr() != second.data_ptr()
+    assert first.shape == second.shape == (first_case.rows, first_case.max_seq_len)
+    _, _, reference, dtype = VARIANTS[variant]
+    for case, got in ((first_case, first), (second_case, second)):
+        args = args_of(case, variant)
+        mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
+        magnitude = magnitude_of(reference, args)
+        assert_rows_close(got, reference(*args), mask, tolerance(dtype), magnitude)
+
+
+def test_misaligned_q_of_a_known_signature_is_copied(prepares):
+    case = fp8_case(64, 2, seed=35)
+    fa.fp8_paged_mqa_logits(
+        *case.fp8_args(), out=poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    )
+    shifted = torch.empty(case.q.numel() + 1, dtype=torch.uint8, device="cuda")[1:]
+    shifted.copy_(case.q.view(torch.uint8).flatten())
+    q = shifted.view(torch.float8_e4m3fn).view(case.q.shape)
+    assert q.data_ptr() % 16 and q.stride() == case.q.stride()
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    args = list(case.fp8_args())
+    args[0] = q
+    got = fa.fp8_paged_mqa_logits(*args, out=out)
+    assert prepares["fp8"] == 1
+    check("fp8", case, got, out)
+
+
+def test_a_remembered_call_launches_on_the_current_stream(prepares):
+    case = fp8_case(128, 2, seed=36)
+    fa.fp8_paged_mqa_logits(
+        *case.fp8_args(), out=poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    )
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    stream.synchronize()
+    assert prepares["fp8"] == 1
+    check("fp8", case, got, out)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_validate_mode_still_checks_a_known_signature(variant, prepares, monkeypatch):
+    make, op, _, _ = VARIANTS[variant]
+    case = make(64, 2, seed=37)
+    op(*args_of(case, variant))
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    case.seq_lens[0] = case.max_seq_len + 1  # same metadata, contents that break the contract
+    with pytest.raises(ValueError, match="max_seq_len"):
+        op(*args_of(case, variant))
