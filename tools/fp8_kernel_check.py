@@ -483,6 +483,14 @@ def small_batch_experiments() -> None:
             ("separate kernel", separate),
             ("exit at once", fp8_call(case, None, (("EXP_EXIT", 1),))),
             ("exit after schedule", fp8_call(case, None, (("EXP_EXIT", 2),))),
+            (
+                "exit after given rows",
+                fp8_call(
+                    case,
+                    compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n),
+                    (("EXP_EXIT", 2),),
+                ),
+            ),
             ("no MMA/epilogue", fp8_call(case, None, (("EXP_SKIP_MATH", 1),))),
         ]
         for name, call in variants:

@@ -272,7 +272,18 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
         device=device,
         seed=7,
     )
-    return [*calls, (scheduled, True)]
+    # More requests than one warp schedules (schedule_rows' block-wide path, B > 32).
+    many = build_call(
+        "fp8 bs=64 next_n=2 out=float32, B=40",
+        "fp8",
+        block_size=64,
+        next_n=2,
+        output_dtype=torch.float32,
+        device=device,
+        lengths=LENGTHS * 10,
+        seed=8,
+    )
+    return [*calls, (scheduled, True), (many, False)]
 
 
 def fp4_calls(device: torch.device) -> list[Call]:

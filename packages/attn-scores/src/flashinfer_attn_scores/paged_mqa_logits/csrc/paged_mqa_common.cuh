@@ -147,15 +147,60 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
   __syncthreads();
 }
 
+// The same rows for batch_size <= 32, by one warp with no block barrier: lane b loads request
+// b's length, a warp scan gives the prefixes, and the lane whose request holds g(i) reports
+// it. 32-bit arithmetic is exact here: units_of(len) < 2^25, so total < 2^30. Measured on the
+// H200 (2026-11-29, B = 1, L = 4k, a stream of calls): the block-wide version costs 1.4 us
+// more than reading a precomputed row (2.5 against 1.1 us until the rows are known); most of
+// it is its barriers and 64-bit division, which this path does not have.
+constexpr int kWarpScheduleMaxBatch = 32;
+
+__device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, long long stride, int batch_size,
+                                                           int* rows, int* rows_out) {
+  const int lane = threadIdx.x % 32;
+  const int units = lane < batch_size ? static_cast<int>(request_units(seq_lens, stride, lane)) : 0;
+  int inclusive = units;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  const int prefix = inclusive - units;
+  const unsigned total = static_cast<unsigned>(__shfl_sync(0xffffffffu, inclusive, 31));
+  const unsigned ctas = gridDim.x, per_cta = total / ctas, extra = total % ctas;
+  int row[4];
+#pragma unroll
+  for (int end = 0; end < 2; ++end) {
+    const unsigned i = blockIdx.x + end;
+    const int g = static_cast<int>(per_cta * i + min(i, extra));
+    // At most one lane holds g (units > 0 and prefix <= g < inclusive); none when g == total.
+    const unsigned holders = __ballot_sync(0xffffffffu, units > 0 && prefix <= g && g < inclusive);
+    const int holder = holders ? __ffs(holders) - 1 : 0;
+    const int holder_prefix = __shfl_sync(0xffffffffu, prefix, holder);
+    row[2 * end] = holders ? holder : batch_size;
+    row[2 * end + 1] = holders ? g - holder_prefix : 0;
+  }
+  if (lane < 4) rows[lane] = lane == 0 ? row[0] : lane == 1 ? row[1] : lane == 2 ? row[2] : row[3];
+  if (rows_out != nullptr && lane < 2) {
+    rows_out[2 * blockIdx.x + lane] = lane == 0 ? row[0] : row[1];
+    if (blockIdx.x == gridDim.x - 1) rows_out[2 * gridDim.x + lane] = lane == 0 ? row[2] : row[3];
+  }
+}
+
 // Where the walk of this CTA gets its range: the precomputed schedule when there is one, else
-// the in-kernel rows `own_rows` (4 ints of shared memory, computed by all threads; `scratch`
-// is 256 bytes of shared memory free until the pipeline starts). `rows_out`, when not null,
-// receives the in-kernel rows (a [gridDim.x + 1, 2] table, for tests against
-// flashinfer_schedule).
+// the in-kernel rows `own_rows` (4 ints of shared memory; `scratch` is 256 bytes of shared
+// memory free until the pipeline starts). `rows_out`, when not null, receives the in-kernel
+// rows (a [gridDim.x + 1, 2] table, for tests against flashinfer_schedule). The caller's
+// __syncthreads() publishes `own_rows`. Small batches are scheduled by warp 1 alone, while
+// thread 0 (warp 0) initialises the barriers.
 __device__ __forceinline__ const int* schedule_rows(const int* schedule, const int* seq_lens, long long stride,
                                                     int batch_size, int* rows_out, int* own_rows,
                                                     uint8_t* scratch) {
   if (schedule != nullptr) return schedule + 2 * blockIdx.x;
+  if (batch_size <= kWarpScheduleMaxBatch) {
+    if (threadIdx.x / 32 == 1) compute_schedule_rows_warp(seq_lens, stride, batch_size, own_rows, rows_out);
+    return own_rows;
+  }
   compute_schedule_rows(seq_lens, stride, batch_size, own_rows, reinterpret_cast<long long*>(scratch));
   if (rows_out != nullptr && threadIdx.x < 2) {
     rows_out[2 * blockIdx.x + threadIdx.x] = own_rows[threadIdx.x];
