@@ -321,6 +321,9 @@ def fp8_call(case, schedule, experiment=()):
 
 
 def experiments(copy_bw: float, which: str = "all") -> None:
+    if which == "timestamps":
+        timestamp_experiments()
+        return
     if which == "fp4":
         fp4_experiments(copy_bw)
         return
@@ -502,6 +505,64 @@ def small_batch_experiments() -> None:
         del case
 
 
+TIMESTAMP_SHAPES = [
+    (1, 64, 8, 16384),
+    (1, 64, 64, 4096),
+    (1, 64, 128, 4096),
+    (1, 64, 128, 16384),
+    (1, 64, 128, 65536),
+    (2, 64, 128, 16384),
+]
+
+
+def timestamp_experiments(runs: int = 5) -> None:
+    """Per-CTA globaltimer readings (EXP_TIMESTAMPS): when each CTA starts, knows its rows and
+    finishes, relative to the first CTA's start, median over `runs` calls (in a stream, so
+    the previous call's pages may still sit in L2)."""
+    print(
+        "\nper-CTA timeline (us from the first CTA's start; CTA ends = last consumer exit)\n"
+        "next_n bs     B      L  units/CTA  start max  rows med  end min  end med  end p90  end max"
+    )
+    for next_n, block_size, batch, avg in TIMESTAMP_SHAPES:
+        case, _ = timing_case(next_n, block_size, batch, avg)
+        ctas = torch.cuda.get_device_properties(0).multi_processor_count
+        stamps = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
+        call = functools.partial(
+            fp8_sm90.launch,
+            case["q"],
+            case["kv_fused"],
+            case["weights"],
+            case["block_tables"],
+            case["seq_lens"],
+            case["storage"],
+            None,
+            output_dtype=torch.float32,
+            epi_dtype=torch.float32,
+            acc_dtype=torch.float32,
+            experiment=(("EXP_TIMESTAMPS", 1),),
+            schedule_rows_out=stamps,
+        )
+        rows = []
+        for _ in range(runs + 1):
+            stamps.zero_()
+            call()
+            torch.cuda.synchronize()
+            t = stamps.cpu().double() / 1e3
+            start = t[:, 0].min()
+            consumers = fp8_sm90.consumers_for(next_n * 64)
+            end = t[:, 3 : 3 + consumers].amax(dim=1) - start
+            quantiles = torch.quantile(end, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64))
+            first = [float((t[:, 0] - start).max()), float((t[:, 1] - start).median())]
+            rows.append([*first, *quantiles.tolist()])
+        median = torch.tensor(rows[1:]).median(dim=0).values.tolist()
+        units = (batch * avg) / 64 / ctas
+        print(
+            f"{next_n:6d} {block_size:2d} {batch:5d} {avg:6d} {units:10.0f} "
+            + " ".join(f"{x:9.2f}" for x in median)
+        )
+        del case
+
+
 def profile_one(next_n, block_size, batch, avg, kernel="fp8"):
     under_test = FP4 if kernel == "fp4" else FP8
     case, _ = under_test.make_case(next_n, block_size, batch, avg)
@@ -551,7 +612,7 @@ if __name__ == "__main__":
     parser.add_argument("--profile-kernel", choices=["fp8", "fp4"], default="fp8")
     parser.add_argument(
         "--experiments",
-        choices=["all", "large", "small", "fp4"],
+        choices=["all", "large", "small", "fp4", "timestamps"],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()

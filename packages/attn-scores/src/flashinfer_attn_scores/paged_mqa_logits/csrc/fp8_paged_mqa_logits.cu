@@ -53,6 +53,12 @@ constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 22
 #ifndef EXP_EXIT
 #define EXP_EXIT 0
 #endif
+// EXP_TIMESTAMPS=1: schedule_rows_out receives, per CTA, 8 globaltimer readings (ns) instead of
+// the schedule rows: entry, rows known, then the exit of the producer warp and of each
+// consumer warpgroup.
+#ifndef EXP_TIMESTAMPS
+#define EXP_TIMESTAMPS 0
+#endif
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
@@ -306,6 +312,8 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
                           long long out_stride) {
   if (EXP_EXIT == 1) return;
+  unsigned long long* stamps = reinterpret_cast<unsigned long long*>(schedule_rows_out) + 8 * blockIdx.x;
+  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[0] = globaltimer();
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   const Barriers bars(smem + SharedLayout::kBarriers);
@@ -315,9 +323,11 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   }
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
-  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size, schedule_rows_out,
-                                  bars.schedule_rows, smem + SharedLayout::kKv);
+  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,
+                                  EXP_TIMESTAMPS ? nullptr : schedule_rows_out, bars.schedule_rows,
+                                  smem + SharedLayout::kKv);
   __syncthreads();
+  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[1] = globaltimer();
   if (EXP_EXIT == 2) return;
 
   // Each role starts its own walker after setmaxnreg, so nothing is live across the
@@ -329,10 +339,12 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
       producer(kv_map, kv_base, q, weights, block_tables, block_table_stride, walk, smem);
+      if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[2] = globaltimer();
     }
   } else {
     regs_increase<kConsumerRegs>();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
+    if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0) stamps[2 + warpgroup] = globaltimer();
   }
 }
