@@ -272,18 +272,22 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
         device=device,
         seed=7,
     )
-    # More requests than one warp schedules (schedule_rows' block-wide path, B > 32).
-    many = build_call(
-        "fp8 bs=64 next_n=2 out=float32, B=40",
-        "fp8",
-        block_size=64,
-        next_n=2,
-        output_dtype=torch.float32,
-        device=device,
-        lengths=LENGTHS * 10,
-        seed=8,
-    )
-    return [*calls, (scheduled, True), (many, False)]
+    # More requests than one warp schedules (schedule_rows' block-wide path, B > 32): B = 40
+    # gives each CTA one or two requests, B = 260 several, so q slots are reused within a CTA.
+    batches = [
+        build_call(
+            f"fp8 bs=64 next_n=2 out=float32, B={4 * repeats}",
+            "fp8",
+            block_size=64,
+            next_n=2,
+            output_dtype=torch.float32,
+            device=device,
+            lengths=LENGTHS * repeats,
+            seed=8 + repeats,
+        )
+        for repeats in (10, 65)
+    ]
+    return [*calls, (scheduled, True), *((call, False) for call in batches)]
 
 
 def fp4_calls(device: torch.device) -> list[Call]:
