@@ -18,14 +18,13 @@ from .fp8_sm90 import (
     CSRC,
     DTYPE_CODE,
     TOKENS_PER_UNIT,
-    PoolTensorMap,
     _contiguous_aligned,
     _short,
     barrier_bytes,
     deepest_stages,
     kv_values_tensor_map,
+    launch_parts,
     mma_halves_for,
-    schedule_arguments,
 )
 
 NUM_HEADS = 64
@@ -174,20 +173,33 @@ def prepare(
     schedule_meta)`, which reads only data pointers and the current stream (as
     `fp8_sm90.prepare`). `sf_vec_size` is always 32 here (validated by the api); the kernel
     hard-codes it."""
-    from flashinfer_jit import i32, i64, load_kernel, u64
-
-    batch_size, next_n = q.shape[:2]
     config = fp4_config(
-        kv_fused.shape[1], next_n, output_dtype, epi_dtype, bool(is_kv_sf_interleaved), experiment
+        kv_fused.shape[1],
+        q.shape[1],
+        output_dtype,
+        epi_dtype,
+        bool(is_kv_sf_interleaved),
+        experiment,
     )
-    kernel = load_kernel(config.spec, q.device)
-    grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
-    launch_kernel = functools.partial(
-        kernel.launch, grid, config.threads, shared_mem=config.shared_memory_bytes(config.stages)
+    (
+        launch_kernel,
+        pool_map,
+        table_stride,
+        lens_stride,
+        no_schedule,
+        rows_out,
+        rows,
+        out_stride,
+    ) = launch_parts(
+        config,
+        q,
+        block_tables,
+        seq_lens,
+        out_storage,
+        schedule_meta,
+        schedule_rows_out,
+        _kv_tensor_map,
     )
-    pool_map = PoolTensorMap(_kv_tensor_map)
-    table_stride, lens_stride = i64(block_tables.stride(0)), i64(seq_lens.stride(0))
-    rows, out_stride, no_schedule = i32(batch_size), i64(out_storage.stride(0)), u64(0)
 
     def run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
         launch_kernel(

@@ -298,6 +298,40 @@ class PoolTensorMap:
         return entry[1]
 
 
+def launch_parts(
+    config,
+    q: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_storage: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
+    schedule_rows_out: torch.Tensor | None,
+    make_kv_map,
+) -> tuple:
+    """What a prepared launch fixes, shared by both kernels (their launch arguments differ only
+    in the q operands): `(launch_kernel, pool_map, table_stride, lens_stride, no_schedule,
+    rows_out, rows, out_stride)`, where `launch_kernel(*args)` launches on the grid of
+    `schedule_arguments`, `pool_map(kv_fused)` is the pool's tensor map and the rest are the
+    kernel's scalar arguments."""
+    from flashinfer_jit import i32, i64, load_kernel, u64
+
+    kernel = load_kernel(config.spec, q.device)
+    grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
+    launch_kernel = functools.partial(
+        kernel.launch, grid, config.threads, shared_mem=config.shared_memory_bytes(config.stages)
+    )
+    return (
+        launch_kernel,
+        PoolTensorMap(make_kv_map),
+        i64(block_tables.stride(0)),
+        i64(seq_lens.stride(0)),
+        u64(0),
+        rows_out,
+        i32(q.shape[0]),
+        i64(out_storage.stride(0)),
+    )
+
+
 def prepare(
     q: torch.Tensor,
     kv_fused: torch.Tensor,
@@ -322,9 +356,7 @@ def prepare(
     `api.py` keeps one per validated argument signature and a warm eager call is one launch.
     `schedule_meta=None`: the kernel schedules itself (see `schedule_arguments`).
     """
-    from flashinfer_jit import i32, i64, load_kernel, u64
-
-    batch_size, next_n, num_heads, head_dim = q.shape
+    _, next_n, num_heads, head_dim = q.shape
     config = fp8_config(
         kv_fused.shape[1],
         head_dim,
@@ -335,14 +367,25 @@ def prepare(
         acc_dtype,
         experiment,
     )
-    kernel = load_kernel(config.spec, q.device)
-    grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
-    launch_kernel = functools.partial(
-        kernel.launch, grid, config.threads, shared_mem=config.shared_memory_bytes(config.stages)
+    (
+        launch_kernel,
+        pool_map,
+        table_stride,
+        lens_stride,
+        no_schedule,
+        rows_out,
+        rows,
+        out_stride,
+    ) = launch_parts(
+        config,
+        q,
+        block_tables,
+        seq_lens,
+        out_storage,
+        schedule_meta,
+        schedule_rows_out,
+        lambda pool: _kv_tensor_map(pool, config),
     )
-    pool_map = PoolTensorMap(lambda pool: _kv_tensor_map(pool, config))
-    table_stride, lens_stride = i64(block_tables.stride(0)), i64(seq_lens.stride(0))
-    rows, out_stride, no_schedule = i32(batch_size), i64(out_storage.stride(0)), u64(0)
 
     def run(q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
         launch_kernel(
