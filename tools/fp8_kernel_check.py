@@ -303,7 +303,7 @@ def timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
-def fp8_call(case, schedule, experiment=()):
+def fp8_call(case, schedule, experiment=(), schedule_rows_out=None):
     return functools.partial(
         fp8_sm90.launch,
         case["q"],
@@ -317,6 +317,7 @@ def fp8_call(case, schedule, experiment=()):
         epi_dtype=torch.float32,
         acc_dtype=torch.float32,
         experiment=experiment,
+        schedule_rows_out=schedule_rows_out,
     )
 
 
@@ -527,21 +528,7 @@ def timestamp_experiments(runs: int = 5) -> None:
         case, _ = timing_case(next_n, block_size, batch, avg)
         ctas = torch.cuda.get_device_properties(0).multi_processor_count
         stamps = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
-        call = functools.partial(
-            fp8_sm90.launch,
-            case["q"],
-            case["kv_fused"],
-            case["weights"],
-            case["block_tables"],
-            case["seq_lens"],
-            case["storage"],
-            None,
-            output_dtype=torch.float32,
-            epi_dtype=torch.float32,
-            acc_dtype=torch.float32,
-            experiment=(("EXP_TIMESTAMPS", 1),),
-            schedule_rows_out=stamps,
-        )
+        call = fp8_call(case, None, (("EXP_TIMESTAMPS", 1),), schedule_rows_out=stamps)
         rows = []
         for _ in range(runs + 1):
             stamps.zero_()
