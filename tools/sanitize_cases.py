@@ -291,19 +291,22 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
 
 
 def fp4_calls(device: torch.device) -> list[Call]:
-    specs = [(32, 1, False), (128, 4, False), (128, 2, True)]
+    # (block size, next_n, interleaved scales, requests): the last one reuses q slots in a CTA.
+    specs = [(32, 1, False, 1), (128, 4, False, 1), (128, 2, True, 1), (64, 2, False, 65)]
     return [
         build_call(
-            f"fp4 bs={bs} next_n={n}{' interleaved' if inter else ''} out=bfloat16",
+            f"fp4 bs={bs} next_n={n}{' interleaved' if inter else ''} out=bfloat16"
+            + (f", B={4 * repeats}" if repeats > 1 else ""),
             "fp4",
             block_size=bs,
             next_n=n,
             output_dtype=torch.bfloat16,
             device=device,
+            lengths=LENGTHS * repeats,
             interleaved=inter,
             seed=100 + bs + n,
         )
-        for bs, n, inter in specs
+        for bs, n, inter, repeats in specs
     ]
 
 

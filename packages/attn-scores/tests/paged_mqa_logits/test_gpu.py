@@ -191,6 +191,42 @@ def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, ep
     check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
 
 
+def many_short_lengths(batch: int, seed: int) -> list[int]:
+    """Short requests, a fifth of them empty: every CTA walks several requests, so both q
+    slots are reused inside a CTA (the EDGE_LENGTHS cases give a CTA at most two)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 300, (batch,), generator=gen)
+    lengths[torch.rand(batch, generator=gen) < 0.2] = 0
+    return lengths.tolist()
+
+
+@pytest.mark.parametrize("batch", [40, 260, 700])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_many_short_requests_per_cta(variant, batch):
+    lens = many_short_lengths(batch, seed=batch)
+    if variant == "fp8":
+        case = fp8_case(64, 2, seed=batch, lens=lens, max_seq_len=320)
+        op, args, reference, dtype = (
+            fa.fp8_paged_mqa_logits,
+            case.fp8_args(),
+            fp8_paged_mqa_logits_reference,
+            torch.float32,
+        )
+    else:
+        case = fp4_case(64, 2, seed=batch, lens=lens)
+        op, args, reference, dtype = (
+            fa.fp4_paged_mqa_logits,
+            case.fp4_args(),
+            fp4_paged_mqa_logits_reference,
+            torch.bfloat16,
+        )
+    out = poisoned_out(case.rows, args[-1], dtype)
+    got = op(*args, out=out)
+    expected = reference(*args)
+    magnitude = magnitude_of(reference, args)
+    check_result(got, out, expected, case.seq_lens, 2, tolerance(dtype), magnitude)
+
+
 def test_fp8_spec_example_on_gpu():
     torch.manual_seed(0)
     B, next_n, num_heads, head_dim = 2, 3, 64, 128
