@@ -27,11 +27,16 @@ def test_fp8_cases_cover_the_listed_shapes() -> None:
     calls = sc.fp8_calls(CPU)
     seen = {(c.args["kv_fused"].shape[1], c.next_n, c.output_dtype) for c, _ in calls}
     assert {bs for bs, _, _ in seen} == {32, 64, 128}
-    assert {n for _, n, _ in seen} == {1, 4}
+    assert {n for _, n, _ in seen} == {1, 2, 4}  # next_n 2 in the many-request cases
     assert {dtype for _, _, dtype in seen} == {torch.float32, torch.float16}
     assert any(scheduled for _, scheduled in calls)
+    # Four requests per case, repeated 10 and 65 times in the two many-request cases (one or
+    # two requests per CTA, then several: q slots reused inside a CTA).
+    batches = sorted(c.args["seq_lens"].shape[0] for c, _ in calls)
+    assert batches == [4] * (len(calls) - 2) + [40, 260]
     for call, _ in calls:
-        assert call.args["seq_lens"].tolist() == [1, 0, 129, 1000]
+        lengths = call.args["seq_lens"].tolist()
+        assert lengths == [1, 0, 129, 1000] * (len(lengths) // 4)
 
 
 def test_eager_cases_pass_on_the_cpu_reference_path(capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,7 +44,7 @@ def test_eager_cases_pass_on_the_cpu_reference_path(capsys: pytest.CaptureFixtur
     assert sc.main(["--device", "cpu", "--only", "eager"]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert "9 of 9 cases match the reference" in out
+    assert "11 of 11 cases match the reference" in out
 
 
 def test_an_fp4_interleaved_case_passes_on_the_cpu_reference_path() -> None:
