@@ -74,8 +74,8 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     # and then once more without it.
     with Recorder(api, "_signature") as signature:
         call()
-    (key_args,), _ = signature.seen
-    key = api._signature(key_args)
+    key_args, _ = signature.seen
+    key = api._signature(*key_args)
     api._EAGER_CALLS.pop(key)
     with Recorder(jit_kernel.Kernel, "launch") as launch:
         call()
@@ -83,8 +83,8 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     api._EAGER_CALLS.pop(key)
     call()
     eager = api._EAGER_CALLS[key]
-    tensors = key_args[1 : 6 if op == "fp8" else 7]
-    out = key_args[-1]
+    tensors = key_args[1]
+    out = key_args[3][1]
     packer = kernel._packer
     pack_args = tuple(launch_args[2:])
     buffer, params = packer.pack(pack_args)
@@ -99,7 +99,7 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
 
     one = torch.zeros(1, device=device)
     rows += [
-        ("  signature (api._signature)", per_call_us(lambda: api._signature(key_args), calls)),
+        ("  signature (api._signature)", per_call_us(lambda: api._signature(*key_args), calls)),
         ("  remembered-call lookup", per_call_us(lambda: api._eager_call(key), calls)),
         ("  remembered call", per_call_us(lambda: eager(tensors, None, out), calls)),
         ("    prepared launch (run)", per_call_us(lambda: eager._run(*tensors, out, None), calls)),

@@ -77,11 +77,17 @@ def test_validate_mode_bypasses_a_remembered_call(monkeypatch):
     assert api._eager_call(None) is None
 
 
+def _fp8_key(q, kv_fused, weights, block_tables, seq_lens, max_seq_len, out=None, dtype=None):
+    dtypes = (dtype or torch.float32, torch.float32, torch.float32)
+    tensors = (q, kv_fused, weights, block_tables, seq_lens)
+    return api._signature("fp8", tensors, (max_seq_len, *dtypes), (None, out))
+
+
 def test_every_metadata_change_is_a_new_signature():
     case = make_fp8_case([40, 70], next_n=1, seed=5)
     args = list(case.fp8_args())
-    base = api._signature(tuple(args))
-    assert base == api._signature(tuple(make_fp8_case([40, 70], next_n=1, seed=6).fp8_args()))
+    base = _fp8_key(*args)
+    assert base == _fp8_key(*make_fp8_case([40, 70], next_n=1, seed=6).fp8_args())
     weights = args[2]
     variants = {
         "dtype": weights.to(torch.float64),
@@ -92,11 +98,29 @@ def test_every_metadata_change_is_a_new_signature():
     for what, changed in variants.items():
         other = list(args)
         other[2] = changed
-        assert api._signature(tuple(other)) != base, what
+        assert _fp8_key(*other) != base, what
     other = list(args)
     other[-1] += 1  # max_seq_len
-    assert api._signature(tuple(other)) != base
-    assert api._signature((*args, [1])) is None  # a list: left to the checks to name
+    assert _fp8_key(*other) != base
+    assert _fp8_key(*args, out=torch.empty(2, 256)) not in (base, None)
+    assert _fp8_key(*args, dtype=torch.float16) != base
+
+
+def test_scalars_of_another_type_are_another_signature():
+    case = make_fp8_case([1], next_n=1, seed=7)
+    args = list(case.fp8_args())
+    args[-1] = 1
+    as_int = _fp8_key(*args)
+    args[-1] = True  # equal to 1 and hashed alike, but not an int to the checks
+    assert _fp8_key(*args) != as_int
+
+
+def test_arguments_of_unexpected_types_have_no_signature():
+    case = make_fp8_case([40], next_n=1, seed=8)
+    args = list(case.fp8_args())
+    assert _fp8_key(*args[:-1], [1]) is None  # a list: unhashable, left to the checks to name
+    assert _fp8_key(args[0].view(torch.uint8).numpy(), *args[1:]) is None  # no .stride()
+    assert _fp8_key(*args, out=[0.0]) is None
 
 
 @pytest.fixture

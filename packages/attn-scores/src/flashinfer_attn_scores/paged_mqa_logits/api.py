@@ -182,22 +182,33 @@ def _device_data_checks_wanted() -> bool:
 # cost more host time than the launches themselves.
 _VALIDATED: dict[tuple, _Problem] = {}
 _VALIDATED_LIMIT = 1024
-_SCALAR_TYPES = (bool, int, float, str, torch.dtype)
+_SCALAR_TYPES = frozenset({bool, int, float, str, torch.dtype, type(None)})
 
 
-def _signature(args: tuple) -> tuple | None:
-    """The memo key of a call's arguments; None under torch.compile (dynamo guards the
-    metadata itself) or for an argument of an unexpected type (the checks will name it)."""
+def _signature(
+    variant: str, tensors: tuple, scalars: tuple, optional_tensors: tuple
+) -> tuple | None:
+    """The memo key of a call: the variant, (dtype, device, shape, strides) of every tensor,
+    (type, value) of every scalar argument (so True and 1 differ), None for an absent optional
+    tensor. None under torch.compile (dynamo guards the metadata itself) or when an argument
+    has an unexpected type (the checks will name it). Written out per argument kind, not with
+    isinstance per argument: this runs on every eager call (~4 us instead of ~6 us on a
+    desktop CPU)."""
     if torch.compiler.is_compiling():
         return None
-    parts = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            parts.append((arg.dtype, arg.device, arg.shape, arg.stride()))
-        elif arg is None or type(arg) in _SCALAR_TYPES:
-            parts.append((type(arg), arg))
-        else:
+    parts: list = [variant]
+    try:
+        for t in tensors:
+            parts.append((t.dtype, t.device, t.shape, t.stride()))
+        for t in optional_tensors:
+            parts.append(None if t is None else (t.dtype, t.device, t.shape, t.stride()))
+    except (AttributeError, TypeError):
+        return None
+    for value in scalars:
+        kind = type(value)
+        if kind not in _SCALAR_TYPES:
             return None
+        parts.append((kind, value))
     return tuple(parts)
 
 
@@ -465,7 +476,7 @@ def fp8_paged_mqa_logits(
     op = "fp8_paged_mqa_logits"
     tensors = (q, kv_fused, weights, block_tables, seq_lens)
     key = _signature(
-        ("fp8", *tensors, max_seq_len, output_dtype, epi_dtype, acc_dtype, schedule_meta, out)
+        "fp8", tensors, (max_seq_len, output_dtype, epi_dtype, acc_dtype), (schedule_meta, out)
     )
     eager = _eager_call(key)
     if eager is not None:
@@ -668,9 +679,11 @@ def fp4_paged_mqa_logits(
     op = "fp4_paged_mqa_logits"
     tensors = (q, q_sf, kv_fused, weights, block_tables, seq_lens)
     key = _signature(
-        ("fp4", *tensors, max_seq_len, sf_vec_size, output_dtype, epi_dtype,
-         is_kv_sf_interleaved, schedule_meta, out)
-    )  # fmt: skip
+        "fp4",
+        tensors,
+        (max_seq_len, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved),
+        (schedule_meta, out),
+    )
     eager = _eager_call(key)
     if eager is not None:
         return eager(tensors, schedule_meta, out)
