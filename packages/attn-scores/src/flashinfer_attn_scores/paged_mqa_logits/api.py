@@ -290,8 +290,8 @@ def _run(
     `prepare(storage)` directly and remember it under `key`; CPU calls and torch.compile
     traces go through the custom op (`compute(storage)`).
 
-    `tensors` are the op's input tensors in launch order, q first, seq_lens last but for
-    block_tables before it.
+    `tensors` are the op's input tensors in launch order: q first, then block_tables and
+    seq_lens as the last two.
     """
     q, block_tables, seq_lens = tensors[0], tensors[-2], tensors[-1]
     if _device_data_checks_wanted():
