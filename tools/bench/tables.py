@@ -288,13 +288,17 @@ def summary_table(payload: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _lowest_and_highest(values: Mapping) -> tuple:
+    """The keys of the smallest and the largest value."""
+    return min(values, key=values.__getitem__), max(values, key=values.__getitem__)
+
+
 def summary_lines(payload: Mapping[str, Any]) -> str:
     """The peer speed-up and the fp4 / fp8 token-rate ratio as a markdown list."""
     items = []
     speedups = peer_speedups(payload)
     if speedups:
-        low = min(speedups, key=speedups.__getitem__)
-        high = max(speedups, key=speedups.__getitem__)
+        low, high = _lowest_and_highest(speedups)
         items.append(
             f"fp8 against the peer at block {PEER_BLOCK_SIZE}, {len(speedups)} of its "
             f"{len(PEER_FP8_US)} published shapes: geometric-mean speed-up "
@@ -304,8 +308,7 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
         )
     ratios = token_rate_ratios(payload)
     if ratios:
-        low = min(ratios, key=ratios.__getitem__)
-        high = max(ratios, key=ratios.__getitem__)
+        low, high = _lowest_and_highest(ratios)
         items.append(
             f"fp4 token rate / fp8 token rate over {len(ratios)} shapes timed for both: "
             f"geometric mean {geomean(ratios.values()):.2f}x, from {ratios[low]:.2f}x "

@@ -222,17 +222,7 @@ def prepare(
     return run
 
 
-def launch(
-    q: torch.Tensor,
-    q_sf: torch.Tensor,
-    kv_fused: torch.Tensor,
-    weights: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out_storage: torch.Tensor,
-    schedule_meta: torch.Tensor | None,
-    **options,
-) -> None:
-    """Prepare and launch once on the current stream (`options`: those of `prepare`)."""
-    args = (q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta)
-    prepare(*args, **options)(*args)
+def launch(*tensors, **options) -> None:
+    """Prepare and launch once on the current stream: `tensors` are `prepare`'s positional
+    arguments (those `run` takes too), `options` its keyword arguments."""
+    prepare(*tensors, **options)(*tensors)

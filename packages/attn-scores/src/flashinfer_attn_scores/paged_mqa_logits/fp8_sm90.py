@@ -407,19 +407,10 @@ def prepare(
     return run
 
 
-def launch(
-    q: torch.Tensor,
-    kv_fused: torch.Tensor,
-    weights: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out_storage: torch.Tensor,
-    schedule_meta: torch.Tensor | None,
-    **options,
-) -> None:
-    """Prepare and launch once on the current stream (`options`: those of `prepare`)."""
-    args = (q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta)
-    prepare(*args, **options)(*args)
+def launch(*tensors, **options) -> None:
+    """Prepare and launch once on the current stream: `tensors` are `prepare`'s positional
+    arguments (those `run` takes too), `options` its keyword arguments."""
+    prepare(*tensors, **options)(*tensors)
 
 
 def _contiguous_aligned(t: torch.Tensor) -> torch.Tensor:
