@@ -316,7 +316,7 @@ __device__ __forceinline__ void staging_warps_sync() {
 
 // mbarriers: full[s] (the producer's expect_tx arrival, completed by the copies), empty[s]
 // (one arrival per consumer warp), q_full[2] (every lane of the staging warps), q_empty[2]
-// (every consumer warp). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
+// (every consumer lane). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
 // r-th request of the walk. After them, the 4 ints of the in-kernel schedule rows.
 struct Barriers {
   static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8 + 16;
@@ -337,7 +337,7 @@ struct Barriers {
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(&q_full[s], 32 * kStagingWarps);
-      mbar_init(&q_empty[s], 4 * NUM_CONSUMERS);
+      mbar_init(&q_empty[s], 128 * NUM_CONSUMERS);
     }
     fence_barrier_init();
   }
@@ -398,12 +398,12 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
 template <typename ProcessUnit>
 __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& walk, const Barriers& bars,
                                              ProcessUnit&& process) {
-  const int lane = threadIdx.x % 32;
   int request_ordinal = -1;
-  auto release_q = [&]() {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bars.q_empty[request_ordinal & 1]);
-  };
+  // Every lane arrives: an arrival releases only its own thread's reads of the slot (the
+  // weights are read with generic loads), and the staging warps overwrite the slot next.
+  // With one arrival per warp after __syncwarp(), compute-sanitizer's racecheck reported the
+  // weight loads of a reused slot (B = 260 case, H200, 2026-11-29); with this, 0 hazards.
+  auto release_q = [&]() { mbar_arrive(&bars.q_empty[request_ordinal & 1]); };
   auto on_request = [&]() {
     if (request_ordinal >= 0) release_q();
     ++request_ordinal;
