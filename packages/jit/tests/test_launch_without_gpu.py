@@ -110,13 +110,24 @@ class RecordingDriver:
         return (self.launch_result,)
 
     def cuLaunchKernelEx(self, config, f, params, extra):
-        cluster = config.attrs[0].value.clusterDim
+        ids = real_driver.CUlaunchAttributeID
+        cluster, programmatic = None, False
+        assert config.numAttrs == len(config.attrs)
+        for attribute in config.attrs:
+            if attribute.id == ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+                dim = attribute.value.clusterDim
+                cluster = (dim.x, dim.y, dim.z)
+            elif attribute.id == ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+                programmatic = bool(attribute.value.programmaticStreamSerializationAllowed)
+            else:
+                raise AssertionError(f"unexpected launch attribute {attribute.id}")
         self.calls.append(
             (
                 "cuLaunchKernelEx",
                 int(f),
                 (config.gridDimX, config.gridDimY, config.gridDimZ),
-                (cluster.x, cluster.y, cluster.z),
+                cluster,
+                programmatic,
                 int(config.hStream),
                 config.sharedMemBytes,
             )
@@ -226,14 +237,32 @@ def test_cluster_launch_uses_launch_kernel_ex(kernel, fake_driver):
     kernel.launch(16, 64, *args, cluster=16)
     ex = [c for c in fake_driver.calls if c[0] == "cuLaunchKernelEx"]
     assert ex == [
-        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), STREAM, 0),
-        ("cuLaunchKernelEx", KERNEL_HANDLE, (16, 1, 1), (16, 1, 1), STREAM, 0),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), False, STREAM, 0),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (16, 1, 1), (16, 1, 1), False, STREAM, 0),
     ]
     assert fake_driver.launched_params == [_expected_bytes(args)] * 2
     non_portable = [c for c in fake_driver.calls if c[0] == "cuKernelSetAttribute"]
     assert len(non_portable) == 1  # only the 16-block cluster needed it
     with pytest.raises(ValueError, match="not a multiple of cluster"):
         kernel.launch(9, 64, *args, cluster=2)
+
+
+def test_programmatic_launch_carries_the_attribute(kernel, fake_driver):
+    args = _args()
+    kernel.launch(4, 64, *args, shared_mem=1024, programmatic=True)
+    kernel.launch(8, 64, *args, cluster=2, programmatic=True)
+    kernel.launch(4, 64, *args)  # without it: the plain launch
+    assert [c[0] for c in fake_driver.calls if c[0].startswith("cuLaunch")] == [
+        "cuLaunchKernelEx",
+        "cuLaunchKernelEx",
+        "cuLaunchKernel",
+    ]
+    ex = [c for c in fake_driver.calls if c[0] == "cuLaunchKernelEx"]
+    assert ex == [
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (4, 1, 1), None, True, STREAM, 1024),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), True, STREAM, 0),
+    ]
+    assert fake_driver.launched_params == [_expected_bytes(args)] * 3
 
 
 def test_default_stream_switches_to_the_kernels_context_and_back(kernel, fake_driver):

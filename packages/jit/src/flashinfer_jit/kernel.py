@@ -4,7 +4,8 @@
 keeps the result in an in-process table keyed by `(spec, device index)`; a warm call is one
 dict lookup. `Kernel.launch` packs the arguments into one buffer laid out as the driver
 reports the kernel's parameters (offsets and sizes from `cuKernelGetParamInfo`), then calls
-`cuLaunchKernel` (or `cuLaunchKernelEx` for clusters) on the current PyTorch stream.
+`cuLaunchKernel` (or `cuLaunchKernelEx` for clusters and programmatic dependent launch) on
+the current PyTorch stream.
 
 Launch cost is kept low by caching, per kernel, a packing plan for each distinct tuple of
 argument types (see `flashinfer_jit.arguments`), so a launch does one type-tuple lookup, one
@@ -176,6 +177,7 @@ class Kernel:
         shared_mem: int = 0,
         cluster: int | tuple[int, ...] | None = None,
         stream: Any = None,
+        programmatic: bool = False,
     ) -> None:
         """Launch the kernel asynchronously.
 
@@ -193,6 +195,10 @@ class Kernel:
                 dimension must be a multiple of the matching cluster dimension.
             stream: None for `torch.cuda.current_stream()` of this device at call time
                 (CUDA-graph capture works), or an explicit stream (see `stream_handle`).
+            programmatic: Launch with programmatic stream serialization (programmatic
+                dependent launch, PDL): the kernel may start before the previous kernel in
+                the stream has finished, so it must execute `griddepcontrol.wait` before it
+                touches memory that kernel may write. Kept in CUDA-graph capture.
 
         Raises:
             TypeError: Wrong number, type or size of arguments.
@@ -210,44 +216,51 @@ class Kernel:
         # current. PyTorch's current device (a thread-local read, unlike the driver's
         # cuCtxGetCurrent, which costs ~1-2 us from Python) names the primary context it made
         # current; a thread with no context at all gets INVALID_CONTEXT, then the retry below.
+        launch = (gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle)
         if handle <= 2 and self._current_device() != self.device_index:
             with context_of(self.device_index):
-                self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+                self._launch(launch, params)
             return
-        if cluster is None:
+        if cluster is None and not programmatic:
             (err,) = self._cuLaunchKernel(
                 self._launch_handle, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
             )
         else:
-            err = self._launch_ex(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+            err = self._launch_ex(launch, params)
         if err:
             if handle <= 2 and int(err) == _CUDA_ERROR_INVALID_CONTEXT:
                 with context_of(self.device_index):  # a thread where no context was current
-                    self._launch(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+                    self._launch(launch, params)
             else:
-                self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
+                self._launch_failed(err, launch)
         del buffer
 
-    def _launch_ex(self, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params) -> Any:
-        config = self._cluster_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster, handle)
+    def _launch_ex(self, launch: tuple, params: Any) -> Any:
+        gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle = launch
+        config = self._launch_config(
+            (gx, gy, gz), (bx, by, bz), shared_mem, cluster, programmatic, handle
+        )
         (err,) = driver().cuLaunchKernelEx(config, self._launch_handle, params, 0)
         return err
 
-    def _launch(self, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params) -> None:
-        if cluster is None:
+    def _launch(self, launch: tuple, params: Any) -> None:
+        gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle = launch
+        if cluster is None and not programmatic:
             (err,) = driver().cuLaunchKernel(
                 self._launch_handle, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
             )
         else:
-            err = self._launch_ex(gx, gy, gz, bx, by, bz, shared_mem, cluster, handle, params)
+            err = self._launch_ex(launch, params)
         if err:
-            self._launch_failed(err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle)
+            self._launch_failed(err, launch)
 
-    def _launch_failed(self, err, gx, gy, gz, bx, by, bz, shared_mem, cluster, handle) -> None:
+    def _launch_failed(self, err: Any, launch: tuple) -> None:
+        gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle = launch
         raise KernelLaunchError(
             f"launching {self.spec.label!r} on cuda:{self.device_index} failed: "
             f"{error_name(driver(), err)}; grid=({gx}, {gy}, {gz}) block=({bx}, {by}, {bz}) "
-            f"shared_mem={shared_mem} cluster={cluster} stream=0x{handle:x}"
+            f"shared_mem={shared_mem} cluster={cluster} programmatic={programmatic} "
+            f"stream=0x{handle:x}"
         )
 
     def _raise_shared_memory_limit(self, shared_mem: int) -> None:
@@ -273,41 +286,51 @@ class Kernel:
                 )
                 self._smem_limit = shared_mem
 
-    def _cluster_config(self, grid, block, shared_mem, cluster, handle) -> Any:
-        key = (grid, block, shared_mem, cluster, handle)
+    def _launch_config(self, grid, block, shared_mem, cluster, programmatic, handle) -> Any:
+        key = (grid, block, shared_mem, cluster, programmatic, handle)
         config = self._configs.get(key)
         if config is not None:
             return config
-        cx, cy, cz = _dim3(cluster, "cluster")
-        if grid[0] % cx or grid[1] % cy or grid[2] % cz:
-            raise ValueError(
-                f"cluster: grid {grid} is not a multiple of cluster dimensions {(cx, cy, cz)}"
-            )
         drv = driver()
-        if cx * cy * cz > 8 and not self._non_portable_cluster:
-            # SM90 runs clusters of up to 16 blocks, above the portable 8 only on request.
-            check(
-                drv.cuKernelSetAttribute(
-                    drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                    1,
-                    self._kernel,
-                    self._device,
-                ),
-                "cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)",
+        attributes = []
+        if cluster is not None:
+            cx, cy, cz = _dim3(cluster, "cluster")
+            if grid[0] % cx or grid[1] % cy or grid[2] % cz:
+                raise ValueError(
+                    f"cluster: grid {grid} is not a multiple of cluster dimensions {(cx, cy, cz)}"
+                )
+            if cx * cy * cz > 8 and not self._non_portable_cluster:
+                # SM90 runs clusters of up to 16 blocks, above the portable 8 only on request.
+                check(
+                    drv.cuKernelSetAttribute(
+                        drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                        self._kernel,
+                        self._device,
+                    ),
+                    "cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)",
+                )
+                self._non_portable_cluster = True
+            attribute = drv.CUlaunchAttribute()
+            attribute.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attribute.value.clusterDim.x = cx
+            attribute.value.clusterDim.y = cy
+            attribute.value.clusterDim.z = cz
+            attributes.append(attribute)
+        if programmatic:
+            attribute = drv.CUlaunchAttribute()
+            attribute.id = (
+                drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             )
-            self._non_portable_cluster = True
-        attribute = drv.CUlaunchAttribute()
-        attribute.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attribute.value.clusterDim.x = cx
-        attribute.value.clusterDim.y = cy
-        attribute.value.clusterDim.z = cz
+            attribute.value.programmaticStreamSerializationAllowed = 1
+            attributes.append(attribute)
         config = drv.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = block
         config.sharedMemBytes = shared_mem
         config.hStream = handle
-        config.attrs = [attribute]
-        config.numAttrs = 1
+        config.attrs = attributes
+        config.numAttrs = len(attributes)
         if len(self._configs) > 256:  # configurations seen in serving are few; bound memory
             self._configs.clear()
         self._configs[key] = config
