@@ -16,9 +16,11 @@ from flashinfer_schedule import DEFAULT_CPU_NUM_SMS
 class RecordingKernel:
     def __init__(self) -> None:
         self.launches: list[tuple] = []
+        self.programmatic: list[bool] = []
 
-    def launch(self, grid, block, *args, shared_mem=0):
+    def launch(self, grid, block, *args, shared_mem=0, programmatic=False):
         self.launches.append((grid, block, args, shared_mem))
+        self.programmatic.append(programmatic)
 
 
 @pytest.fixture
@@ -97,3 +99,22 @@ def test_fp4_prepared_launch_adds_q_sf_after_q(recorded):
     assert args[6] == flashinfer_jit.i64(case.block_tables.stride(0))
     assert args[7] is case.seq_lens and args[11] == flashinfer_jit.i32(2)
     assert args[12] is out and args[13] == flashinfer_jit.i64(256) and len(args) == 14
+
+
+@pytest.mark.parametrize("setting, expected", [(None, True), ("1", True), ("0", False)])
+def test_programmatic_dependent_launch_follows_flashinfer_pdl(
+    recorded, monkeypatch, setting, expected
+):
+    kernel, _, _ = recorded
+    if setting is None:
+        monkeypatch.delenv("FLASHINFER_PDL", raising=False)
+    else:
+        monkeypatch.setenv("FLASHINFER_PDL", setting)
+    case = make_fp8_case([40, 70], next_n=1, num_heads=64, head_dim=128, block_size=64)
+    out = torch.empty(case.rows, 128)
+    run = fp8_sm90.prepare(
+        case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None,
+        output_dtype=torch.float32, epi_dtype=torch.float32, acc_dtype=torch.float32,
+    )  # fmt: skip
+    run(case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None)
+    assert kernel.programmatic == [expected]

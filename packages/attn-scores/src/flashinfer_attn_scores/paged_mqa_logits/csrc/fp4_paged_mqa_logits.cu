@@ -413,6 +413,8 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
                           const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
                           long long out_stride) {
+  // The next kernel may be launched now: it waits for this grid before it reads anything.
+  pdl_launch_dependents();
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   build_lut(smem + SharedLayout::kLut);
@@ -421,6 +423,9 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     prefetch_tensor_map(&kv_map);
     bars.init();
   }
+  // No global memory is read or written before this point: with PDL this kernel may start
+  // while the previous one is still writing q, seq_lens, the block table or the output.
+  pdl_wait();
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
   const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size, schedule_rows_out,

@@ -54,7 +54,7 @@ constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 22
 #define EXP_EXIT 0
 #endif
 // EXP_TIMESTAMPS=1: schedule_rows_out receives, per CTA, 8 globaltimer readings (ns) instead of
-// the schedule rows: entry, rows known, then the exit of the producer warp and of each
+// the schedule rows: entry (after the PDL wait), rows known, then the exit of the producer warp and of each
 // consumer warpgroup.
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
@@ -312,8 +312,8 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
                           long long out_stride) {
   if (EXP_EXIT == 1) return;
-  unsigned long long* stamps = reinterpret_cast<unsigned long long*>(schedule_rows_out) + 8 * blockIdx.x;
-  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[0] = globaltimer();
+  // The next kernel may be launched now: it waits for this grid before it reads anything.
+  pdl_launch_dependents();
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   const Barriers bars(smem + SharedLayout::kBarriers);
@@ -321,6 +321,11 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     prefetch_tensor_map(&kv_map);
     bars.init();
   }
+  // No global memory is read or written before this point: with PDL this kernel may start
+  // while the previous one is still writing q, seq_lens, the block table or the output.
+  pdl_wait();
+  unsigned long long* stamps = reinterpret_cast<unsigned long long*>(schedule_rows_out) + 8 * blockIdx.x;
+  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[0] = globaltimer();
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
   const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,
