@@ -467,6 +467,11 @@ def fp8_paged_mqa_logits(
         the schedule from the current `seq_lens` on every replay. With a caller-managed schedule, recompute it into the same buffer before each
         replay whose `seq_lens` contents changed.
 
+        The kernel is launched with programmatic dependent launch (PDL): its launch and
+        prologue may overlap the kernel before it in the stream, and it waits for that kernel
+        to complete before it reads any input or writes `out`. `FLASHINFER_PDL=0` (read when
+        an argument signature is first seen) launches it without.
+
     Restrictions of the current kernel (a future kernel may relax them without changing the
     signature): `head_dim % 32 == 0`, `num_heads % 4 == 0`, `next_n * num_heads` a multiple
     of 8 in [8, 256], block size 32, 64 or 128, and `batch_size*next_n *
@@ -670,6 +675,9 @@ def fp4_paged_mqa_logits(
         `q_sf`, `kv_fused`, `weights`, `seq_lens` and `block_tables` at static addresses and
         leave `schedule_meta=None`; the kernel then derives the schedule from the current
         `seq_lens` on every replay.
+
+        Launched with programmatic dependent launch like `fp8_paged_mqa_logits`
+        (`FLASHINFER_PDL=0` turns it off).
 
     Restrictions of the current kernel: `num_heads == 64`, `head_dim == 128`, `next_n` in
     1..4, `sf_vec_size == 32`, block size 32, 64 or 128, interleaved scales only at block size
