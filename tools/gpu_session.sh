@@ -5,7 +5,9 @@
 # Runs the packages from their src/ folders (the device image has no package registry).
 #   bash tools/gpu_session.sh [extra pytest args...]
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
-# Knobs: PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
+#   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+# Knobs: PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
+# against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
 # (110 s per tool run; five runs then fit one 600 s device call even if each one times out).
@@ -33,6 +35,24 @@ fi
 if [ "${JIT_BENCH:-1}" = 1 ]; then
   timeout 120 python packages/jit/benchmarks/launch_overhead.py --json "$OUT/jit-launch.json" > "$OUT/jit-launch.log" 2>&1
   tail -n 15 "$OUT/jit-launch.log"
+fi
+if [ "${PDL_AB:-0}" = 1 ]; then
+  # Programmatic dependent launch off and on in one session: the host time of an eager call
+  # (cuLaunchKernelEx against cuLaunchKernel) and the per-call time in graphs of small calls.
+  for round in 1 2; do
+    for pdl in 0 1; do
+      FLASHINFER_PDL=$pdl timeout 90 python tools/bench --ops fp8,fp4 --host-time-only \
+        --out "$OUT/pdl$pdl-$round" > "$OUT/pdl$pdl-$round.log" 2>&1
+      echo "FLASHINFER_PDL=$pdl round $round: host time (us/call, median) $(python -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))['host_time']['results']
+print(' '.join(f\"{r['op']}/{r['schedule'].split()[0]}={r['host_us']:.1f}\" for r in rows))
+" "$OUT/pdl$pdl-$round/results.json" 2>&1)"
+      FLASHINFER_PDL=$pdl timeout 90 python tools/fp8_kernel_check.py --experiments small \
+        > "$OUT/pdl$pdl-$round-small.log" 2>&1
+      grep -E "^in the kernel" "$OUT/pdl$pdl-$round-small.log"
+    done
+  done
 fi
 if [ "${PROFILE:-0}" = 1 ]; then
   # PROFILE_SPECS: ";"-separated "kernel next_n,block_size,batch,avg_len" launches to profile;
