@@ -141,6 +141,7 @@ class Kernel:
         self._configs: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self._cuLaunchKernel = drv.cuLaunchKernel
+        self._cuLaunchKernelEx = drv.cuLaunchKernelEx
         _torch_module()
         self._raw_stream = _raw_stream
         self._current_device = _current_device
@@ -236,11 +237,11 @@ class Kernel:
         del buffer
 
     def _launch_ex(self, launch: tuple, params: Any) -> Any:
-        gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle = launch
-        config = self._launch_config(
-            (gx, gy, gz), (bx, by, bz), shared_mem, cluster, programmatic, handle
-        )
-        (err,) = driver().cuLaunchKernelEx(config, self._launch_handle, params, 0)
+        # `launch` (grid, block, shared memory, cluster, PDL, stream) is also the config's key.
+        config = self._configs.get(launch)
+        if config is None:
+            config = self._launch_config(launch)
+        (err,) = self._cuLaunchKernelEx(config, self._launch_handle, params, 0)
         return err
 
     def _launch(self, launch: tuple, params: Any) -> None:
@@ -286,11 +287,9 @@ class Kernel:
                 )
                 self._smem_limit = shared_mem
 
-    def _launch_config(self, grid, block, shared_mem, cluster, programmatic, handle) -> Any:
-        key = (grid, block, shared_mem, cluster, programmatic, handle)
-        config = self._configs.get(key)
-        if config is not None:
-            return config
+    def _launch_config(self, launch: tuple) -> Any:
+        gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle = launch
+        grid = (gx, gy, gz)
         drv = driver()
         attributes = []
         if cluster is not None:
@@ -326,14 +325,14 @@ class Kernel:
             attributes.append(attribute)
         config = drv.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
         config.sharedMemBytes = shared_mem
         config.hStream = handle
         config.attrs = attributes
         config.numAttrs = len(attributes)
         if len(self._configs) > 256:  # configurations seen in serving are few; bound memory
             self._configs.clear()
-        self._configs[key] = config
+        self._configs[launch] = config
         return config
 
     def max_active_blocks_per_sm(self, block_threads: int, shared_mem: int = 0) -> int:
