@@ -257,6 +257,7 @@ EXPERIMENTS = [
     ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
     ("one MMA group", (("MMA_HALVES", 1),)),
     ("two MMA halves", (("MMA_HALVES", 2),)),
+    ("relu on the FMA pipe", (("RELU_FMA", 1),)),
 ]
 EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
@@ -410,6 +411,7 @@ FP4_EXPERIMENTS = [
     ("no decode, no epilogue", (("EXP_SKIP_DECODE", 1), ("EXP_SKIP_EPILOGUE", 1))),
     ("one MMA group", (("MMA_HALVES", 1),)),
     ("two MMA halves", (("MMA_HALVES", 2),)),
+    ("relu on the FMA pipe", (("RELU_FMA", 1),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 
@@ -550,10 +552,10 @@ def timestamp_experiments(runs: int = 5) -> None:
         del case
 
 
-def profile_one(next_n, block_size, batch, avg, kernel="fp8"):
+def profile_one(next_n, block_size, batch, avg, kernel="fp8", experiment=()):
     under_test = FP4 if kernel == "fp4" else FP8
     case, _ = under_test.make_case(next_n, block_size, batch, avg)
-    call = under_test.call(case, None, ())
+    call = under_test.call(case, None, experiment)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -598,13 +600,24 @@ if __name__ == "__main__":
     )
     parser.add_argument("--profile-kernel", choices=["fp8", "fp4"], default="fp8")
     parser.add_argument(
+        "--profile-experiment",
+        default="",
+        help="knobs of the profiled launch, e.g. EXP_SKIP_DECODE=1,EXP_SKIP_EPILOGUE=1",
+    )
+    parser.add_argument(
         "--experiments",
         choices=["all", "large", "small", "fp4", "timestamps"],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()
     if args.profile:
-        profile_one(*map(int, args.profile_shape.split(",")), kernel=args.profile_kernel)
+        knobs = tuple(
+            (name, int(value))
+            for name, value in (kv.split("=") for kv in args.profile_experiment.split(",") if kv)
+        )
+        profile_one(
+            *map(int, args.profile_shape.split(",")), kernel=args.profile_kernel, experiment=knobs
+        )
         sys.exit(0)
     if args.experiments:
         experiments(copy_bandwidth(), args.experiments)
