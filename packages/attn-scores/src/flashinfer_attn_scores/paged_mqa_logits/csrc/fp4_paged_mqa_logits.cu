@@ -393,8 +393,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     for (int t = 0; t < NEXT_N; ++t) {
       if ((t & 3) == quad) {
 #if EPI_DTYPE == 0
-        out_request[t * out_stride] = to_out(scale_by_pow2(sums.partial[t][0], max0 + q_exp[t] - 266));
-        out_request[t * out_stride + 8] = to_out(scale_by_pow2(sums.partial[t][1], max1 + q_exp[t] - 266));
+        out_request[t * out_stride] = to_out(scale_by_pow2(sums.partial[t][0], max0 + q_exp[t] - 266 - kTwiceRelu));
+        out_request[t * out_stride + 8] = to_out(scale_by_pow2(sums.partial[t][1], max1 + q_exp[t] - 266 - kTwiceRelu));
 #else
         out_request[t * out_stride] = to_out(to_float(sums.partial[t][0]));
         out_request[t * out_stride + 8] = to_out(to_float(sums.partial[t][1]));

@@ -276,8 +276,8 @@ struct ConsumerMath {
         v0 = t == s ? sums.partial[s][0] : v0;
         v1 = t == s ? sums.partial[s][1] : v1;
       }
-      out_request[t * out_stride] = to_out(to_float(v0) * scale0);
-      out_request[t * out_stride + 8] = to_out(to_float(v1) * scale1);
+      out_request[t * out_stride] = to_out(to_float(v0) * kHeadTermScale * scale0);
+      out_request[t * out_stride + 8] = to_out(to_float(v1) * kHeadTermScale * scale1);
     }
   }
 

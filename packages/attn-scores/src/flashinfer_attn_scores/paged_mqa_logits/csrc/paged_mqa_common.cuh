@@ -42,6 +42,15 @@ constexpr int kN = NEXT_N * NUM_HEADS;
 #ifndef MMA_HALVES
 #define MMA_HALVES 1
 #endif
+// RELU_FMA = 1 (a knob under measurement, off in production; float32 epilogue only): each
+// head term w * relu(x) is formed as w * (x + |x|), i.e. twice the term, and the row sum is
+// halved before it leaves the thread (exact: scaling by 2 commutes with the float32 roundings,
+// away from overflow and subnormals). FADD with an |x| operand issues on the FMA pipe; FMNMX
+// issues on the ALU pipe, which has half the FMA pipe's rate on Hopper and also carries the
+// fp4 decode. Unlike fmaxf, x + |x| keeps a NaN.
+#ifndef RELU_FMA
+#define RELU_FMA 0
+#endif
 constexpr int kHalves = MMA_HALVES;
 constexpr int kNHalf = kN / kHalves;
 static_assert(kHalves == 1 || (kHalves == 2 && kNHalf % 8 == 0), "MMA_HALVES: 1, or 2 with N / 2 a multiple of 8");
@@ -455,6 +464,15 @@ __device__ __forceinline__ Epi relu(Epi x) {
 #endif
 }
 
+// The head term before its weight: relu(x), or 2 relu(x) with RELU_FMA (kHeadTermScale undoes it).
+constexpr bool kTwiceRelu = RELU_FMA && EPI_DTYPE == 0;
+constexpr float kHeadTermScale = kTwiceRelu ? 0.5f : 1.f;
+#if RELU_FMA && EPI_DTYPE == 0
+__device__ __forceinline__ Epi head_term(Epi x) { return x + fabsf(x); }
+#else
+__device__ __forceinline__ Epi head_term(Epi x) { return relu(x); }
+#endif
+
 __device__ __forceinline__ Out to_out(float x) {
 #if OUT_DTYPE == 2
   return __float2bfloat16_rn(x);
@@ -500,13 +518,13 @@ struct SlotSums {
       partial[t_hi][i] += quad < 2 ? zero : v;
     }
   }
-  // Add w0 * relu(x0) + w1 * relu(x1); a single-slot group accumulates with two FMAs.
+  // Add w0 * head_term(x0) + w1 * head_term(x1); a single-slot group accumulates with two FMAs.
   __device__ __forceinline__ void add_weighted(int j, int i, int quad, Epi w0, Epi x0, Epi w1, Epi x1) {
     const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
     if (t_lo == t_hi) {
-      partial[t_lo][i] = w1 * relu(x1) + (w0 * relu(x0) + partial[t_lo][i]);
+      partial[t_lo][i] = w1 * head_term(x1) + (w0 * head_term(x0) + partial[t_lo][i]);
     } else {
-      add(j, i, quad, w0 * relu(x0) + w1 * relu(x1));
+      add(j, i, quad, w0 * head_term(x0) + w1 * head_term(x1));
     }
   }
   // Sum over the quad; afterwards every lane of the quad holds the row sums.
