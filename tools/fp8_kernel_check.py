@@ -258,6 +258,7 @@ EXPERIMENTS = [
     ("one MMA group", (("MMA_HALVES", 1),)),
     ("two MMA halves", (("MMA_HALVES", 2),)),
     ("relu on the FMA pipe", (("RELU_FMA", 1),)),
+    ("relu split between pipes", (("RELU_FMA", 2),)),
 ]
 EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
@@ -412,6 +413,7 @@ FP4_EXPERIMENTS = [
     ("one MMA group", (("MMA_HALVES", 1),)),
     ("two MMA halves", (("MMA_HALVES", 2),)),
     ("relu on the FMA pipe", (("RELU_FMA", 1),)),
+    ("relu split between pipes", (("RELU_FMA", 2),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 

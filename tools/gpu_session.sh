@@ -6,7 +6,7 @@
 #   bash tools/gpu_session.sh [extra pytest args...]
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
-# Knobs: PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
+# Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
 # against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
@@ -19,6 +19,18 @@ mkdir -p "$OUT"
 export PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src${PYTHONPATH:+:$PYTHONPATH}
 export FLASHINFER_JIT_CACHE_DIR=${FLASHINFER_JIT_CACHE_DIR:-/tmp/flashinfer-jit-cache}
 export PYTHONUNBUFFERED=1
+if [ -n "${KNOB_DEFAULTS:-}" ]; then
+  # KNOB_DEFAULTS ("RELU_FMA=1 ..."): run everything below with these #define defaults in the
+  # kernel sources (a measurement knob tested as the default); the sources are restored on exit.
+  csrc=packages/attn-scores/src/flashinfer_attn_scores/paged_mqa_logits/csrc
+  saved=$(mktemp -d)
+  cp "$csrc"/*.cu "$csrc"/*.cuh "$saved"/
+  trap 'cp "$saved"/* "$csrc"/; rm -rf "$saved"' EXIT
+  for knob in $KNOB_DEFAULTS; do
+    sed -i "s/^#define ${knob%%=*} .*/#define ${knob%%=*} ${knob#*=}/" "$csrc"/*.cu "$csrc"/*.cuh
+    echo "KNOB_DEFAULTS: $(grep -h "^#define ${knob%%=*} " "$csrc"/*.cu "$csrc"/*.cuh | sort -u | tr '\n' ' ')"
+  done
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
 date -u
 

@@ -47,7 +47,10 @@ constexpr int kN = NEXT_N * NUM_HEADS;
 // halved before it leaves the thread (exact: scaling by 2 commutes with the float32 roundings,
 // away from overflow and subnormals). FADD with an |x| operand issues on the FMA pipe; FMNMX
 // issues on the ALU pipe, which has half the FMA pipe's rate on Hopper and also carries the
-// fp4 decode. Unlike fmaxf, x + |x| keeps a NaN.
+// fp4 decode. Unlike fmaxf, x + |x| keeps a NaN. RELU_FMA = 2 splits the work between the two
+// pipes: the first column of each pair takes the FADD form into a second per-row sum, the
+// second keeps FMNMX; the halved second sum joins the first before the quad reduction (not
+// bitwise equal to production: another summation order).
 #ifndef RELU_FMA
 #define RELU_FMA 0
 #endif
@@ -464,10 +467,12 @@ __device__ __forceinline__ Epi relu(Epi x) {
 #endif
 }
 
-// The head term before its weight: relu(x), or 2 relu(x) with RELU_FMA (kHeadTermScale undoes it).
-constexpr bool kTwiceRelu = RELU_FMA && EPI_DTYPE == 0;
+// The head term before its weight: relu(x), or 2 relu(x) with RELU_FMA = 1 (kHeadTermScale
+// undoes it).
+constexpr bool kTwiceRelu = RELU_FMA == 1 && EPI_DTYPE == 0;
+constexpr bool kMixedRelu = RELU_FMA == 2 && EPI_DTYPE == 0;
 constexpr float kHeadTermScale = kTwiceRelu ? 0.5f : 1.f;
-#if RELU_FMA && EPI_DTYPE == 0
+#if RELU_FMA == 1 && EPI_DTYPE == 0
 __device__ __forceinline__ Epi head_term(Epi x) { return x + fabsf(x); }
 #else
 __device__ __forceinline__ Epi head_term(Epi x) { return relu(x); }
@@ -502,10 +507,17 @@ __device__ __forceinline__ Epi shfl_xor(Epi v, int mask) { return __shfl_xor_syn
 // known at compile time after unrolling.
 struct SlotSums {
   Epi partial[NEXT_N][2];
+#if RELU_FMA == 2 && EPI_DTYPE == 0
+  float twice[NEXT_N][2];  // sums of w * (x + |x|), see RELU_FMA
+#endif
 
   __device__ __forceinline__ void clear() {
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) partial[t][0] = partial[t][1] = to_epi(0.f);
+#if RELU_FMA == 2 && EPI_DTYPE == 0
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) twice[t][0] = twice[t][1] = 0.f;
+#endif
   }
   // Add `v` (this thread's two columns of group j, row i) to its slot.
   __device__ __forceinline__ void add(int j, int i, int quad, Epi v) {
@@ -522,7 +534,12 @@ struct SlotSums {
   __device__ __forceinline__ void add_weighted(int j, int i, int quad, Epi w0, Epi x0, Epi w1, Epi x1) {
     const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
     if (t_lo == t_hi) {
+#if RELU_FMA == 2 && EPI_DTYPE == 0
+      twice[t_lo][i] = w0 * (x0 + fabsf(x0)) + twice[t_lo][i];
+      partial[t_lo][i] = w1 * relu(x1) + partial[t_lo][i];
+#else
       partial[t_lo][i] = w1 * head_term(x1) + (w0 * head_term(x0) + partial[t_lo][i]);
+#endif
     } else {
       add(j, i, quad, w0 * head_term(x0) + w1 * head_term(x1));
     }
@@ -533,6 +550,9 @@ struct SlotSums {
     for (int t = 0; t < NEXT_N; ++t) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
+#if RELU_FMA == 2 && EPI_DTYPE == 0
+        partial[t][i] = fmaf(twice[t][i], 0.5f, partial[t][i]);
+#endif
         partial[t][i] += shfl_xor(partial[t][i], 1);
         partial[t][i] += shfl_xor(partial[t][i], 2);
       }
