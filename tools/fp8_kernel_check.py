@@ -259,6 +259,7 @@ EXPERIMENTS = [
     ("two MMA halves", (("MMA_HALVES", 2),)),
     ("relu on the FMA pipe", (("RELU_FMA", 1),)),
     ("relu split between pipes", (("RELU_FMA", 2),)),
+    ("5 consumer warpgroups", (("NUM_CONSUMERS", 5),)),
 ]
 EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
@@ -414,6 +415,7 @@ FP4_EXPERIMENTS = [
     ("two MMA halves", (("MMA_HALVES", 2),)),
     ("relu on the FMA pipe", (("RELU_FMA", 1),)),
     ("relu split between pipes", (("RELU_FMA", 2),)),
+    ("5 consumer warpgroups", (("NUM_CONSUMERS", 5),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 

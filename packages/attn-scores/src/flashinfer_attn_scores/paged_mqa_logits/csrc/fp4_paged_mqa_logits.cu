@@ -69,11 +69,10 @@ constexpr int kQSlotBytes = kN * kQRowBytes;
 // Interleaved scale slots permute a whole 128-token block, so each unit takes all of them.
 constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
 constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
-// Registers per thread: 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs) <= 65536. The
-// producers get 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
+// Registers per thread (the split: consumer_registers in paged_mqa_common.cuh). The producers
+// keep 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
 constexpr int kProducerRegs = 64;
-constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 216 : NUM_CONSUMERS == 3 ? 144 : 104;
-constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
+constexpr int kConsumerRegs = consumer_registers(kProducerRegs);
 
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
 static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");
@@ -441,7 +440,7 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
       producer(kv_map, kv_base, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
     }
   } else {
-    regs_increase<kConsumerRegs>();
+    if constexpr (kConsumerRegs > kLaunchRegs) regs_increase<kConsumerRegs>();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
   }

@@ -41,8 +41,9 @@ constexpr int kBlockBytes = BLOCK_SIZE * (HEAD_DIM + 4);
 constexpr int kKvTileBytes = kTile * HEAD_DIM;
 constexpr int kQSlotBytes = kN * HEAD_DIM;
 constexpr int kProducerRegs = 56;
-// Registers left per consumer thread: 65536 = 128 * (kProducerRegs + NUM_CONSUMERS * kConsumerRegs).
-constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 224 : NUM_CONSUMERS == 3 ? 144 : 104;
+// Registers per consumer thread: what the producers give back (consumer_registers in
+// paged_mqa_common.cuh).
+constexpr int kConsumerRegs = consumer_registers(kProducerRegs);
 
 // Measurement variants (never set in production; defaults in paged_mqa_common.cuh):
 // EXP_SKIP_MATH=1 drops the MMA and the epilogue (consumers only release stages and write the
@@ -59,7 +60,6 @@ constexpr int kConsumerRegs = NUM_CONSUMERS == 1 ? 240 : NUM_CONSUMERS == 2 ? 22
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
-constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
 static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "next_n * num_heads must be a multiple of 8 in [8, 256]");
@@ -347,7 +347,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
       if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[2] = globaltimer();
     }
   } else {
-    regs_increase<kConsumerRegs>();
+    if constexpr (kConsumerRegs > kLaunchRegs) regs_increase<kConsumerRegs>();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
     if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0) stamps[2 + warpgroup] = globaltimer();

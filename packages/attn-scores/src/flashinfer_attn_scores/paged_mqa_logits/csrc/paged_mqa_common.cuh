@@ -21,7 +21,21 @@ using namespace fi_sm90;
 #define NUM_PRODUCERS 1
 #endif
 static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
-static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 4, "1 to 4 consumer warpgroups");
+static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 6, "1 to 6 consumer warpgroups");
+
+// The register split between the producer warpgroup and the consumers. setmaxnreg only moves
+// registers inside a CTA: a consumer's .inc takes what the producer warpgroup's .dec gave back
+// from the launch allocation (ptxas gives each thread 65536 / threads, in steps of 8, under
+// __launch_bounds__(threads, 1)), never the rest of the register file; asking for more makes
+// .inc wait forever (measured: 5 consumer warpgroups at 88 registers, producers at 56, hung on
+// the H200). For 2 and 4 consumer warpgroups this gives the 216-224 and 104 registers the
+// kernels were tuned with.
+constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 < 248 ? 65536 / kThreads / 8 * 8 : 248;
+__host__ __device__ constexpr int consumer_registers(int producer_registers) {
+  const int widest = kLaunchRegs + (kLaunchRegs - producer_registers) / NUM_CONSUMERS / 8 * 8;
+  return widest < 240 ? widest : 240;
+}
 
 constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M (flashinfer_schedule's unit)
 constexpr int kN = NEXT_N * NUM_HEADS;
