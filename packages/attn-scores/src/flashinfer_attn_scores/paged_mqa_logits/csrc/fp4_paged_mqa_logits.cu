@@ -73,6 +73,9 @@ constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zer
 // keep 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
 constexpr int kProducerRegs = 64;
 constexpr int kConsumerRegs = consumer_registers(kProducerRegs);
+static_assert(kConsumerRegs <= kLaunchRegs ||
+                  NUM_CONSUMERS * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+              "the consumers' setmaxnreg.inc must fit in what the producers' dec gives back");
 
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
 static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");

@@ -44,6 +44,9 @@ constexpr int kProducerRegs = 56;
 // Registers per consumer thread: what the producers give back (consumer_registers in
 // paged_mqa_common.cuh).
 constexpr int kConsumerRegs = consumer_registers(kProducerRegs);
+static_assert(kConsumerRegs <= kLaunchRegs ||
+                  NUM_CONSUMERS * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+              "the consumers' setmaxnreg.inc must fit in what the producers' dec gives back");
 
 // Measurement variants (never set in production; defaults in paged_mqa_common.cuh):
 // EXP_SKIP_MATH=1 drops the MMA and the epilogue (consumers only release stages and write the
