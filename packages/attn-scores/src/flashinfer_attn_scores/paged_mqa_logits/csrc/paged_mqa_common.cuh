@@ -31,7 +31,8 @@ static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 6, "1 to 6 consumer warpgro
 // this rule is the explanation that fits, not yet confirmed by a run of the new split). For 2 and 4 consumer warpgroups this gives the 216-224 and 104 registers the
 // kernels were tuned with.
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
-constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 < 248 ? 65536 / kThreads / 8 * 8 : 248;
+constexpr int kLaunchRegsUncapped = 65536 / kThreads / 8 * 8;
+constexpr int kLaunchRegs = kLaunchRegsUncapped < 248 ? kLaunchRegsUncapped : 248;  // 255 at most per thread
 __host__ __device__ constexpr int consumer_registers(int producer_registers) {
   const int widest = kLaunchRegs + (kLaunchRegs - producer_registers) / NUM_CONSUMERS / 8 * 8;
   return widest < 240 ? widest : 240;
@@ -484,7 +485,6 @@ __device__ __forceinline__ Epi relu(Epi x) {
 // The head term before its weight: relu(x), or 2 relu(x) with RELU_FMA = 1 (kHeadTermScale
 // undoes it).
 constexpr bool kTwiceRelu = RELU_FMA == 1 && EPI_DTYPE == 0;
-constexpr bool kMixedRelu = RELU_FMA == 2 && EPI_DTYPE == 0;
 constexpr float kHeadTermScale = kTwiceRelu ? 0.5f : 1.f;
 #if RELU_FMA == 1 && EPI_DTYPE == 0
 __device__ __forceinline__ Epi head_term(Epi x) { return x + fabsf(x); }
