@@ -255,11 +255,11 @@ EXPERIMENTS = [
     ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
     ("no MMA", (("EXP_SKIP_MMA", 1),)),
     ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
-    ("one MMA group", (("MMA_HALVES", 1),)),
-    ("two MMA halves", (("MMA_HALVES", 2),)),
-    ("relu on the FMA pipe", (("RELU_FMA", 1),)),
+    ("relu on the ALU pipe", (("RELU_FMA", 0),)),
     ("relu split between pipes", (("RELU_FMA", 2),)),
-    ("5 consumer warpgroups", (("NUM_CONSUMERS", 5),)),
+    ("3 consumer warpgroups", (("NUM_CONSUMERS", 3),)),
+    ("5 consumers, 2 producers", (("NUM_CONSUMERS", 5),)),
+    ("6 consumer warpgroups", (("NUM_CONSUMERS", 6),)),
 ]
 EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
@@ -411,11 +411,12 @@ FP4_EXPERIMENTS = [
     ("no MMA", (("EXP_SKIP_MMA", 1),)),
     ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
     ("no decode, no epilogue", (("EXP_SKIP_DECODE", 1), ("EXP_SKIP_EPILOGUE", 1))),
-    ("one MMA group", (("MMA_HALVES", 1),)),
-    ("two MMA halves", (("MMA_HALVES", 2),)),
-    ("relu on the FMA pipe", (("RELU_FMA", 1),)),
+    ("relu on the ALU pipe", (("RELU_FMA", 0),)),
     ("relu split between pipes", (("RELU_FMA", 2),)),
-    ("5 consumer warpgroups", (("NUM_CONSUMERS", 5),)),
+    ("3 consumer warpgroups", (("NUM_CONSUMERS", 3),)),
+    ("5 consumers, 2 producers", (("NUM_CONSUMERS", 5),)),
+    ("5 consumers, 1 producer", (("NUM_CONSUMERS", 5), ("NUM_PRODUCERS", 1))),
+    ("2 producer warps", (("NUM_PRODUCERS", 2),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 

@@ -144,6 +144,12 @@ PARAMETRIC_SHAPES = [
     (4, 128, 2),
     (64, 256, 1),
     (12, 160, 2),
+    # Wide heads, where shared memory limits the pipeline depth (stages a multiple of the
+    # consumer warpgroups; before that rule these ran 9, 3, 6 and 10 stages with 4 consumers).
+    (64, 320, 1),
+    (64, 640, 1),
+    (16, 512, 1),
+    (32, 256, 3),
 ]
 
 

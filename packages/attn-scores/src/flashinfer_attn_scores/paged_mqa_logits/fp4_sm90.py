@@ -18,13 +18,14 @@ from .fp8_sm90 import (
     CSRC,
     DTYPE_CODE,
     TOKENS_PER_UNIT,
+    Pipeline,
     _contiguous_aligned,
     _short,
     barrier_bytes,
-    deepest_stages,
     kv_values_tensor_map,
     launch_parts,
     mma_halves_for,
+    pipeline_depth,
 )
 
 NUM_HEADS = 64
@@ -70,12 +71,19 @@ class Fp4KernelConfig:
         return barriers + barrier_bytes(stages) + _ALIGNMENT_SLACK
 
     @functools.cached_property
-    def stages(self) -> int:
-        return deepest_stages(self.shared_memory_bytes, self.experiment, MAX_STAGES)
+    def pipeline(self) -> Pipeline:
+        return pipeline_depth(
+            self.shared_memory_bytes, self.experiment, MAX_STAGES, consumers_for(self.n)
+        )
 
     @property
     def consumers(self) -> int:
-        return dict(self.experiment).get("NUM_CONSUMERS", consumers_for(self.n))
+        return self.pipeline.consumers
+
+    @property
+    def stages(self) -> int:
+        """KV pipeline depth (see `pipeline_depth`)."""
+        return self.pipeline.stages
 
     @property
     def threads(self) -> int:
@@ -93,7 +101,7 @@ class Fp4KernelConfig:
                 "NEXT_N": self.next_n,
                 "NUM_STAGES": self.stages,
                 "NUM_CONSUMERS": self.consumers,
-                "NUM_PRODUCERS": 4,
+                "NUM_PRODUCERS": self.pipeline.producers,
                 "MMA_HALVES": mma_halves_for(self.n),
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -48,15 +50,60 @@ def barrier_bytes(stages: int) -> int:
     return (2 * stages + 4) * 8 + 16
 
 
-def deepest_stages(shared_memory_bytes, experiment: tuple, max_stages: int) -> int:
-    """Deepest KV pipeline (<= max_stages) whose `shared_memory_bytes(stages)` fits; 0 when not
-    even two stages fit. An experiment's NUM_STAGES wins. Shared by both kernels' configs."""
-    if "NUM_STAGES" in dict(experiment):
-        return dict(experiment)["NUM_STAGES"]
-    for stages in range(max_stages, 1, -1):
-        if shared_memory_bytes(stages) <= SM90_SHARED_MEMORY_LIMIT:
-            return stages
-    return 0
+# TMA-issuing producer warps. One could not issue the copies fast enough: 0.47 -> 0.70 of copy
+# bandwidth with 4 (H200, next_n 1, block 64, B 128, L 32k, 2026-11-29).
+PRODUCER_WARPS = 4
+
+
+class Pipeline(NamedTuple):
+    """A kernel's roles and KV pipeline depth (NUM_CONSUMERS, NUM_PRODUCERS, NUM_STAGES)."""
+
+    consumers: int  # consumer warpgroups; unit k goes to consumer k % consumers
+    producers: int  # producer warps; unit k is issued by warp k % producers
+    stages: int  # KV stages, a multiple of both counts; 0 when not even two stages fit
+
+
+def pipeline_depth(
+    shared_memory_bytes, experiment: tuple, max_stages: int, consumers: int
+) -> Pipeline:
+    """The deepest pipeline (<= max_stages stages) whose `shared_memory_bytes(stages)` fits,
+    with the stage count a multiple of the consumer warpgroups and of the producer warps. Where
+    fewer stages fit than that needs, the larger role count halves until it fits. An
+    experiment's NUM_CONSUMERS / NUM_PRODUCERS / NUM_STAGES win (and are never halved). Shared
+    by both kernels.
+
+    Why multiples: unit k lives in stage k % S, and its consumer waits on full[k % S] (its
+    producer on empty[k % S]) for the phase parity of round k // S. A parity test cannot tell
+    "round r done" from "round r - 2 done, r - 1 not". It is only safe when the waiting warp
+    itself already waited for round r - 1 of that stage, i.e. when its role count divides S.
+    Otherwise a consumer can read a stage still being filled, or a producer refill one still
+    being read: with 5 consumer warpgroups and S = 12, 15 or 16 (4 producers) the H200 hit
+    "unspecified launch failure" (2026-11-29)."""
+    experiment = dict(experiment)
+    consumers = experiment.get("NUM_CONSUMERS", consumers)
+    producers = experiment.get("NUM_PRODUCERS", PRODUCER_WARPS)
+    if "NUM_STAGES" in experiment:
+        return Pipeline(consumers, producers, experiment["NUM_STAGES"])
+    fitting = next(
+        (s for s in range(max_stages, 1, -1) if shared_memory_bytes(s) <= SM90_SHARED_MEMORY_LIMIT),
+        0,
+    )
+    if fitting < 2:
+        return Pipeline(consumers, producers, 0)
+    # Halve the larger count the experiment leaves free until a multiple of both fits.
+    consumers_free, producers_free = (
+        "NUM_CONSUMERS" not in experiment,
+        "NUM_PRODUCERS" not in experiment,
+    )
+    while math.lcm(consumers, producers) > fitting:
+        if producers_free and producers > 1 and (producers >= consumers or not consumers_free):
+            producers //= 2
+        elif consumers_free and consumers > 1:
+            consumers //= 2
+        else:
+            return Pipeline(consumers, producers, 0)
+    step = math.lcm(consumers, producers)
+    return Pipeline(consumers, producers, fitting // step * step)
 
 
 # OUT_DTYPE / EPI_DTYPE codes of csrc/paged_mqa_common.cuh.
@@ -92,13 +139,23 @@ class Fp8KernelConfig:
         return barriers + barrier_bytes(stages) + _ALIGNMENT_SLACK
 
     @functools.cached_property
+    def pipeline(self) -> Pipeline:
+        return pipeline_depth(
+            self.shared_memory_bytes, self.experiment, MAX_STAGES, consumers_for(self.n)
+        )
+
+    @property
+    def consumers(self) -> int:
+        return self.pipeline.consumers
+
+    @property
     def stages(self) -> int:
-        """Deepest KV pipeline (<= MAX_STAGES) that fits; 0 when not even two stages fit."""
-        return deepest_stages(self.shared_memory_bytes, self.experiment, MAX_STAGES)
+        """KV pipeline depth (see `pipeline_depth`); 0 when not even two stages fit."""
+        return self.pipeline.stages
 
     @property
     def threads(self) -> int:
-        return 128 * (1 + dict(self.experiment).get("NUM_CONSUMERS", consumers_for(self.n)))
+        return 128 * (1 + self.consumers)
 
     @property
     def fits(self) -> bool:
@@ -117,10 +174,8 @@ class Fp8KernelConfig:
                 "NUM_HEADS": self.num_heads,
                 "NEXT_N": self.next_n,
                 "NUM_STAGES": self.stages,
-                "NUM_CONSUMERS": consumers_for(self.n),
-                # One producer warp could not issue the TMA copies fast enough: 0.47 -> 0.70
-                # of copy bandwidth with 4 (H200, next_n 1, block 64, B 128, L 32k, 2026-11-29).
-                "NUM_PRODUCERS": 4,
+                "NUM_CONSUMERS": self.consumers,
+                "NUM_PRODUCERS": self.pipeline.producers,
                 "MMA_HALVES": mma_halves_for(self.n),
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],

@@ -22,6 +22,13 @@ using namespace fi_sm90;
 #endif
 static_assert(NUM_PRODUCERS >= 1 && NUM_PRODUCERS <= 4, "1 to 4 producer warps");
 static_assert(NUM_CONSUMERS >= 1 && NUM_CONSUMERS <= 6, "1 to 6 consumer warpgroups");
+// Unit k lives in stage k % NUM_STAGES; consumer k % NUM_CONSUMERS waits on its full barrier
+// and producer warp k % NUM_PRODUCERS on its empty barrier, each for the parity of round
+// k / NUM_STAGES. A parity test cannot tell "round r done" from "round r - 2 done, r - 1 not";
+// it is safe only because the waiting warp already waited for round r - 1 of that stage
+// itself, which holds when its role count divides the stage count.
+static_assert(NUM_STAGES % NUM_CONSUMERS == 0 && NUM_STAGES % NUM_PRODUCERS == 0,
+              "NUM_STAGES must be a multiple of NUM_CONSUMERS and of NUM_PRODUCERS");
 
 // The register split between the producer warpgroup and the consumers. setmaxnreg only moves
 // registers inside a CTA: a consumer's .inc takes what the producer warpgroup's .dec gave back
@@ -57,17 +64,25 @@ constexpr int kN = NEXT_N * NUM_HEADS;
 #ifndef MMA_HALVES
 #define MMA_HALVES 1
 #endif
-// RELU_FMA = 1 (a knob under measurement, off in production; float32 epilogue only): each
-// head term w * relu(x) is formed as w * (x + |x|), i.e. twice the term, and the row sum is
-// halved before it leaves the thread (exact: scaling by 2 commutes with the float32 roundings,
-// away from overflow and subnormals). FADD with an |x| operand issues on the FMA pipe; FMNMX
-// issues on the ALU pipe, which has half the FMA pipe's rate on Hopper and also carries the
-// fp4 decode. Unlike fmaxf, x + |x| keeps a NaN. RELU_FMA = 2 splits the work between the two
-// pipes: the first column of each pair takes the FADD form into a second per-row sum, the
-// second keeps FMNMX; the halved second sum joins the first before the quad reduction (not
-// bitwise equal to production: another summation order).
+// RELU_FMA = 1 (the default; float32 epilogue over a float32 accumulator): each head term
+// w * relu(x) is formed as w * (x + |x|), i.e. twice the term, and the row sum is halved
+// before it leaves the thread (exact: scaling by 2 commutes with the float32 roundings, away
+// from overflow and subnormals), so the output is bitwise the FMNMX form's. FADD with an |x|
+// operand issues on the FMA pipe; FMNMX issues on the ALU pipe, which has half the FMA pipe's
+// rate on Hopper and also carries the fp4 decode. H200, B 128, L 64k, block 64, 2026-11-29:
+// fp4 next_n 1 290 -> 280 us (block 128: 294 -> 274), fp8 next_n 1 275 -> 271 us, next_n 2-4
+// within 1 %. Unlike fmaxf, x + |x| keeps a NaN (as the reference's relu does) but turns -inf
+// into NaN, hence not over a float16 accumulator, which can overflow. RELU_FMA = 0: FMNMX.
+// RELU_FMA = 2 (measured no better): the first column of each pair takes the FADD form into a
+// second per-row sum, the second keeps FMNMX; the halved second sum joins the first before the
+// quad reduction (not bitwise equal to the others: another summation order).
 #ifndef RELU_FMA
-#define RELU_FMA 0
+#define RELU_FMA 1
+#endif
+#if EPI_DTYPE == 0 && !(defined(ACC_FP16) && ACC_FP16)
+#define RELU_FORM RELU_FMA
+#else
+#define RELU_FORM 0
 #endif
 constexpr int kHalves = MMA_HALVES;
 constexpr int kNHalf = kN / kHalves;
@@ -482,11 +497,11 @@ __device__ __forceinline__ Epi relu(Epi x) {
 #endif
 }
 
-// The head term before its weight: relu(x), or 2 relu(x) with RELU_FMA = 1 (kHeadTermScale
+// The head term before its weight: relu(x), or 2 relu(x) where RELU_FORM = 1 (kHeadTermScale
 // undoes it).
-constexpr bool kTwiceRelu = RELU_FMA == 1 && EPI_DTYPE == 0;
+constexpr bool kTwiceRelu = RELU_FORM == 1;
 constexpr float kHeadTermScale = kTwiceRelu ? 0.5f : 1.f;
-#if RELU_FMA == 1 && EPI_DTYPE == 0
+#if RELU_FORM == 1
 __device__ __forceinline__ Epi head_term(Epi x) { return x + fabsf(x); }
 #else
 __device__ __forceinline__ Epi head_term(Epi x) { return relu(x); }
@@ -521,14 +536,14 @@ __device__ __forceinline__ Epi shfl_xor(Epi v, int mask) { return __shfl_xor_syn
 // known at compile time after unrolling.
 struct SlotSums {
   Epi partial[NEXT_N][2];
-#if RELU_FMA == 2 && EPI_DTYPE == 0
+#if RELU_FORM == 2
   float twice[NEXT_N][2];  // sums of w * (x + |x|), see RELU_FMA
 #endif
 
   __device__ __forceinline__ void clear() {
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) partial[t][0] = partial[t][1] = to_epi(0.f);
-#if RELU_FMA == 2 && EPI_DTYPE == 0
+#if RELU_FORM == 2
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) twice[t][0] = twice[t][1] = 0.f;
 #endif
@@ -548,7 +563,7 @@ struct SlotSums {
   __device__ __forceinline__ void add_weighted(int j, int i, int quad, Epi w0, Epi x0, Epi w1, Epi x1) {
     const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
     if (t_lo == t_hi) {
-#if RELU_FMA == 2 && EPI_DTYPE == 0
+#if RELU_FORM == 2
       twice[t_lo][i] = w0 * (x0 + fabsf(x0)) + twice[t_lo][i];
       partial[t_lo][i] = w1 * relu(x1) + partial[t_lo][i];
 #else
@@ -564,7 +579,7 @@ struct SlotSums {
     for (int t = 0; t < NEXT_N; ++t) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-#if RELU_FMA == 2 && EPI_DTYPE == 0
+#if RELU_FORM == 2
         partial[t][i] = fmaf(twice[t][i], 0.5f, partial[t][i]);
 #endif
         partial[t][i] += shfl_xor(partial[t][i], 1);
