@@ -34,9 +34,8 @@ static_assert(NUM_STAGES % NUM_CONSUMERS == 0 && NUM_STAGES % NUM_PRODUCERS == 0
 // registers inside a CTA: a consumer's .inc takes what the producer warpgroup's .dec gave back
 // from the launch allocation (ptxas gives each thread 65536 / threads, in steps of 8, under
 // __launch_bounds__(threads, 1)), never the rest of the register file; asking for more makes
-// .inc wait forever (5 consumer warpgroups at 88 registers, producers at 56, hung on the H200;
-// this rule is the explanation that fits, not yet confirmed by a run of the new split). For 2 and 4 consumer warpgroups this gives the 216-224 and 104 registers the
-// kernels were tuned with.
+// .inc wait (PTX ISA, setmaxnreg). For 2 and 4 consumer warpgroups this gives the 216-224 and
+// 104 registers the kernels were tuned with; 3 gives 144 (fp4) / 152 (fp8), 5 and 6 no .inc.
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 constexpr int kLaunchRegsUncapped = 65536 / kThreads / 8 * 8;
 constexpr int kLaunchRegs = kLaunchRegsUncapped < 248 ? kLaunchRegsUncapped : 248;  // 255 at most per thread
