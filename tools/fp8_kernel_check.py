@@ -331,6 +331,9 @@ def experiments(copy_bw: float, which: str = "all") -> None:
     if which == "fp4":
         fp4_experiments(copy_bw)
         return
+    if which == "consumers":
+        consumer_count_experiments(copy_bw)
+        return
     if which != "small":
         large_experiments(copy_bw)
     if which != "large":
@@ -479,6 +482,20 @@ def fp4_experiments(copy_bw: float) -> None:
     variant_table(FP4, FP4_SHAPES, FP4_EXPERIMENTS, copy_bw)
 
 
+# Consumer warpgroup counts at next_n 3, where both kernels have had 2 (production first).
+CONSUMER_COUNTS = [
+    ("production", ()),
+    ("2 consumer warpgroups", (("NUM_CONSUMERS", 2),)),
+    ("3 consumer warpgroups", (("NUM_CONSUMERS", 3),)),
+]
+CONSUMER_SHAPES = [(3, 64, 128, 65536), (3, 64, 64, 32768)]
+
+
+def consumer_count_experiments(copy_bw: float) -> None:
+    variant_table(FP8, CONSUMER_SHAPES, CONSUMER_COUNTS, copy_bw)
+    variant_table(FP4, CONSUMER_SHAPES, CONSUMER_COUNTS, copy_bw)
+
+
 def small_batch_experiments() -> None:
     print("\nsmall batch variant      next_n  bs     B      L  1/graph  32/graph (us per call)")
     for next_n, block_size, batch, avg in SMALL_SHAPES:
@@ -611,7 +628,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--experiments",
-        choices=["all", "large", "small", "fp4", "timestamps"],
+        choices=["all", "large", "small", "fp4", "consumers", "timestamps"],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()

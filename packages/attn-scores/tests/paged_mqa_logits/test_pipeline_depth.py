@@ -58,6 +58,10 @@ def test_role_counts_halve_when_too_few_stages_fit():
     assert pipeline_depth(only(10), (), 12, 2) == (2, 4, 8)
     assert pipeline_depth(only(3), (), 12, 4) == (2, 2, 2)
     assert pipeline_depth(only(3), (), 12, 2) == (2, 2, 2)
+    assert pipeline_depth(only(12), (), 12, 3) == (3, 4, 12)
+    assert pipeline_depth(only(11), (), 12, 3) == (2, 4, 8)
+    assert pipeline_depth(only(5), (), 12, 3) == (2, 4, 4)
+    assert pipeline_depth(only(3), (), 12, 3) == (2, 2, 2)
     assert pipeline_depth(only(1), (), 12, 4) == (4, 4, 0)
     assert pipeline_depth(only(16), (("NUM_CONSUMERS", 5),), 16, 4) == (5, 2, 10)
     assert pipeline_depth(only(16), (("NUM_CONSUMERS", 5), ("NUM_PRODUCERS", 5)), 16, 4) == (

@@ -35,11 +35,17 @@ MAX_STAGES = 16  # a stage is only 4 KiB of packed KV
 _LUT_LEVELS = 32
 
 
-def consumers_for(n: int) -> int:
+def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
     room for. next_n 2 (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k,
-    block 64, 2026-11-29); with 4 it spills."""
-    return 4 if n <= 64 else 3 if n <= 128 else 2
+    block 64, 2026-11-29); with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at
+    B 128, L 64k and 163 -> 147 us at B 64, L 32k, but only with a float32 epilogue (a 16-bit
+    one spills with 3)."""
+    if n <= 64:
+        return 4
+    if n <= 128 or (n <= 192 and epi_dtype == torch.float32):
+        return 3
+    return 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +81,10 @@ class Fp4KernelConfig:
     @functools.cached_property
     def pipeline(self) -> Pipeline:
         return pipeline_depth(
-            self.shared_memory_bytes, self.experiment, MAX_STAGES, consumers_for(self.n)
+            self.shared_memory_bytes,
+            self.experiment,
+            MAX_STAGES,
+            consumers_for(self.n, self.epi_dtype),
         )
 
     @property

@@ -26,7 +26,10 @@ TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_
 # wherever the accumulator (N/2 fp32 registers per thread) leaves room: 104 registers per
 # consumer thread with 4 warpgroups, 224 with 2.
 def consumers_for(n: int) -> int:
-    return 4 if n <= 128 else 2
+    """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
+    room for. next_n 3 (N = 192) with 3 instead of 2: 464 -> 434 us at B 128, L 64k and
+    127 -> 119 us at B 64, L 32k (H200, block 64, 2026-11-29); with 3 at N = 256 it spills."""
+    return 4 if n <= 128 else 3 if n <= 192 else 2
 
 
 # MMA commit groups per unit: with two (N/2 columns each) the epilogue of the first half runs
@@ -68,7 +71,8 @@ def pipeline_depth(
 ) -> Pipeline:
     """The deepest pipeline (<= max_stages stages) whose `shared_memory_bytes(stages)` fits,
     with the stage count a multiple of the consumer warpgroups and of the producer warps. Where
-    fewer stages fit than that needs, the larger role count halves until it fits. An
+    fewer stages fit than that needs, 3 consumers drop to 2, then the larger role count halves
+    until it fits. An
     experiment's NUM_CONSUMERS / NUM_PRODUCERS / NUM_STAGES win (and are never halved). Shared
     by both kernels.
 
@@ -90,13 +94,17 @@ def pipeline_depth(
     )
     if fitting < 2:
         return Pipeline(consumers, producers, 0)
-    # Halve the larger count the experiment leaves free until a multiple of both fits.
+    # Shrink the counts the experiment leaves free until a multiple of both fits: 3 consumer
+    # warpgroups first become 2 (the measured 3 ran with 4 producers and 12 stages), then the
+    # larger count halves.
     consumers_free, producers_free = (
         "NUM_CONSUMERS" not in experiment,
         "NUM_PRODUCERS" not in experiment,
     )
     while math.lcm(consumers, producers) > fitting:
-        if producers_free and producers > 1 and (producers >= consumers or not consumers_free):
+        if consumers_free and consumers == 3:
+            consumers = 2
+        elif producers_free and producers > 1 and (producers >= consumers or not consumers_free):
             producers //= 2
         elif consumers_free and consumers > 1:
             consumers //= 2
