@@ -24,7 +24,7 @@ TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_
 # Consumer warpgroups. The epilogue is latency-bound (ncu on the H200, 2026-11-29: 7 cycles per
 # issued instruction, 0.38 eligible warps per scheduler with 2 consumers), so more warps help
 # wherever the accumulator (N/2 fp32 registers per thread) leaves room: 104 registers per
-# consumer thread with 4 warpgroups, 224 with 2.
+# consumer thread with 4 warpgroups, 152 with 3, 224 with 2.
 def consumers_for(n: int) -> int:
     """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
     room for. next_n 3 (N = 192) with 3 instead of 2: 464 -> 434 us at B 128, L 64k and
@@ -72,9 +72,9 @@ def pipeline_depth(
     """The deepest pipeline (<= max_stages stages) whose `shared_memory_bytes(stages)` fits,
     with the stage count a multiple of the consumer warpgroups and of the producer warps. Where
     fewer stages fit than that needs, 3 consumers drop to 2, then the larger role count halves
-    until it fits. An
-    experiment's NUM_CONSUMERS / NUM_PRODUCERS / NUM_STAGES win (and are never halved). Shared
-    by both kernels.
+    until it fits. An experiment's NUM_CONSUMERS / NUM_PRODUCERS / NUM_STAGES win (and are
+    never changed; the kernel's static_assert rejects a stage count that breaks the rule).
+    Shared by both kernels.
 
     Why multiples: unit k lives in stage k % S, and its consumer waits on full[k % S] (its
     producer on empty[k % S]) for the phase parity of round k // S. A parity test cannot tell
