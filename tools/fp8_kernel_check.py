@@ -334,6 +334,9 @@ def experiments(copy_bw: float, which: str = "all") -> None:
     if which == "consumers":
         consumer_count_experiments(copy_bw)
         return
+    if which == "data":
+        kv_data_experiments(copy_bw)
+        return
     if which != "small":
         large_experiments(copy_bw)
     if which != "large":
@@ -496,6 +499,61 @@ def consumer_count_experiments(copy_bw: float) -> None:
     variant_table(FP4, CONSUMER_SHAPES, CONSUMER_COUNTS, copy_bw)
 
 
+def gpu_clocks_and_power() -> str:
+    """nvidia-smi's SM clock (MHz) and power draw (W) now, or why they could not be read."""
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvidia-smi failed: {exc}"
+
+
+def quantised_gaussian_kv(kv_fused: torch.Tensor, chunk_blocks: int = 4096) -> None:
+    """Overwrite `kv_fused` (FP8 layout) with per-token-quantised Gaussian K rows, the
+    benchmark's data (tools/bench/data.py), chunk by chunk."""
+    import flashinfer_layouts
+
+    gen = torch.Generator(device=kv_fused.device).manual_seed(11)
+    blocks, block_size, _, row = kv_fused.shape
+    for start in range(0, blocks, chunk_blocks):
+        stop = min(blocks, start + chunk_blocks)
+        k = torch.randn(stop - start, block_size, row - 4, generator=gen, device=kv_fused.device)
+        values, scales = flashinfer_layouts.quantize_fp8_per_token(k)
+        kv_fused[start:stop] = flashinfer_layouts.pack_fp8_kv_cache(values, scales)
+
+
+def kv_data_experiments(copy_bw: float) -> None:
+    """Production fp8 on two kinds of KV bytes at one large shape: the variant tables' random
+    bytes (& 0x77: positive, small) and the benchmark's quantised Gaussian rows. A
+    data-dependent power limit would show as a lower SM clock after a burst of calls."""
+    next_n, block_size, batch, avg = 1, 64, 128, 65536
+    case, total = timing_case(next_n, block_size, batch, avg)
+    schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+    call = fp8_call(case, schedule)
+    nbytes = total * (132 + 4 * next_n)
+    print(
+        f"\nkv data (fp8, next_n {next_n}, block {block_size}, B {batch}, L {avg})   time_us  frac_copy  tokens/us  clock, power after 400 calls"
+    )
+    for name in ("random bytes & 0x77", "quantised Gaussian rows"):
+        if name.startswith("quantised"):
+            quantised_gaussian_kv(case["kv_fused"])
+        t = bench(call)
+        for _ in range(400):
+            call()
+        clocks = gpu_clocks_and_power()
+        torch.cuda.synchronize()
+        print(
+            f"{name:58s} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f} {total / t / 1e6:10.0f}  {clocks}"
+        )
+
+
 def small_batch_experiments() -> None:
     print("\nsmall batch variant      next_n  bs     B      L  1/graph  32/graph (us per call)")
     for next_n, block_size, batch, avg in SMALL_SHAPES:
@@ -628,7 +686,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--experiments",
-        choices=["all", "large", "small", "fp4", "consumers", "timestamps"],
+        choices=["all", "large", "small", "fp4", "consumers", "data", "timestamps"],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()
