@@ -69,13 +69,10 @@ constexpr int kQSlotBytes = kN * kQRowBytes;
 // Interleaved scale slots permute a whole 128-token block, so each unit takes all of them.
 constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
 constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
-// Registers per thread (the split: consumer_registers in paged_mqa_common.cuh). The producers
+// Registers per thread (the split: RegisterSplit in paged_mqa_common.cuh). The producers
 // keep 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
 constexpr int kProducerRegs = 64;
-constexpr int kConsumerRegs = consumer_registers(kProducerRegs);
-static_assert(kConsumerRegs <= kLaunchRegs ||
-                  NUM_CONSUMERS * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
-              "the consumers' setmaxnreg.inc must fit in what the producers' dec gives back");
+using Registers = RegisterSplit<kProducerRegs>;
 
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
 static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");
@@ -437,13 +434,13 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   UnitWalker walk;
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    regs_decrease<kProducerRegs>();
+    Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
       producer(kv_map, kv_base, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
     }
   } else {
-    if constexpr (kConsumerRegs > kLaunchRegs) regs_increase<kConsumerRegs>();
+    Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
   }

@@ -41,12 +41,9 @@ constexpr int kBlockBytes = BLOCK_SIZE * (HEAD_DIM + 4);
 constexpr int kKvTileBytes = kTile * HEAD_DIM;
 constexpr int kQSlotBytes = kN * HEAD_DIM;
 constexpr int kProducerRegs = 56;
-// Registers per consumer thread: what the producers give back (consumer_registers in
+// Registers per consumer thread: what the producers give back (RegisterSplit in
 // paged_mqa_common.cuh).
-constexpr int kConsumerRegs = consumer_registers(kProducerRegs);
-static_assert(kConsumerRegs <= kLaunchRegs ||
-                  NUM_CONSUMERS * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
-              "the consumers' setmaxnreg.inc must fit in what the producers' dec gives back");
+using Registers = RegisterSplit<kProducerRegs>;
 
 // Measurement variants (never set in production; defaults in paged_mqa_common.cuh):
 // EXP_SKIP_MATH=1 drops the MMA and the epilogue (consumers only release stages and write the
@@ -343,14 +340,14 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   UnitWalker walk;
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    regs_decrease<kProducerRegs>();
+    Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
       producer(kv_map, kv_base, q, weights, block_tables, block_table_stride, walk, smem);
       if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[2] = globaltimer();
     }
   } else {
-    if constexpr (kConsumerRegs > kLaunchRegs) regs_increase<kConsumerRegs>();
+    Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem);
     if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0) stamps[2 + warpgroup] = globaltimer();

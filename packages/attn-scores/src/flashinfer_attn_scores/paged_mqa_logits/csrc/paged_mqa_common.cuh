@@ -39,10 +39,20 @@ static_assert(NUM_STAGES % NUM_CONSUMERS == 0 && NUM_STAGES % NUM_PRODUCERS == 0
 constexpr int kThreads = 128 * (NUM_CONSUMERS + 1);
 constexpr int kLaunchRegsUncapped = 65536 / kThreads / 8 * 8;
 constexpr int kLaunchRegs = kLaunchRegsUncapped < 248 ? kLaunchRegsUncapped : 248;  // 255 at most per thread
-__host__ __device__ constexpr int consumer_registers(int producer_registers) {
-  const int widest = kLaunchRegs + (kLaunchRegs - producer_registers) / NUM_CONSUMERS / 8 * 8;
-  return widest < 240 ? widest : 240;
-}
+// The role switch of each kernel: producers `dec` to kProducerRegs, consumers `inc` to their
+// share when it exceeds the launch allocation.
+template <int kProducerRegs>
+struct RegisterSplit {
+  static constexpr int kWidest = kLaunchRegs + (kLaunchRegs - kProducerRegs) / NUM_CONSUMERS / 8 * 8;
+  static constexpr int kConsumerRegs = kWidest < 240 ? kWidest : 240;
+  static_assert(kConsumerRegs <= kLaunchRegs ||
+                    NUM_CONSUMERS * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+                "the consumers' setmaxnreg.inc must fit in what the producers' dec gives back");
+  __device__ static __forceinline__ void enter_producer() { regs_decrease<kProducerRegs>(); }
+  __device__ static __forceinline__ void enter_consumer() {
+    if constexpr (kConsumerRegs > kLaunchRegs) regs_increase<kConsumerRegs>();
+  }
+};
 
 constexpr int kTile = 64;  // KV tokens per work unit = WGMMA M (flashinfer_schedule's unit)
 constexpr int kN = NEXT_N * NUM_HEADS;
