@@ -618,7 +618,7 @@ def timestamp_experiments(runs: int = 5) -> None:
             torch.cuda.synchronize()
             t = stamps.cpu().double() / 1e3
             start = t[:, 0].min()
-            consumers = fp8_sm90.consumers_for(next_n * 64)
+            consumers = FP8.config(block_size, next_n, ()).consumers
             end = t[:, 3 : 3 + consumers].amax(dim=1) - start
             quantiles = torch.quantile(end, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64))
             first = [float((t[:, 0] - start).max()), float((t[:, 1] - start).median())]
