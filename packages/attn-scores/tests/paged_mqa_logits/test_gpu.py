@@ -150,6 +150,10 @@ PARAMETRIC_SHAPES = [
     (64, 640, 1),
     (16, 512, 1),
     (32, 256, 3),
+    # 128 < N <= 192 with a wide head: 2 consumer warpgroups and 4 producers over 8 or 4
+    # stages (pipeline_depth drops 3 consumers to 2 where 12 stages do not fit).
+    (64, 224, 3),
+    (64, 256, 3),
 ]
 
 
