@@ -337,6 +337,9 @@ def experiments(copy_bw: float, which: str = "all") -> None:
     if which == "data":
         kv_data_experiments(copy_bw)
         return
+    if which == "gap":
+        harness_gap_experiments(copy_bw)
+        return
     if which != "small":
         large_experiments(copy_bw)
     if which != "large":
@@ -554,6 +557,108 @@ def kv_data_experiments(copy_bw: float) -> None:
         )
 
 
+def harness_gap_experiments(copy_bw: float) -> None:
+    """The variant tables read 5-10 % more tokens/us than tools/bench at the same shape. Time
+    one shape through both harnesses' inputs and timers, and with the schedule precomputed or
+    computed inside the call, to find which difference costs the time."""
+    import flashinfer_attn_scores
+    from bench.data import build_case
+    from bench.shapes import IndexerShape
+    from bench.timing import time_graph_replays
+
+    next_n, block_size, batch, avg = 1, 64, 128, 65536
+    shape = IndexerShape("fp8", batch, avg, next_n, block_size)
+    bench_case = build_case(shape, torch.device("cuda"))
+    inputs = bench_case.sets[0]
+    bench_total = sum(bench_case.seq_lens)
+    bench_as_dict = dict(
+        q=inputs.q,
+        kv_fused=bench_case.kv_fused,
+        weights=inputs.weights,
+        block_tables=inputs.block_tables,
+        seq_lens=inputs.seq_lens,
+        storage=inputs.out,
+    )
+    variant_case, variant_total = timing_case(next_n, block_size, batch, avg)
+    # The variant harness's data with the benchmark's lengths (its pool and tables otherwise).
+    lens_case = make_timing_case(
+        batch, next_n, 64, 128, block_size, bench_case.seq_lens, variant_case["kv_fused"].shape[0]
+    )
+    lens_case["storage"] = torch.empty_like(inputs.out)
+
+    def public(case, max_len, schedule):
+        return lambda: flashinfer_attn_scores.fp8_paged_mqa_logits(
+            case["q"],
+            case["kv_fused"],
+            case["weights"],
+            case["block_tables"],
+            case["seq_lens"],
+            max_len,
+            schedule_meta=schedule,
+            out=case["storage"],
+        )
+
+    def given(case):
+        return compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+
+    variant_max = max(int(x) for x in variant_case["seq_lens"].tolist())
+    rows = [
+        (
+            "variant data, launch, given schedule",
+            variant_case,
+            variant_total,
+            fp8_call(variant_case, given(variant_case)),
+        ),
+        (
+            "variant data, public, schedule None",
+            variant_case,
+            variant_total,
+            public(variant_case, variant_max, None),
+        ),
+        (
+            "variant data, public, given schedule",
+            variant_case,
+            variant_total,
+            public(variant_case, variant_max, given(variant_case)),
+        ),
+        (
+            "variant pool, bench lengths, launch",
+            lens_case,
+            bench_total,
+            fp8_call(lens_case, given(lens_case)),
+        ),
+        (
+            "bench data, launch, given schedule",
+            bench_as_dict,
+            bench_total,
+            fp8_call(bench_as_dict, given(bench_as_dict)),
+        ),
+        (
+            "bench data, public, schedule None",
+            bench_as_dict,
+            bench_total,
+            public(bench_as_dict, bench_case.max_seq_len, None),
+        ),
+        (
+            "bench data, public, given schedule",
+            bench_as_dict,
+            bench_total,
+            public(bench_as_dict, bench_case.max_seq_len, given(bench_as_dict)),
+        ),
+    ]
+    print(
+        f"\nharness gap (fp8, next_n {next_n}, block {block_size}, B {batch}, L {avg})"
+        "        tokens  pool GB  1/graph us  bench-timer us  tokens/us (bench timer)"
+    )
+    for name, case, total, call in rows:
+        pool_gb = case["kv_fused"].numel() / 1e9
+        alone = bench(call) * 1e6
+        timed = time_graph_replays([call]).median_us
+        print(
+            f"{name:58s} {total:9d} {pool_gb:8.2f} {alone:11.1f} {timed:15.1f} {total / timed:10.0f}"
+        )
+
+
 def small_batch_experiments() -> None:
     print("\nsmall batch variant      next_n  bs     B      L  1/graph  32/graph (us per call)")
     for next_n, block_size, batch, avg in SMALL_SHAPES:
@@ -686,7 +791,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--experiments",
-        choices=["all", "large", "small", "fp4", "consumers", "data", "timestamps"],
+        choices=["all", "large", "small", "fp4", "consumers", "data", "gap", "timestamps"],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()
