@@ -226,6 +226,9 @@ struct ConsumerMath {
   // Half h's share of the epilogue: w * relu(acc) summed per draft slot into `sums`.
   template <int h>
   __device__ __forceinline__ void add_half(const float* w, SlotSums& sums) {
+#if ACC_FP16 && EPI_DTYPE == 1
+    add_half_packed<h>(w, sums);
+#else
 #pragma unroll
     for (int jl = 0; jl < kNHalf / 8; ++jl) {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
@@ -238,7 +241,50 @@ struct ConsumerMath {
         sums.add_weighted(j, i, quad, w0, x0, w1, x1);
       }
     }
+#endif
   }
+
+#if ACC_FP16 && EPI_DTYPE == 1
+  // float16 accumulator and epilogue: each accumulator register holds a thread's two columns
+  // of a row as a half2, and they stay packed: one HMNMX2 and one HFMA2 per pair, into a
+  // half2 sum per draft slot and row whose halves are added at the end. Taking the halves
+  // apart (acc_pair) let ptxas write the ReLU back into the accumulator registers and merge
+  // halves there with PRMT; it then serialized every wgmma of the kernel (ptxas info C7518).
+  template <int h>
+  __device__ __forceinline__ void add_half_packed(const float* w, SlotSums& sums) {
+    const __half2 zero = __float2half2_rn(0.f);
+    __half2 pair_sums[NEXT_N][2];
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) pair_sums[t][0] = pair_sums[t][1] = zero;
+#pragma unroll
+    for (int jl = 0; jl < kNHalf / 8; ++jl) {
+      const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
+      const float2 wf = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
+      const __half2 w2 = __floats2half2_rn(wf.x, wf.y);
+      // The group's columns belong to one draft slot, or (H % 8 == 4) quads 0-1 to t_lo and
+      // quads 2-3 to t_hi.
+      const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t bits = acc[h][2 * jl + i];
+        const __half2 term = __hmax2(*reinterpret_cast<const __half2*>(&bits), zero);
+        if (t_lo == t_hi) {
+          pair_sums[t_lo][i] = __hfma2(w2, term, pair_sums[t_lo][i]);
+        } else {
+          pair_sums[t_lo][i] = __hfma2(w2, quad < 2 ? term : zero, pair_sums[t_lo][i]);
+          pair_sums[t_hi][i] = __hfma2(w2, quad < 2 ? zero : term, pair_sums[t_hi][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        sums.partial[t][i] += __low2half(pair_sums[t][i]) + __high2half(pair_sums[t][i]);
+      }
+    }
+  }
+#endif
 
   // The epilogue of unit (b, u), half by half as its MMA groups complete: per draft slot, the
   // sum over this thread's columns of w * relu(acc), then the quad's sum, times the token
