@@ -105,6 +105,19 @@ __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j,
 #endif
 }
 
+#if EPI_DTYPE == 1
+// The same two values as one half2 (low half: column c): the float16 accumulator's register
+// itself, or one F2FP pack of the float32 pair.
+__device__ __forceinline__ __half2 acc_half2(const AccReg (&acc)[Mma::kRegs], int j, int i) {
+#if ACC_FP16
+  const uint32_t bits = acc[2 * j + i];
+  return *reinterpret_cast<const __half2*>(&bits);
+#else
+  return __floats2half2_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
+#endif
+}
+#endif
+
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, const uint8_t* q,
                                          const float* weights, const int* block_tables, long long block_table_stride,
                                          UnitWalker walk, uint8_t* smem) {
@@ -226,7 +239,7 @@ struct ConsumerMath {
   // Half h's share of the epilogue: w * relu(acc) summed per draft slot into `sums`.
   template <int h>
   __device__ __forceinline__ void add_half(const float* w, SlotSums& sums) {
-#if ACC_FP16 && EPI_DTYPE == 1
+#if EPI_DTYPE == 1
     add_half_packed<h>(w, sums);
 #else
 #pragma unroll
@@ -244,12 +257,12 @@ struct ConsumerMath {
 #endif
   }
 
-#if ACC_FP16 && EPI_DTYPE == 1
-  // float16 accumulator and epilogue: each accumulator register holds a thread's two columns
-  // of a row as a half2, and they stay packed: one HMNMX2 and one HFMA2 per pair, into a
-  // half2 sum per draft slot and row whose halves are added at the end. Taking the halves
-  // apart (acc_pair) let ptxas write the ReLU back into the accumulator registers and merge
-  // halves there with PRMT; it then serialized every wgmma of the kernel (ptxas info C7518).
+#if EPI_DTYPE == 1
+  // float16 epilogue: a thread's two columns of a row stay one half2 (acc_half2): one HMNMX2
+  // and one HFMA2 per pair, into a half2 sum per draft slot and row whose halves are added at
+  // the end. Taking the halves apart (acc_pair) costs PRMTs to merge them again; over a
+  // float16 accumulator ptxas also wrote the ReLU back into the accumulator registers and then
+  // serialized every wgmma of the kernel (ptxas info C7518).
   template <int h>
   __device__ __forceinline__ void add_half_packed(const float* w, SlotSums& sums) {
     const __half2 zero = __float2half2_rn(0.f);
@@ -266,8 +279,7 @@ struct ConsumerMath {
       const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint32_t bits = acc[h][2 * jl + i];
-        const __half2 term = __hmax2(*reinterpret_cast<const __half2*>(&bits), zero);
+        const __half2 term = __hmax2(acc_half2(acc[h], jl, i), zero);
         if (t_lo == t_hi) {
           pair_sums[t_lo][i] = __hfma2(w2, term, pair_sums[t_lo][i]);
         } else {
