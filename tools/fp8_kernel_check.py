@@ -184,7 +184,10 @@ def correctness(quick: bool) -> bool:
                     torch.cuda.synchronize()
                     ok, msg = check(case, max_seq_len, storage, tol)
                     again = run_kernel(case, max_seq_len, out_dtype, epi, acc, extra_cols=5)
-                    valid = ~torch.isnan(storage.double())
+                    # Only the spec's valid region: past a request's length the last unit's
+                    # columns are unspecified (with block size 32 a unit's second box is not
+                    # loaded past the end, so those rows hold whatever the stage held before).
+                    valid = valid_mask(case["seq_lens"], next_n, storage.shape[1])
                     if ok and not torch.equal(storage[valid], again[valid]):
                         ok, msg = False, "not bitwise deterministic"
                 except Exception as e:  # report and continue the sweep
