@@ -157,9 +157,9 @@ PARAMETRIC_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(("num_heads", "head_dim", "next_n"), PARAMETRIC_SHAPES)
-@pytest.mark.parametrize("block_size", [32, 64, 128])
-def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
+def check_fp8_shape(block_size, num_heads, head_dim, next_n, seed, dtypes=(torch.float32,) * 3):
+    """One fp8 call at a parametric shape on the edge lengths against the float64 reference;
+    `dtypes` is (output_dtype, epi_dtype, acc_dtype)."""
     case = make_fp8_case(
         EDGE_LENGTHS,
         next_n=next_n,
@@ -168,13 +168,27 @@ def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
         block_size=block_size,
         max_seq_len=MAX_SEQ_LEN,
         spare_blocks=64,
-        seed=num_heads * head_dim + next_n,
+        seed=seed,
     ).to("cuda")
-    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
-    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    output_dtype, epi_dtype, acc_dtype = dtypes
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = fa.fp8_paged_mqa_logits(
+        *case.fp8_args(),
+        out=out,
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
+    )
     expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
     magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(torch.float32), magnitude)
+    tol = tolerance(*dtypes)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
+
+
+@pytest.mark.parametrize(("num_heads", "head_dim", "next_n"), PARAMETRIC_SHAPES)
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
+    check_fp8_shape(block_size, num_heads, head_dim, next_n, seed=num_heads * head_dim + next_n)
 
 
 # float16 epilogue (over either accumulator) where an 8-column group straddles two draft
@@ -185,23 +199,8 @@ def test_fp8_parametric_shapes(block_size, num_heads, head_dim, next_n):
 )
 @pytest.mark.parametrize("block_size", [32, 128])
 def test_fp8_float16_epilogue_parametric(block_size, num_heads, head_dim, next_n, acc_dtype):
-    case = make_fp8_case(
-        EDGE_LENGTHS,
-        next_n=next_n,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        block_size=block_size,
-        max_seq_len=MAX_SEQ_LEN,
-        spare_blocks=64,
-        seed=7 * num_heads + next_n,
-    ).to("cuda")
-    out = poisoned_out(case.rows, case.max_seq_len, torch.float16)
-    dtypes = dict(output_dtype=torch.float16, epi_dtype=torch.float16, acc_dtype=acc_dtype)
-    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out, **dtypes)
-    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
-    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
-    tol = tolerance(torch.float16, torch.float16, acc_dtype)
-    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
+    dtypes = (torch.float16, torch.float16, acc_dtype)
+    check_fp8_shape(block_size, num_heads, head_dim, next_n, 7 * num_heads + next_n, dtypes)
 
 
 @pytest.mark.parametrize("epi_dtype", [torch.float32, torch.float16, torch.bfloat16])
