@@ -118,6 +118,13 @@ def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS):
 @pytest.mark.parametrize("block_size", [32, 64, 128])
 def test_fp8_matches_reference(block_size, next_n, output_dtype, epi_dtype, acc_dtype):
     case = fp8_case(block_size, next_n, seed=block_size + next_n)
+    check_fp8_case(case, next_n, (output_dtype, epi_dtype, acc_dtype))
+
+
+def check_fp8_case(case, next_n, dtypes=(torch.float32,) * 3):
+    """One fp8 call into a NaN-poisoned `out` against the float64 reference; `dtypes` is
+    (output_dtype, epi_dtype, acc_dtype)."""
+    output_dtype, epi_dtype, acc_dtype = dtypes
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
     got = fa.fp8_paged_mqa_logits(
         *case.fp8_args(),
@@ -129,8 +136,7 @@ def test_fp8_matches_reference(block_size, next_n, output_dtype, epi_dtype, acc_
     assert got.shape == (case.rows, case.max_seq_len) and got.data_ptr() == out.data_ptr()
     expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
     magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
-    tol = tolerance(output_dtype, epi_dtype, acc_dtype)
-    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(*dtypes), magnitude)
 
 
 # (num_heads, head_dim, next_n) beyond DeepSeek's (64, 128): the kernel is parametric.
@@ -158,8 +164,7 @@ PARAMETRIC_SHAPES = [
 
 
 def check_fp8_shape(block_size, num_heads, head_dim, next_n, seed, dtypes=(torch.float32,) * 3):
-    """One fp8 call at a parametric shape on the edge lengths against the float64 reference;
-    `dtypes` is (output_dtype, epi_dtype, acc_dtype)."""
+    """check_fp8_case at a parametric shape on the edge lengths."""
     case = make_fp8_case(
         EDGE_LENGTHS,
         next_n=next_n,
@@ -170,19 +175,7 @@ def check_fp8_shape(block_size, num_heads, head_dim, next_n, seed, dtypes=(torch
         spare_blocks=64,
         seed=seed,
     ).to("cuda")
-    output_dtype, epi_dtype, acc_dtype = dtypes
-    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
-    got = fa.fp8_paged_mqa_logits(
-        *case.fp8_args(),
-        out=out,
-        output_dtype=output_dtype,
-        epi_dtype=epi_dtype,
-        acc_dtype=acc_dtype,
-    )
-    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
-    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
-    tol = tolerance(*dtypes)
-    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
+    check_fp8_case(case, next_n, dtypes)
 
 
 @pytest.mark.parametrize(("num_heads", "head_dim", "next_n"), PARAMETRIC_SHAPES)
