@@ -179,3 +179,23 @@ def test_four_processes_compiling_at_once_leave_one_valid_entry(source, cache_di
     assert hashlib.sha256(entry.cubin).hexdigest() == outcomes[0][1]
     assert sorted(p.name for p in entries[0].iterdir()) == [CUBIN_FILE, MANIFEST_FILE]
     assert list((schema_root(cache_dir) / "tmp").iterdir()) == []  # no stray temp folders
+
+
+def test_first_compiles_from_several_threads_at_once(source, cache_dir, monkeypatch):
+    # The first import of cuda.core is not thread-safe (cuda-core 1.2: a second thread can
+    # see its half-initialised cu13 module and fail with "cannot import name 'Program'"), so
+    # several threads compiling before anything imported it failed in 2 of 3 fresh processes.
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    import jit_test_helpers
+
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        results = context.Queue()
+        process = context.Process(
+            target=jit_test_helpers.compile_from_threads,
+            args=(str(source), str(cache_dir / str(attempt)), 4, results),
+        )
+        process.start()
+        outcomes = results.get(timeout=300)
+        process.join(timeout=60)
+        assert outcomes == ["ok"] * 4, outcomes

@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,11 @@ from .toolchain import PACKAGE_INCLUDE_DIR, cuda_header_dirs
 logger = logging.getLogger("flashinfer_jit")
 
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+
+# The first import of cuda.core is not thread-safe (cuda-core 1.2 picks its cu12/cu13 build in
+# its package __init__; a second thread importing meanwhile can see the half-initialised module
+# and fail with "cannot import name 'Program'"), so it is serialized.
+_CUDA_CORE_IMPORT = threading.Lock()
 
 # ptxas' resource report is always requested: it is how registers/spills reach the manifest.
 _ALWAYS_PTXAS = ("-v",)
@@ -234,7 +240,8 @@ def _check_arch(arch: str) -> None:
 def _nvrtc_compile(
     spec: KernelSpec, arch: str, source_text: str
 ) -> tuple[bytes, str, dict[str, str]]:
-    from cuda.core import Program, ProgramOptions
+    with _CUDA_CORE_IMPORT:
+        from cuda.core import Program, ProgramOptions
 
     options = ProgramOptions(**program_options_kwargs(spec, arch))
     log = io.StringIO()
