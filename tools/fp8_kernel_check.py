@@ -343,6 +343,9 @@ def experiments(copy_bw: float, which: str = "all") -> None:
     if which == "gap":
         harness_gap_experiments(copy_bw)
         return
+    if which == "sustained":
+        sustained_load_experiments(copy_bw)
+        return
     if which != "small":
         large_experiments(copy_bw)
     if which != "large":
@@ -662,6 +665,43 @@ def harness_gap_experiments(copy_bw: float) -> None:
         )
 
 
+def sustained_load_experiments(copy_bw: float) -> None:
+    """One large fp8 shape on the benchmark's kind of KV data (quantised Gaussian rows), timed
+    after the GPU sat idle and again after seconds of back-to-back calls, with the SM clock and
+    power read at each point: whether a sustained load (the benchmark runs for minutes) lowers
+    the clock, and with it the time, against a short burst (the variant tables)."""
+    import time
+
+    next_n, block_size, batch, avg = 1, 64, 128, 65536
+    case, total = timing_case(next_n, block_size, batch, avg)
+    quantised_gaussian_kv(case["kv_fused"])
+    schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+    call = fp8_call(case, schedule)
+    nbytes = total * (132 + 4 * next_n)
+    print(
+        f"\nsustained load (fp8, next_n {next_n}, block {block_size}, B {batch}, L {avg})"
+        "          time_us  frac_copy  clock, power before -> after the timing"
+    )
+    for name, load_s in (
+        ("after 3 s idle", 0.0),
+        ("after 5 s of calls", 5.0),
+        ("after 20 s of calls", 20.0),
+    ):
+        if load_s == 0.0:
+            torch.cuda.synchronize()
+            time.sleep(3.0)
+        else:
+            began = time.perf_counter()
+            while time.perf_counter() - began < load_s:
+                for _ in range(50):
+                    call()
+                torch.cuda.synchronize()
+        before = gpu_clocks_and_power()
+        t = bench(call, iters=200)
+        after = gpu_clocks_and_power()
+        print(f"{name:58s} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f}  {before} -> {after}")
+
+
 def small_batch_experiments() -> None:
     print("\nsmall batch variant      next_n  bs     B      L  1/graph  32/graph (us per call)")
     for next_n, block_size, batch, avg in SMALL_SHAPES:
@@ -794,7 +834,17 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--experiments",
-        choices=["all", "large", "small", "fp4", "consumers", "data", "gap", "timestamps"],
+        choices=[
+            "all",
+            "large",
+            "small",
+            "fp4",
+            "consumers",
+            "data",
+            "gap",
+            "sustained",
+            "timestamps",
+        ],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()
