@@ -160,6 +160,15 @@ PARAMETRIC_SHAPES = [
     # stages (pipeline_depth drops 3 consumers to 2 where 12 stages do not fit).
     (64, 224, 3),
     (64, 256, 3),
+    # Many draft slots per thread (the store loop's spare lanes with next_n % 4 != 0), 8-column
+    # groups straddling two slots (H % 8 == 4) at large N, a 32-byte swizzle with a wide N.
+    (4, 128, 64),
+    (8, 64, 31),
+    (12, 96, 20),
+    (36, 64, 4),
+    (100, 128, 2),
+    (248, 32, 1),
+    (4, 32, 2),
 ]
 
 

@@ -259,6 +259,11 @@ def all_kernel_specs():
         (128, 16, 1),
         (256, 64, 1),
         (96, 8, 1),
+        (128, 4, 64),
+        (64, 8, 31),
+        (96, 12, 20),
+        (64, 36, 4),
+        (32, 248, 1),
     ]:
         configs += [
             fp8_config(bs, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32)
