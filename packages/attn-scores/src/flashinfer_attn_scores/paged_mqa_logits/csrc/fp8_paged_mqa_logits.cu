@@ -88,16 +88,20 @@ __device__ __forceinline__ uint32_t swizzled_offset(uint32_t row, uint32_t unit)
   return linear ^ (((linear >> 7) & (kSwizzle / 16 - 1)) << 4);
 }
 
-// The two accumulator values (row r0 + 8*i, columns c, c+1) of 8-column group j, as float
-// (the float32 epilogue; the float16 one keeps them packed, see acc_half2).
-__device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j, int i, float& x0, float& x1) {
+// The two accumulator values (row r0 + 8*i, columns c, c+1) of 8-column group j.
+__device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j, int i, Epi& x0, Epi& x1) {
 #if ACC_FP16
   const __half2 h = *reinterpret_cast<const __half2*>(&acc[2 * j + i]);
+#if EPI_DTYPE == 1
+  x0 = __low2half(h);
+  x1 = __high2half(h);
+#else
   x0 = __low2float(h);
   x1 = __high2float(h);
+#endif
 #else
-  x0 = acc[4 * j + 2 * i];
-  x1 = acc[4 * j + 2 * i + 1];
+  x0 = to_epi(acc[4 * j + 2 * i]);
+  x1 = to_epi(acc[4 * j + 2 * i + 1]);
 #endif
 }
 
@@ -245,7 +249,7 @@ struct ConsumerMath {
       const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float x0, x1;
+        Epi x0, x1;
         acc_pair(acc[h], jl, i, x0, x1);
         sums.add_weighted(j, i, quad, w0, x0, w1, x1);
       }
