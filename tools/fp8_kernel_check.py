@@ -538,17 +538,27 @@ def quantised_gaussian_kv(kv_fused: torch.Tensor, chunk_blocks: int = 4096) -> N
         kv_fused[start:stop] = flashinfer_layouts.pack_fp8_kv_cache(values, scales)
 
 
+# The one shape the data, harness-gap and sustained-load experiments time.
+ONE_SHAPE = (1, 64, 128, 65536)  # next_n, block size, batch, average length
+ONE_SHAPE_LABEL = "fp8, next_n {}, block {}, B {}, L {}".format(*ONE_SHAPE)
+
+
+def one_shape_call():
+    """The variant harness's case at ONE_SHAPE, its production fp8 launch with a precomputed
+    schedule, and the bytes it moves: (case, tokens, call, bytes)."""
+    next_n = ONE_SHAPE[0]
+    case, total = timing_case(*ONE_SHAPE)
+    schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+    return case, total, fp8_call(case, schedule), total * (132 + 4 * next_n)
+
+
 def kv_data_experiments(copy_bw: float) -> None:
     """Production fp8 on two kinds of KV bytes at one large shape: the variant tables' random
     bytes (& 0x77: positive, small) and the benchmark's quantised Gaussian rows. A
     data-dependent power limit would show as a lower SM clock after a burst of calls."""
-    next_n, block_size, batch, avg = 1, 64, 128, 65536
-    case, total = timing_case(next_n, block_size, batch, avg)
-    schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
-    call = fp8_call(case, schedule)
-    nbytes = total * (132 + 4 * next_n)
+    case, total, call, nbytes = one_shape_call()
     print(
-        f"\nkv data (fp8, next_n {next_n}, block {block_size}, B {batch}, L {avg})   time_us  frac_copy  tokens/us  clock, power after 400 calls"
+        f"\nkv data ({ONE_SHAPE_LABEL})   time_us  frac_copy  tokens/us  clock, power after 400 calls"
     )
     for name in ("random bytes & 0x77", "quantised Gaussian rows"):
         if name.startswith("quantised"):
@@ -572,7 +582,7 @@ def harness_gap_experiments(copy_bw: float) -> None:
     from bench.shapes import IndexerShape
     from bench.timing import time_graph_replays
 
-    next_n, block_size, batch, avg = 1, 64, 128, 65536
+    next_n, block_size, batch, avg = ONE_SHAPE
     shape = IndexerShape("fp8", batch, avg, next_n, block_size)
     bench_case = build_case(shape, torch.device("cuda"))
     inputs = bench_case.sets[0]
@@ -653,7 +663,7 @@ def harness_gap_experiments(copy_bw: float) -> None:
         ),
     ]
     print(
-        f"\nharness gap (fp8, next_n {next_n}, block {block_size}, B {batch}, L {avg})"
+        f"\nharness gap ({ONE_SHAPE_LABEL})"
         "        tokens  pool GB  1/graph us  bench-timer us  tokens/us (bench timer)"
     )
     for name, case, total, call in rows:
@@ -672,14 +682,10 @@ def sustained_load_experiments(copy_bw: float) -> None:
     the clock, and with it the time, against a short burst (the variant tables)."""
     import time
 
-    next_n, block_size, batch, avg = 1, 64, 128, 65536
-    case, total = timing_case(next_n, block_size, batch, avg)
+    case, _, call, nbytes = one_shape_call()
     quantised_gaussian_kv(case["kv_fused"])
-    schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
-    call = fp8_call(case, schedule)
-    nbytes = total * (132 + 4 * next_n)
     print(
-        f"\nsustained load (fp8, next_n {next_n}, block {block_size}, B {batch}, L {avg})"
+        f"\nsustained load ({ONE_SHAPE_LABEL})"
         "          time_us  frac_copy  clock, power before -> after the timing"
     )
     for name, load_s in (

@@ -24,6 +24,8 @@ export PYTHONUNBUFFERED=1
 if [ -n "${KNOB_DEFAULTS:-}" ]; then
   # KNOB_DEFAULTS ("RELU_FMA=1 ..."): run everything below with these #define defaults in the
   # kernel sources (a measurement knob tested as the default); the sources are restored on exit.
+  # Only for knobs that leave the shared-memory layout and the role counts alone: those are
+  # sized in Python (fp8_sm90.py / fp4_sm90.py), which never sees these edits.
   csrc=packages/attn-scores/src/flashinfer_attn_scores/paged_mqa_logits/csrc
   saved=$(mktemp -d)
   cp "$csrc"/*.cu "$csrc"/*.cuh "$saved"/
