@@ -265,8 +265,18 @@ def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> 
         )
 
 
+# CPython keeps os.environ's entries in a dict of encoded keys (`os.environ._data`, which
+# `os.environ[...] = ...`, `del` and `update` keep in step). An unset variable is one lookup
+# there (~0.1 us), where `os.environ.get` raises and catches KeyError inside the mapping
+# (~1.7 us here, ~2.5 us on the H200's host), and every eager call reads this variable.
+_VALIDATE_ENV_KEY = os.environ.encodekey(VALIDATE_ENV_VAR)
+
+
 def validate_inputs_enabled() -> bool:
     """True when `FLASHINFER_VALIDATE_INPUTS` is set to 1/true/yes/on (read on every call)."""
+    entries = getattr(os.environ, "_data", None)
+    if entries is not None and _VALIDATE_ENV_KEY not in entries:
+        return False
     return os.environ.get(VALIDATE_ENV_VAR, "").strip().lower() in _ENV_TRUE
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import flashinfer_attn_scores as fa
 import pytest
 import torch
@@ -19,6 +21,26 @@ def validate_on(monkeypatch):
 @pytest.fixture
 def validate_unset(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
+
+
+def test_variable_is_read_on_every_call(monkeypatch):
+    """Every way of changing os.environ is seen by the next call (the unset case is a
+    lookup in os.environ's backing dict)."""
+    monkeypatch.delenv(ENV, raising=False)
+    assert not _validation.validate_inputs_enabled()
+    for value, wanted in (("1", True), (" On ", True), ("yes", True), ("0", False), ("", False)):
+        monkeypatch.setenv(ENV, value)
+        assert _validation.validate_inputs_enabled() is wanted, value
+    monkeypatch.delenv(ENV)
+    assert not _validation.validate_inputs_enabled()
+    monkeypatch.setattr(os, "environ", {**os.environ, ENV: "true"})
+    assert _validation.validate_inputs_enabled()  # a plain dict standing in for os.environ
+    monkeypatch.undo()
+    monkeypatch.delenv(ENV, raising=False)  # restores the original value at teardown
+    os.environ.update({ENV: "1"})
+    assert _validation.validate_inputs_enabled()
+    del os.environ[ENV]
+    assert not _validation.validate_inputs_enabled()
 
 
 def small_fp8(**kwargs):
