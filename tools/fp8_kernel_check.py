@@ -346,6 +346,12 @@ def experiments(copy_bw: float, which: str = "all") -> None:
     if which == "sustained":
         sustained_load_experiments(copy_bw)
         return
+    if which == "pool":
+        pool_size_experiments(copy_bw)
+        return
+    if which == "free":
+        after_free_experiments(copy_bw)
+        return
     if which != "small":
         large_experiments(copy_bw)
     if which != "large":
@@ -508,13 +514,14 @@ def consumer_count_experiments(copy_bw: float) -> None:
     variant_table(FP4, CONSUMER_SHAPES, CONSUMER_COUNTS, copy_bw)
 
 
-def gpu_clocks_and_power() -> str:
-    """nvidia-smi's SM clock (MHz) and power draw (W) now, or why they could not be read."""
+def gpu_state(fields: str = "clocks.sm,power.draw") -> str:
+    """nvidia-smi's reading of `fields` now (SM clock in MHz and power draw in W unless asked
+    for more), or why it could not be read."""
     import subprocess
 
     try:
         return subprocess.run(
-            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -566,7 +573,7 @@ def kv_data_experiments(copy_bw: float) -> None:
         t = bench(call)
         for _ in range(400):
             call()
-        clocks = gpu_clocks_and_power()
+        clocks = gpu_state()
         torch.cuda.synchronize()
         print(
             f"{name:58s} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f} {total / t / 1e6:10.0f}  {clocks}"
@@ -677,35 +684,136 @@ def harness_gap_experiments(copy_bw: float) -> None:
 
 def sustained_load_experiments(copy_bw: float) -> None:
     """One large fp8 shape on the benchmark's kind of KV data (quantised Gaussian rows), timed
-    after the GPU sat idle and again after seconds of back-to-back calls, with the SM clock and
-    power read at each point: whether a sustained load (the benchmark runs for minutes) lowers
-    the clock, and with it the time, against a short burst (the variant tables)."""
+    after the GPU sat idle and again after up to three minutes of back-to-back calls (the
+    benchmark runs for many minutes), with the copy bandwidth, clocks, power and temperatures
+    read at each point: whether a sustained load slows the kernel, the copy, or both."""
     import time
 
     case, _, call, nbytes = one_shape_call()
     quantised_gaussian_kv(case["kv_fused"])
     print(
-        f"\nsustained load ({ONE_SHAPE_LABEL})"
-        "          time_us  frac_copy  clock, power before -> after the timing"
+        f"\nsustained load ({ONE_SHAPE_LABEL}); copy at the start {copy_bw / 1e12:.2f} TB/s\n"
+        f"{'':22s} time_us  copy_now  frac_start  frac_now  "
+        "sm MHz, mem MHz, W, gpu C, mem C, throttle reasons (before the timing)"
     )
-    for name, load_s in (
-        ("after 3 s idle", 0.0),
-        ("after 5 s of calls", 5.0),
-        ("after 20 s of calls", 20.0),
-    ):
-        if load_s == 0.0:
+    loaded_s = 0.0
+    for total_s in (0.0, 5.0, 30.0, 90.0, 180.0):
+        if total_s == 0.0:
             torch.cuda.synchronize()
             time.sleep(3.0)
-        else:
-            began = time.perf_counter()
-            while time.perf_counter() - began < load_s:
-                for _ in range(50):
-                    call()
-                torch.cuda.synchronize()
-        before = gpu_clocks_and_power()
+        began = time.perf_counter()
+        while loaded_s + time.perf_counter() - began < total_s:
+            for _ in range(50):
+                call()
+            torch.cuda.synchronize()
+        loaded_s = max(loaded_s, total_s)
+        state = gpu_state(
+            "clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory,"
+            "clocks_event_reasons.active"
+        )
         t = bench(call, iters=200)
-        after = gpu_clocks_and_power()
-        print(f"{name:58s} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f}  {before} -> {after}")
+        copy_now = copy_bandwidth()
+        name = "after 3 s idle" if total_s == 0.0 else f"after {total_s:.0f} s of calls"
+        print(
+            f"{name:22s} {t * 1e6:7.1f} {copy_now / 1e12:7.2f} {nbytes / t / copy_bw:10.2f} "
+            f"{nbytes / t / copy_now:9.2f}  {state}"
+        )
+
+
+def pool_size_experiments(copy_bw: float) -> None:
+    """ONE_SHAPE's lengths with their blocks spread at random over KV pools of growing size
+    (the variant tables use about 2 GB, the benchmark 4.4 GB, a serving engine most of the
+    GPU's memory), then the 2 GB pool again with 64 GB of other memory allocated and written;
+    then fresh 2 GB pools, each timed three times and once more with a new block table: whether
+    the spread of the pages, the allocation, the table or the moment moves the time."""
+    next_n, block_size, batch, avg = ONE_SHAPE
+    lens, total = draw_lengths(batch, avg, seed=3)
+    width = max(lens) // block_size + 1
+    token_bytes = 132
+    nbytes = total * (token_bytes + 4 * next_n)
+
+    def new_table(pool_blocks: int) -> torch.Tensor:
+        order = torch.randperm(pool_blocks, device="cuda")[: batch * width]
+        return order.view(batch, width).to(torch.int32)
+
+    def pool_case(pool_gb: float) -> tuple[dict, Callable]:
+        pool_blocks = max(batch * width, math.ceil(pool_gb * 1e9 / (block_size * token_bytes)))
+        kv = torch.empty(pool_blocks, block_size, 1, token_bytes, dtype=torch.uint8, device="cuda")
+        kv.random_(0, 256).bitwise_and_(0x77)  # in place: no second pool-sized tensor
+        case = dict(
+            q=torch.randn(batch, next_n, 64, 128, device="cuda").to(torch.float8_e4m3fn),
+            kv_fused=kv,
+            weights=torch.randn(batch * next_n, 64, device="cuda"),
+            block_tables=new_table(pool_blocks),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+            storage=torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda"),
+        )
+        schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
+        return case, lambda: bench(fp8_call(case, schedule))
+
+    print(f"\npool size ({ONE_SHAPE_LABEL})      pool_GB  time_us  frac_copy  tokens/us")
+
+    def timed(pool_gb: float, label: str) -> None:
+        case, time_it = pool_case(pool_gb)
+        t = time_it()
+        gb = case["kv_fused"].numel() / 1e9
+        print(
+            f"{label:36s} {gb:8.1f} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f} {total / t / 1e6:10.0f}"
+        )
+        del case, time_it
+        torch.cuda.empty_cache()
+
+    for pool_gb in (0.0, 2.0, 4.4, 8.0, 16.0, 32.0, 64.0):
+        timed(pool_gb, "pool only" if pool_gb else "pool = the table's blocks")
+    other = torch.empty(64 * 1024**3, dtype=torch.uint8, device="cuda").fill_(1)
+    timed(2.0, "pool, 64 GB of other memory written")
+    del other
+    torch.cuda.empty_cache()
+    timed(2.0, "pool only, again")
+
+    print("\nfresh 2 GB pools: three timings, then a new table over the same pool (us)")
+    for attempt in range(6):
+        case, time_it = pool_case(2.0)
+        times = [time_it() * 1e6 for _ in range(3)]
+        case["block_tables"] = new_table(case["kv_fused"].shape[0])
+        times.append(time_it() * 1e6)
+        where = case["kv_fused"].data_ptr()
+        print(
+            f"allocation {attempt}: "
+            + "  ".join(f"{t:6.1f}" for t in times)
+            + f"   pool at 0x{where:x}"
+        )
+        del case, time_it
+        torch.cuda.empty_cache()
+
+
+def after_free_experiments(copy_bw: float) -> None:
+    """ONE_SHAPE on one pool that stays allocated, timed every ~0.2 s for 3 s after other
+    memory is allocated and written, and after that memory is freed (`empty_cache`, so the
+    driver gets it back): whether freeing memory slows the kernel for a while."""
+    import time
+
+    _, _, call, _ = one_shape_call()  # the call holds the case's tensors
+    print(f"\nafter a free ({ONE_SHAPE_LABEL}): time_us at ~0.2 s intervals")
+    print(f"{'steady':34s} " + " ".join(f"{bench(call) * 1e6:6.1f}" for _ in range(4)))
+
+    def series(label: str) -> None:
+        began = time.perf_counter()
+        samples = []
+        while time.perf_counter() - began < 3.0:
+            samples.append(f"{bench(call) * 1e6:6.1f}")
+            time.sleep(0.15)
+        print(f"{label:34s} " + " ".join(samples))
+
+    for gib in (64, 8):
+        other = torch.empty(gib * 1024**3, dtype=torch.uint8, device="cuda").fill_(1)
+        torch.cuda.synchronize()
+        series(f"{gib} GiB allocated and written")
+        del other
+        torch.cuda.empty_cache()
+        series(f"{gib} GiB freed")
+        time.sleep(3.0)
+        series(f"{gib} GiB freed, 3 s later")
 
 
 def small_batch_experiments() -> None:
@@ -849,6 +957,8 @@ if __name__ == "__main__":
             "data",
             "gap",
             "sustained",
+            "pool",
+            "free",
             "timestamps",
         ],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",

@@ -37,7 +37,7 @@ from .report import (
 )
 from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
 from .tables import load_results, markdown_report
-from .timing import copy_bandwidth, time_graph_replays, time_host
+from .timing import copy_bandwidth, settle, time_graph_replays, time_host
 
 JSON_NAME = "results.json"
 # The gather ceiling is a steadier measurement than an op: fewer samples are enough.
@@ -162,6 +162,7 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         result.status, result.detail = FAIL, result.check.detail
         return result
     if device.type == "cuda":
+        settle(device)  # the check's memory would otherwise slow the timing (timing.SETTLE_S)
         result.timing = time_graph_replays([op_call(case, inputs) for inputs in case.sets])
         if gather:
             try:

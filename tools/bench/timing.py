@@ -23,6 +23,22 @@ MAX_SAMPLES = 200
 SAMPLE_BUDGET_S = 0.5
 
 
+# Pause before a case is timed, after its float64 check. Measured on the H200 (2026-11-29,
+# fp8 next_n 1, block 64 and 128, B 128, L 64k, run_case twice per arrangement): timed right
+# after the check, the op read 298-306 us; with the memory the check had cached given back to
+# the driver (`empty_cache`) and then 0.3, 1 or 3 s without GPU work, 281-285 us. Neither the
+# pause nor `empty_cache` alone changed the figure. The mechanism is not known; 281-285 us is
+# also what the same data read in a process that ran no check.
+SETTLE_S = 0.5
+
+
+def settle(device: torch.device) -> None:
+    """Give cached memory back to the driver and leave the GPU idle for `SETTLE_S`."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    time.sleep(SETTLE_S)
+
+
 @dataclass(frozen=True)
 class Timing:
     """Median per-call time and the spread of the samples.
