@@ -33,12 +33,8 @@ def make_timing_case(batch, next_n, heads, head_dim, block_size, lens, pool_bloc
     """Large case built on the GPU: random non-NaN FP8 bytes in a pool of `pool_blocks` blocks."""
     dev = "cuda"
     width = max((n + block_size - 1) // block_size for n in lens)
-    kv_fused = (
-        torch.randint(
-            0, 256, (pool_blocks, block_size, 1, head_dim + 4), dtype=torch.uint8, device=dev
-        )
-        & 0x77
-    )
+    kv_fused = torch.empty(pool_blocks, block_size, 1, head_dim + 4, dtype=torch.uint8, device=dev)
+    kv_fused.random_(0, 256).bitwise_and_(0x77)  # in place: no second pool-sized tensor
     table = (
         torch.randperm(pool_blocks, device=dev)[: batch * width].view(batch, width).to(torch.int32)
     )
@@ -329,29 +325,9 @@ def fp8_call(case, schedule, experiment=(), schedule_rows_out=None):
 
 
 def experiments(copy_bw: float, which: str = "all") -> None:
-    if which == "timestamps":
-        timestamp_experiments()
-        return
-    if which == "fp4":
-        fp4_experiments(copy_bw)
-        return
-    if which == "consumers":
-        consumer_count_experiments(copy_bw)
-        return
-    if which == "data":
-        kv_data_experiments(copy_bw)
-        return
-    if which == "gap":
-        harness_gap_experiments(copy_bw)
-        return
-    if which == "sustained":
-        sustained_load_experiments(copy_bw)
-        return
-    if which == "pool":
-        pool_size_experiments(copy_bw)
-        return
-    if which == "free":
-        after_free_experiments(copy_bw)
+    single = SINGLE_EXPERIMENTS.get(which)
+    if single is not None:
+        single(copy_bw)
         return
     if which != "small":
         large_experiments(copy_bw)
@@ -734,22 +710,10 @@ def pool_size_experiments(copy_bw: float) -> None:
     token_bytes = 132
     nbytes = total * (token_bytes + 4 * next_n)
 
-    def new_table(pool_blocks: int) -> torch.Tensor:
-        order = torch.randperm(pool_blocks, device="cuda")[: batch * width]
-        return order.view(batch, width).to(torch.int32)
-
     def pool_case(pool_gb: float) -> tuple[dict, Callable]:
         pool_blocks = max(batch * width, math.ceil(pool_gb * 1e9 / (block_size * token_bytes)))
-        kv = torch.empty(pool_blocks, block_size, 1, token_bytes, dtype=torch.uint8, device="cuda")
-        kv.random_(0, 256).bitwise_and_(0x77)  # in place: no second pool-sized tensor
-        case = dict(
-            q=torch.randn(batch, next_n, 64, 128, device="cuda").to(torch.float8_e4m3fn),
-            kv_fused=kv,
-            weights=torch.randn(batch * next_n, 64, device="cuda"),
-            block_tables=new_table(pool_blocks),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
-            storage=torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda"),
-        )
+        case = make_timing_case(batch, next_n, 64, 128, block_size, lens, pool_blocks)
+        case["storage"] = torch.empty(batch * next_n, padded_seq_len(max(lens)), device="cuda")
         schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
         return case, lambda: bench(fp8_call(case, schedule))
 
@@ -777,7 +741,9 @@ def pool_size_experiments(copy_bw: float) -> None:
     for attempt in range(6):
         case, time_it = pool_case(2.0)
         times = [time_it() * 1e6 for _ in range(3)]
-        case["block_tables"] = new_table(case["kv_fused"].shape[0])
+        table = case["block_tables"]  # a new shuffle of the same pool, same shape
+        order = torch.randperm(case["kv_fused"].shape[0], device="cuda")[: table.numel()]
+        case["block_tables"] = order.view_as(table).to(torch.int32)
         times.append(time_it() * 1e6)
         where = case["kv_fused"].data_ptr()
         print(
@@ -934,6 +900,20 @@ def bench(fn, iters=50, calls_per_graph=1):
     return times[len(times) // 2]
 
 
+# The --experiments choices that run one table (or one measurement) on its own; "all", "large"
+# and "small" are the large-shape variant table and the small-batch one.
+SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
+    "fp4": fp4_experiments,
+    "consumers": consumer_count_experiments,
+    "data": kv_data_experiments,
+    "gap": harness_gap_experiments,
+    "sustained": sustained_load_experiments,
+    "pool": pool_size_experiments,
+    "free": after_free_experiments,
+    "timestamps": lambda copy_bw: timestamp_experiments(),
+}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -950,19 +930,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--experiments",
-        choices=[
-            "all",
-            "large",
-            "small",
-            "fp4",
-            "consumers",
-            "data",
-            "gap",
-            "sustained",
-            "pool",
-            "free",
-            "timestamps",
-        ],
+        choices=["all", "large", "small", *SINGLE_EXPERIMENTS],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
     args = parser.parse_args()
