@@ -11,7 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RUN2_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run2.json"
+RUN10_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run10.json"
+RUN11_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run11.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
+HISTORY_MD = REPO / "docs" / "performance-history.md"
 
 
 def _tables():
@@ -236,21 +239,35 @@ def _tables_of(markdown: str) -> list[str]:
     return blocks
 
 
-def test_performance_page_tables_are_generated_from_the_run2_json() -> None:
+# The run2 host-time table sits in the performance page's host-time section, the rest of
+# run2 on the history page.
+@pytest.mark.parametrize(
+    ("results", "pages"),
+    [
+        (RUN11_JSON, [PERFORMANCE_MD]),
+        (RUN10_JSON, [HISTORY_MD]),
+        (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
+    ],
+    ids=["run11", "run10", "run2"],
+)
+def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
-    page = PERFORMANCE_MD.read_text()
-    report = t.markdown_report(t.load_results(RUN2_JSON))
+    text = "\n".join(page.read_text() for page in pages)
+    report = t.markdown_report(t.load_results(results))
     tables = _tables_of(report)
     assert len(tables) == 5
+    names = " + ".join(page.name for page in pages)
     for table in tables:
-        assert table in page, f"docs/performance.md lacks this generated table:\n{table[:400]}"
+        assert table in text, (
+            f"{names} lacks this table generated from {results.name}:\n{table[:400]}"
+        )
 
 
 def test_peer_figures_match_the_first_run_table_on_the_performance_page() -> None:
     """Two transcriptions of PERFORMANCE.md's peer table: peer.py and the first-run page."""
     t = _tables()
-    page = PERFORMANCE_MD.read_text()
-    section = page[page.index("### fp8_paged_mqa_logits, first run") :]
+    page = HISTORY_MD.read_text()
+    section = page[page.index("## fp8_paged_mqa_logits, first run") :]
     found = {}
     for line in section.splitlines():
         match = re.match(r"\| (\d) \| (\d+) \| (\d+)k \|.*\| ([\d.]+) us \|$", line)
@@ -270,3 +287,70 @@ def test_markdown_of_a_missing_or_broken_file_is_a_clear_error(tmp_path, capsys)
     broken.write_text("{")
     assert main(["--markdown", str(broken)]) == 2
     assert "is not JSON" in capsys.readouterr().err
+
+
+def _split_by_op(payload: dict) -> list[dict]:
+    """The fixture as two runs made with --ops fp8 and --ops fp4, each with its own ceiling,
+    date and host-time rows."""
+    runs = []
+    for number, op in enumerate(("fp8", "fp4")):
+        host = payload["host_time"]
+        runs.append(
+            {
+                **payload,
+                "date": f"2026-11-29T1{number}:00:00+00:00",
+                "ceilings_bytes_per_s": {"copy": 4.1e12 + number * 0.1e12},
+                "host_time": {**host, "results": [r for r in host["results"] if r["op"] == op]},
+                "results": [r for r in payload["results"] if r["op"] == op],
+            }
+        )
+    return runs
+
+
+def test_merge_joins_runs_split_by_op(payload) -> None:
+    t = _tables()
+    fp8_run, fp4_run = _split_by_op(payload)
+    merged = t.merge_runs([fp8_run, fp4_run])
+    assert merged["results"] == fp8_run["results"] + fp4_run["results"]
+    assert merged["host_time"]["results"] == payload["host_time"]["results"]
+    assert merged["runs"] == [
+        {"date": "2026-11-29T10:00:00+00:00", "ops": ["fp8"], "copy_bytes_per_s": 4.1e12},
+        {"date": "2026-11-29T11:00:00+00:00", "ops": ["fp4"], "copy_bytes_per_s": 4.2e12},
+    ]
+    text = t.run_description(merged)
+    assert "fp8 run started 2026-11-29T10:00:00+00:00, its copy ceiling 4.10 TB/s" in text
+    assert "fp4 run started 2026-11-29T11:00:00+00:00, its copy ceiling 4.20 TB/s" in text
+    assert "device copy ceiling" not in text
+    # The per-case tables are the same as those of the unsplit payload.
+    assert _tables_of(t.markdown_report(merged)) == _tables_of(t.markdown_report(payload))
+    fp4_run["complete"] = False
+    assert t.merge_runs([fp8_run, fp4_run])["complete"] is False
+
+
+def test_merge_refuses_one_run_a_repeated_case_or_two_devices(payload) -> None:
+    t = _tables()
+    fp8_run, fp4_run = _split_by_op(payload)
+    with pytest.raises(ValueError, match="at least two results files, got 1"):
+        t.merge_runs([fp8_run])
+    with pytest.raises(
+        ValueError, match=r"runs 1 and 3 both hold the case \('fp8', 1, 1, 4096, 32\)"
+    ):
+        t.merge_runs([fp8_run, fp4_run, fp8_run])
+    other = {**fp4_run, "device": {**fp4_run["device"], "name": "NVIDIA H100"}}
+    with pytest.raises(ValueError, match="different devices"):
+        t.merge_runs([fp8_run, other])
+
+
+def test_cli_merge_prints_the_joined_json(payload, tmp_path, capsys) -> None:
+    t = _tables()
+    from bench.cli import main
+
+    paths = []
+    for number, run in enumerate(_split_by_op(payload)):
+        paths.append(tmp_path / f"run{number}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert main(["--merge", *map(str, paths)]) == 0
+    merged = json.loads(capsys.readouterr().out)
+    assert merged == json.loads(json.dumps(t.merge_runs([t.load_results(p) for p in paths])))
+    assert main(["--merge", str(paths[0]), str(paths[0])]) == 2
+    assert "both hold the case" in capsys.readouterr().err

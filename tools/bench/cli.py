@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from collections import Counter
@@ -36,7 +37,7 @@ from .report import (
     write_plots,
 )
 from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
-from .tables import load_results, markdown_report
+from .tables import load_results, markdown_report, merge_runs
 from .timing import copy_bandwidth, settle, time_graph_replays, time_host
 
 JSON_NAME = "results.json"
@@ -93,6 +94,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         metavar="RESULTS.json",
         help="print the markdown tables of a results.json (no benchmark is run)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS.json",
+        help="print one results.json joining runs split by --ops (no benchmark is run)",
     )
     parser.add_argument(
         "--device",
@@ -209,6 +217,14 @@ def host_time_section(
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 unless a result was wrong or a case crashed."""
     args = parse_args(argv)
+    if args.merge is not None:
+        try:
+            merged = merge_runs([load_results(path) for path in args.merge])
+        except ValueError as err:
+            print(f"bench --merge: {err}", file=sys.stderr)
+            return 2
+        print(json.dumps(merged, indent=1))
+        return 0
     if args.markdown is not None:
         try:
             payload = load_results(args.markdown)

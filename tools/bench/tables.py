@@ -1,5 +1,8 @@
 """Markdown tables from a benchmark `results.json`: `python tools/bench --markdown RESULTS.json`.
 
+A grid run split by op (`--ops fp8`, then `--ops fp4`, to fit a time limit) is joined into one
+payload first with `python tools/bench --merge A.json B.json > merged.json` (`merge_runs`).
+
 Every figure comes from the JSON (times, fractions of the ceilings, token counts, host times)
 except the peer's published times (`peer.py`), which the fp8 table and the speed-up compare
 against. The functions take the parsed JSON (a dict) so they can be tested without a file.
@@ -9,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,62 @@ def load_results(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
         raise ValueError(f"{path} is not a benchmark results.json: it has no 'results' list")
     return payload
+
+
+def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Join runs of the benchmark on one device into one payload, in the order given.
+
+    Each record keeps the fractions of its own run's copy ceiling; the joined payload lists
+    every run's date, ops and copy ceiling under "runs" (the run description prints them) and
+    has no single copy ceiling of its own.
+
+    Args:
+        payloads: Parsed results.json files, each with its own cases.
+
+    Returns:
+        The joined payload.
+
+    Raises:
+        ValueError: If fewer than two runs are given, the runs name different devices, or
+            two runs hold the same case.
+    """
+    if len(payloads) < 2:
+        raise ValueError(f"merging needs at least two results files, got {len(payloads)}")
+    devices = {json.dumps(p.get("device"), sort_keys=True) for p in payloads}
+    if len(devices) != 1:
+        raise ValueError(f"the runs were made on different devices: {sorted(devices)}")
+    seen: dict[CaseKey, int] = {}
+    for number, payload in enumerate(payloads, 1):
+        for record in payload["results"]:
+            key = case_key(record)
+            if key in seen:
+                raise ValueError(f"runs {seen[key]} and {number} both hold the case {key}")
+            seen[key] = number
+    host_sections = [
+        p["host_time"] for p in payloads if (p.get("host_time") or {}).get("status") == "done"
+    ]
+    host_time: dict[str, Any] = {"status": "not measured in any of the runs", "results": []}
+    if host_sections:
+        host_time = {
+            **host_sections[0],
+            "results": [row for section in host_sections for row in section["results"]],
+        }
+    first = payloads[0]
+    return {
+        **{k: first.get(k) for k in ("date", "mode", "python", "torch", "cuda", "device")},
+        "complete": all(p.get("complete", True) for p in payloads),
+        "runs": [
+            {
+                "date": p.get("date"),
+                "ops": sorted({r["op"] for r in p["results"]}),
+                "copy_bytes_per_s": (p.get("ceilings_bytes_per_s") or {}).get("copy"),
+            }
+            for p in payloads
+        ],
+        "ceilings_bytes_per_s": {},
+        "host_time": host_time,
+        "results": [record for p in payloads for record in p["results"]],
+    }
 
 
 def case_key(record: Record) -> CaseKey:
@@ -394,10 +453,19 @@ def run_description(payload: Mapping[str, Any]) -> str:
     copy = (payload.get("ceilings_bytes_per_s") or {}).get("copy")
     statuses = [r["status"] for r in payload["results"]]
     passed = statuses.count(PASS)
-    text = (
-        f"Device: {name}; torch {payload.get('torch')}, CUDA {payload.get('cuda')}; "
-        f"started {payload.get('date')}; "
-    )
+    text = f"Device: {name}; torch {payload.get('torch')}, CUDA {payload.get('cuda')}; "
+    runs = payload.get("runs")
+    if runs:
+        for run in runs:
+            text += f"{', '.join(run['ops'])} run started {run['date']}"
+            if run.get("copy_bytes_per_s"):
+                text += f", its copy ceiling {run['copy_bytes_per_s'] / 1e12:.2f} TB/s"
+            text += "; "
+        text += (
+            "each case's fractions are of its own run's copy ceiling (bytes read plus written); "
+        )
+    else:
+        text += f"started {payload.get('date')}; "
     if copy:
         text += f"device copy ceiling {copy / 1e12:.2f} TB/s (bytes read plus written); "
     text += f"{passed} of {len(statuses)} cases PASS the float64 check"
