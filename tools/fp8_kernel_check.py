@@ -525,25 +525,28 @@ def quantised_gaussian_kv(kv_fused: torch.Tensor, chunk_blocks: int = 4096) -> N
 
 # The one shape the data, harness-gap and sustained-load experiments time.
 ONE_SHAPE = (1, 64, 128, 65536)  # next_n, block size, batch, average length
-ONE_SHAPE_LABEL = "fp8, next_n {}, block {}, B {}, L {}".format(*ONE_SHAPE)
 
 
-def one_shape_call():
-    """The variant harness's case at ONE_SHAPE, its production fp8 launch with a precomputed
+def shape_label(shape) -> str:
+    return "fp8, next_n {}, block {}, B {}, L {}".format(*shape)
+
+
+def one_shape_call(shape=ONE_SHAPE):
+    """The variant harness's case at `shape`, its production fp8 launch with a precomputed
     schedule, and the bytes it moves: (case, tokens, call, bytes)."""
-    next_n = ONE_SHAPE[0]
-    case, total = timing_case(*ONE_SHAPE)
+    next_n = shape[0]
+    case, total = timing_case(*shape)
     schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
     return case, total, fp8_call(case, schedule), total * (132 + 4 * next_n)
 
 
-def kv_data_experiments(copy_bw: float) -> None:
+def kv_data_experiments(copy_bw: float, shape=ONE_SHAPE) -> None:
     """Production fp8 on two kinds of KV bytes at one large shape: the variant tables' random
     bytes (& 0x77: positive, small) and the benchmark's quantised Gaussian rows. A
     data-dependent power limit would show as a lower SM clock after a burst of calls."""
-    case, total, call, nbytes = one_shape_call()
+    case, total, call, nbytes = one_shape_call(shape)
     print(
-        f"\nkv data ({ONE_SHAPE_LABEL})   time_us  frac_copy  tokens/us  clock, power after 400 calls"
+        f"\nkv data ({shape_label(shape)})   time_us  frac_copy  tokens/us  clock, power after 400 calls"
     )
     for name in ("random bytes & 0x77", "quantised Gaussian rows"):
         if name.startswith("quantised"):
@@ -558,7 +561,7 @@ def kv_data_experiments(copy_bw: float) -> None:
         )
 
 
-def harness_gap_experiments(copy_bw: float) -> None:
+def harness_gap_experiments(copy_bw: float, shape=ONE_SHAPE) -> None:
     """The variant tables read 5-10 % more tokens/us than tools/bench at the same shape. Time
     one shape through both harnesses' inputs and timers, and with the schedule precomputed or
     computed inside the call, to find which difference costs the time."""
@@ -567,9 +570,10 @@ def harness_gap_experiments(copy_bw: float) -> None:
     from bench.shapes import IndexerShape
     from bench.timing import time_graph_replays
 
-    next_n, block_size, batch, avg = ONE_SHAPE
-    shape = IndexerShape("fp8", batch, avg, next_n, block_size)
-    bench_case = build_case(shape, torch.device("cuda"))
+    next_n, block_size, batch, avg = shape
+    bench_case = build_case(
+        IndexerShape("fp8", batch, avg, next_n, block_size), torch.device("cuda")
+    )
     inputs = bench_case.sets[0]
     bench_total = sum(bench_case.seq_lens)
     bench_as_dict = dict(
@@ -648,7 +652,7 @@ def harness_gap_experiments(copy_bw: float) -> None:
         ),
     ]
     print(
-        f"\nharness gap ({ONE_SHAPE_LABEL})"
+        f"\nharness gap ({shape_label(shape)})"
         "        tokens  pool GB  1/graph us  bench-timer us  tokens/us (bench timer)"
     )
     for name, case, total, call in rows:
@@ -658,24 +662,41 @@ def harness_gap_experiments(copy_bw: float) -> None:
         print(
             f"{name:58s} {total:9d} {pool_gb:8.2f} {alone:11.1f} {timed:15.1f} {total / timed:10.0f}"
         )
+    # What tools/bench itself times: every rotation set's call in one graph.
+    from bench.ops import op_call
+
+    sets = [op_call(bench_case, inputs) for inputs in bench_case.sets]
+    timed = time_graph_replays(sets).median_us
+    name = f"bench data, public, all {len(sets)} rotation sets"
+    pool_gb = bench_case.kv_fused.numel() / 1e9
+    print(
+        f"{name:58s} {bench_total:9d} {pool_gb:8.2f} {'':11s} {timed:15.1f} {bench_total / timed:10.0f}"
+    )
 
 
-def sustained_load_experiments(copy_bw: float) -> None:
+# next_n 2, where the consumers are instruction-issue bound, so the SM clock should matter.
+ISSUE_BOUND_SHAPE = (2, 64, 128, 65536)
+
+
+def sustained_load_experiments(
+    copy_bw: float, shape=ONE_SHAPE, points_s=(0.0, 5.0, 30.0, 90.0, 180.0)
+) -> None:
     """One large fp8 shape on the benchmark's kind of KV data (quantised Gaussian rows), timed
-    after the GPU sat idle and again after up to three minutes of back-to-back calls (the
-    benchmark runs for many minutes), with the copy bandwidth, clocks, power and temperatures
-    read at each point: whether a sustained load slows the kernel, the copy, or both."""
+    after the GPU sat idle and again after up to `points_s[-1]` seconds of back-to-back calls
+    (the benchmark runs for many minutes), with the copy bandwidth, clocks, power and
+    temperatures read at each point: whether a sustained load slows the kernel, the copy, or
+    both."""
     import time
 
-    case, _, call, nbytes = one_shape_call()
+    case, _, call, nbytes = one_shape_call(shape)
     quantised_gaussian_kv(case["kv_fused"])
     print(
-        f"\nsustained load ({ONE_SHAPE_LABEL}); copy at the start {copy_bw / 1e12:.2f} TB/s\n"
+        f"\nsustained load ({shape_label(shape)}); copy at the start {copy_bw / 1e12:.2f} TB/s\n"
         f"{'':22s} time_us  copy_now  frac_start  frac_now  "
         "sm MHz, mem MHz, W, gpu C, mem C, throttle reasons (before the timing)"
     )
     loaded_s = 0.0
-    for total_s in (0.0, 5.0, 30.0, 90.0, 180.0):
+    for total_s in points_s:
         if total_s == 0.0:
             torch.cuda.synchronize()
             time.sleep(3.0)
@@ -717,7 +738,7 @@ def pool_size_experiments(copy_bw: float) -> None:
         schedule = compute_paged_mqa_logits_schedule(case["seq_lens"], next_n=next_n)
         return case, lambda: bench(fp8_call(case, schedule))
 
-    print(f"\npool size ({ONE_SHAPE_LABEL})      pool_GB  time_us  frac_copy  tokens/us")
+    print(f"\npool size ({shape_label(ONE_SHAPE)})      pool_GB  time_us  frac_copy  tokens/us")
 
     def timed(pool_gb: float, label: str) -> None:
         case, time_it = pool_case(pool_gb)
@@ -762,7 +783,7 @@ def after_free_experiments(copy_bw: float) -> None:
     import time
 
     _, _, call, _ = one_shape_call()  # the call holds the case's tensors
-    print(f"\nafter a free ({ONE_SHAPE_LABEL}): time_us at ~0.2 s intervals")
+    print(f"\nafter a free ({shape_label(ONE_SHAPE)}): time_us at ~0.2 s intervals")
     print(f"{'steady':34s} " + " ".join(f"{bench(call) * 1e6:6.1f}" for _ in range(4)))
 
     def series(label: str) -> None:
@@ -862,6 +883,60 @@ def timestamp_experiments(runs: int = 5) -> None:
         del case
 
 
+SM_SHAPES = [
+    (1, 64, 64, 4096),
+    (1, 64, 128, 4096),
+    (1, 64, 128, 16384),
+    (1, 64, 128, 65536),
+    (2, 64, 128, 16384),
+]
+
+
+def sm_rate_experiments(calls: int = 40) -> None:
+    """Is a CTA's pace a property of its SM? Per CTA, the time from knowing its rows to its
+    last consumer's exit (EXP_TIMESTAMPS) over the call's median, placed by %smid, over
+    `calls` calls with L2 flushed in between. Reports whether blockIdx -> SM stays the same,
+    the split-half correlation of the per-SM means (near 1: the same SMs are slow every
+    call), their range, and the SMs more than 5 % faster than the median SM."""
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    print(
+        "\nper-SM pace (CTA time / call median, by %smid)\n"
+        "next_n bs     B      L  same SMs  split-half r  SM mean min  max  per-call max/median"
+    )
+    for next_n, block_size, batch, avg in SM_SHAPES:
+        case, _ = timing_case(next_n, block_size, batch, avg)
+        consumers = FP8.config(block_size, next_n, ()).consumers
+        assert consumers <= 4, "the SM id is stamped only with at most 4 consumer warpgroups"
+        stamps = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
+        call = fp8_call(case, None, (("EXP_TIMESTAMPS", 1),), schedule_rows_out=stamps)
+        call()
+        pace = torch.zeros(calls, ctas, dtype=torch.float64)
+        placements, worst = [], []
+        for c in range(calls):
+            flush.fill_(c)
+            call()
+            torch.cuda.synchronize()
+            t = stamps.cpu().double()
+            streaming = t[:, 3 : 3 + consumers].amax(dim=1) - t[:, 1]
+            sm = stamps[:, 7].cpu().long()
+            if int(sm.max()) >= ctas:  # PTX allows gaps in %smid; none seen on the H200
+                raise RuntimeError(f"%smid {int(sm.max())} >= {ctas} SMs: index by rank instead")
+            pace[c, sm] = streaming / streaming.median()
+            placements.append(sm)
+            worst.append(float(pace[c].max()))
+        same = sum(torch.equal(p, placements[0]) for p in placements) / calls
+        mean = pace.mean(dim=0)
+        r = torch.corrcoef(torch.stack([pace[0::2].mean(0), pace[1::2].mean(0)]))[0, 1]
+        print(
+            f"{next_n:6d} {block_size:2d} {batch:5d} {avg:6d} {same:9.2f} {float(r):13.3f}"
+            f" {float(mean.min()):12.3f} {float(mean.max()):5.3f} {sorted(worst)[calls // 2]:20.3f}"
+        )
+        fast = (mean < 0.95).nonzero().flatten().tolist()
+        print(f"    SMs more than 5 % faster than the median: {len(fast)}: {fast}")
+        del case
+
+
 def profile_one(next_n, block_size, batch, avg, kernel="fp8", experiment=()):
     under_test = FP4 if kernel == "fp4" else FP8
     case, _ = under_test.make_case(next_n, block_size, batch, avg)
@@ -906,11 +981,17 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4": fp4_experiments,
     "consumers": consumer_count_experiments,
     "data": kv_data_experiments,
+    "data-n2": lambda copy_bw: kv_data_experiments(copy_bw, ISSUE_BOUND_SHAPE),
     "gap": harness_gap_experiments,
+    "gap-n2": lambda copy_bw: harness_gap_experiments(copy_bw, ISSUE_BOUND_SHAPE),
     "sustained": sustained_load_experiments,
+    "sustained-n2": lambda copy_bw: sustained_load_experiments(
+        copy_bw, ISSUE_BOUND_SHAPE, (0.0, 2.0, 10.0, 30.0)
+    ),
     "pool": pool_size_experiments,
     "free": after_free_experiments,
     "timestamps": lambda copy_bw: timestamp_experiments(),
+    "sm": lambda copy_bw: sm_rate_experiments(),
 }
 
 

@@ -56,7 +56,7 @@ using Registers = RegisterSplit<kProducerRegs>;
 #endif
 // EXP_TIMESTAMPS=1: schedule_rows_out receives, per CTA, 8 globaltimer readings (ns) instead of
 // the schedule rows: entry (after the PDL wait), rows known, then the exit of the producer warp and of each
-// consumer warpgroup.
+// consumer warpgroup; with at most 4 consumer warpgroups the last reading is the SM's id instead.
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
@@ -383,7 +383,10 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   // while the previous one is still writing q, seq_lens, the block table or the output.
   pdl_wait();
   unsigned long long* stamps = reinterpret_cast<unsigned long long*>(schedule_rows_out) + 8 * blockIdx.x;
-  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[0] = globaltimer();
+  if (EXP_TIMESTAMPS && threadIdx.x == 0) {
+    stamps[0] = globaltimer();
+    if (NUM_CONSUMERS <= 4) stamps[7] = sm_id();
+  }
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
   const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,

@@ -22,6 +22,12 @@ __device__ __forceinline__ uint64_t globaltimer() {
   return t;
 }
 
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 // ---------------------------------------------------------------- programmatic dependent launch
 // In a kernel launched with programmatic stream serialization (PDL), launch_dependents lets the
 // next such kernel in the stream start its blocks before this grid finishes, and wait blocks
