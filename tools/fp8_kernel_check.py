@@ -849,6 +849,16 @@ TIMESTAMP_SHAPES = [
 ]
 
 
+def stamped_call(next_n, block_size, batch, avg):
+    """The variant harness's case with the EXP_TIMESTAMPS launch (the schedule derived in the
+    call): (case, the stamps it writes, per CTA, the call, its consumer warpgroups)."""
+    case, _ = timing_case(next_n, block_size, batch, avg)
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    stamps = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
+    call = fp8_call(case, None, (("EXP_TIMESTAMPS", 1),), schedule_rows_out=stamps)
+    return case, stamps, call, FP8.config(block_size, next_n, ()).consumers
+
+
 def timestamp_experiments(runs: int = 5) -> None:
     """Per-CTA globaltimer readings (EXP_TIMESTAMPS): when each CTA starts, knows its rows and
     finishes, relative to the first CTA's start, median over `runs` calls (in a stream, so
@@ -858,10 +868,8 @@ def timestamp_experiments(runs: int = 5) -> None:
         "next_n bs     B      L  units/CTA  start max  rows med  end min  end med  end p90  end max"
     )
     for next_n, block_size, batch, avg in TIMESTAMP_SHAPES:
-        case, _ = timing_case(next_n, block_size, batch, avg)
-        ctas = torch.cuda.get_device_properties(0).multi_processor_count
-        stamps = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
-        call = fp8_call(case, None, (("EXP_TIMESTAMPS", 1),), schedule_rows_out=stamps)
+        case, stamps, call, consumers = stamped_call(next_n, block_size, batch, avg)
+        ctas = stamps.shape[0]
         rows = []
         for _ in range(runs + 1):
             stamps.zero_()
@@ -869,7 +877,6 @@ def timestamp_experiments(runs: int = 5) -> None:
             torch.cuda.synchronize()
             t = stamps.cpu().double() / 1e3
             start = t[:, 0].min()
-            consumers = FP8.config(block_size, next_n, ()).consumers
             end = t[:, 3 : 3 + consumers].amax(dim=1) - start
             quantiles = torch.quantile(end, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64))
             first = [float((t[:, 0] - start).max()), float((t[:, 1] - start).median())]
@@ -883,13 +890,8 @@ def timestamp_experiments(runs: int = 5) -> None:
         del case
 
 
-SM_SHAPES = [
-    (1, 64, 64, 4096),
-    (1, 64, 128, 4096),
-    (1, 64, 128, 16384),
-    (1, 64, 128, 65536),
-    (2, 64, 128, 16384),
-]
+# The timestamp shapes but B 8, which leaves a CTA too few units to have a pace.
+SM_SHAPES = TIMESTAMP_SHAPES[1:]
 
 
 def sm_rate_experiments(calls: int = 40) -> None:
@@ -905,11 +907,9 @@ def sm_rate_experiments(calls: int = 40) -> None:
         "next_n bs     B      L  same SMs  split-half r  SM mean min  max  per-call max/median"
     )
     for next_n, block_size, batch, avg in SM_SHAPES:
-        case, _ = timing_case(next_n, block_size, batch, avg)
-        consumers = FP8.config(block_size, next_n, ()).consumers
-        assert consumers <= 4, "the SM id is stamped only with at most 4 consumer warpgroups"
-        stamps = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
-        call = fp8_call(case, None, (("EXP_TIMESTAMPS", 1),), schedule_rows_out=stamps)
+        case, stamps, call, consumers = stamped_call(next_n, block_size, batch, avg)
+        if consumers > 4:
+            raise RuntimeError("the SM id is stamped only with at most 4 consumer warpgroups")
         call()
         pace = torch.zeros(calls, ctas, dtype=torch.float64)
         placements, worst = [], []
