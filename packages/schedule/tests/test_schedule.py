@@ -139,6 +139,25 @@ def test_cpu_default_num_sms():
     assert sched.device.type == "cpu"
 
 
+def test_cuda_sm_count_is_queried_once_per_device(monkeypatch):
+    """The SM count is read from the driver once per device index, then remembered."""
+    from types import SimpleNamespace
+
+    from flashinfer_schedule import device_num_sms, schedule
+
+    queries = []
+
+    def properties(index):
+        queries.append(index)
+        return SimpleNamespace(multi_processor_count=100 + index)
+
+    monkeypatch.setattr(schedule, "_SM_COUNTS", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    counts = [device_num_sms(torch.device("cuda", i)) for i in (0, 1, 0, 1, 1)]
+    assert counts == [100, 101, 100, 101, 101]
+    assert queries == [0, 1]
+
+
 def test_out_is_written_in_place_and_returned():
     lens = [100, 0, 300]
     out = torch.full((5, 2), -7, dtype=torch.int32)

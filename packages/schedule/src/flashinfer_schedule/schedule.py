@@ -23,8 +23,6 @@ Picture (`num_sms = 4`, units per request `[2, 0, 5]`, total 7, split 2/2/2/1):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 __all__ = [
@@ -100,11 +98,19 @@ def _resolve_device(device: object) -> torch.device:
     return resolved
 
 
-@functools.cache
+# SM count per CUDA device index, fixed for the life of the process: the property query costs
+# ~10 us of host time per call on the H200 host (2026-11-29), paid on every logits call. A
+# plain dict rather than functools.cache, which torch.compile warns about when it traces the
+# public functions (they check a given schedule's shape against this count).
+_SM_COUNTS: dict[int, int] = {}
+
+
 def _cuda_multiprocessors(index: int) -> int:
-    # Fixed for the life of the process; the property query costs ~10 us of host time per
-    # call on the H200 host (2026-11-29), paid on every logits call without schedule_meta.
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+    count = _SM_COUNTS.get(index)
+    if count is None:
+        count = int(torch.cuda.get_device_properties(index).multi_processor_count)
+        _SM_COUNTS[index] = count
+    return count
 
 
 def device_num_sms(device: torch.device | str | int) -> int:
