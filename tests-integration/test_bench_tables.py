@@ -339,6 +339,10 @@ def test_merge_refuses_one_run_a_repeated_case_or_two_devices(payload) -> None:
     other = {**fp4_run, "device": {**fp4_run["device"], "name": "NVIDIA H100"}}
     with pytest.raises(ValueError, match="different devices"):
         t.merge_runs([fp8_run, other])
+    problem = {**fp4_run["host_time"]["problem"], "seq_len": 8192}
+    longer = {**fp4_run, "host_time": {**fp4_run["host_time"], "problem": problem}}
+    with pytest.raises(ValueError, match="timed the host on different problems"):
+        t.merge_runs([fp8_run, longer])
 
 
 def test_cli_merge_prints_the_joined_json(payload, tmp_path, capsys) -> None:

@@ -70,8 +70,8 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         The joined payload.
 
     Raises:
-        ValueError: If fewer than two runs are given, the runs name different devices, or
-            two runs hold the same case.
+        ValueError: If fewer than two runs are given, the runs name different devices or
+            timed the host on different problems, or two runs hold the same case.
     """
     if len(payloads) < 2:
         raise ValueError(f"merging needs at least two results files, got {len(payloads)}")
@@ -88,6 +88,9 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     host_sections = [
         p["host_time"] for p in payloads if (p.get("host_time") or {}).get("status") == "done"
     ]
+    problems = {json.dumps(section.get("problem"), sort_keys=True) for section in host_sections}
+    if len(problems) > 1:
+        raise ValueError(f"the runs timed the host on different problems: {sorted(problems)}")
     host_time: dict[str, Any] = {"status": "not measured in any of the runs", "results": []}
     if host_sections:
         host_time = {
