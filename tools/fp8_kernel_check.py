@@ -567,6 +567,7 @@ def harness_gap_experiments(copy_bw: float, shape=ONE_SHAPE) -> None:
     computed inside the call, to find which difference costs the time."""
     import flashinfer_attn_scores
     from bench.data import build_case
+    from bench.ops import op_call
     from bench.shapes import IndexerShape
     from bench.timing import time_graph_replays
 
@@ -663,8 +664,6 @@ def harness_gap_experiments(copy_bw: float, shape=ONE_SHAPE) -> None:
             f"{name:58s} {total:9d} {pool_gb:8.2f} {alone:11.1f} {timed:15.1f} {total / timed:10.0f}"
         )
     # What tools/bench itself times: every rotation set's call in one graph.
-    from bench.ops import op_call
-
     sets = [op_call(bench_case, inputs) for inputs in bench_case.sets]
     timed = time_graph_replays(sets).median_us
     name = f"bench data, public, all {len(sets)} rotation sets"

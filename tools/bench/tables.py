@@ -75,9 +75,9 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if len(payloads) < 2:
         raise ValueError(f"merging needs at least two results files, got {len(payloads)}")
-    devices = {json.dumps(p.get("device"), sort_keys=True) for p in payloads}
-    if len(devices) != 1:
-        raise ValueError(f"the runs were made on different devices: {sorted(devices)}")
+    devices = [p.get("device") for p in payloads]
+    if any(device != devices[0] for device in devices):
+        raise ValueError(f"the runs were made on different devices: {devices}")
     seen: dict[CaseKey, int] = {}
     for number, payload in enumerate(payloads, 1):
         for record in payload["results"]:
@@ -88,9 +88,9 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     host_sections = [
         p["host_time"] for p in payloads if (p.get("host_time") or {}).get("status") == "done"
     ]
-    problems = {json.dumps(section.get("problem"), sort_keys=True) for section in host_sections}
-    if len(problems) > 1:
-        raise ValueError(f"the runs timed the host on different problems: {sorted(problems)}")
+    problems = [section.get("problem") for section in host_sections]
+    if any(problem != problems[0] for problem in problems):
+        raise ValueError(f"the runs timed the host on different problems: {problems}")
     host_time: dict[str, Any] = {"status": "not measured in any of the runs", "results": []}
     if host_sections:
         host_time = {
