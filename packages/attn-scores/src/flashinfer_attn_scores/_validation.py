@@ -178,6 +178,27 @@ def check_kv_fused_blocks_contiguous(kv_fused: torch.Tensor) -> None:
         expected *= size
 
 
+# The SM90 kernels read a pool with TMA and bulk copies: 16-byte aligned block starts.
+KV_BLOCK_STRIDE_MULTIPLE = 16
+
+
+def check_kv_fused_block_stride(kv_fused: torch.Tensor) -> None:
+    """The pitch between blocks (`stride(0)`, in bytes) is free within two rules: blocks do not
+    overlap, and each starts 16 bytes after an aligned one (a pool view with a wider pitch,
+    such as one layer of a layer-interleaved cache, is fine)."""
+    if kv_fused.shape[0] <= 1:
+        return  # one block: the stride is never used
+    block_bytes = kv_fused.shape[1] * kv_fused.shape[2] * kv_fused.shape[3]
+    stride = kv_fused.stride(0)
+    if stride < block_bytes or stride % KV_BLOCK_STRIDE_MULTIPLE:
+        raise ValueError(
+            f"kv_fused blocks must not overlap and must start at multiples of "
+            f"{KV_BLOCK_STRIDE_MULTIPLE} bytes: stride(0) must be a multiple of "
+            f"{KV_BLOCK_STRIDE_MULTIPLE} and >= the block's {block_bytes} bytes, "
+            f"got strides {kv_fused.stride()} for shape {_shape(kv_fused)}"
+        )
+
+
 def check_block_tables(block_tables: torch.Tensor, batch_size: int) -> None:
     check_dtype("block_tables", block_tables, torch.int32)
     check_ndim("block_tables", block_tables, 2, "[batch_size, max_blocks_per_seq]")

@@ -51,6 +51,22 @@ def test_valid_base_calls_succeed():
 
 META = torch.device("meta")
 
+
+def pitched(kv_fused: torch.Tensor, extra_bytes: int) -> torch.Tensor:
+    """The same blocks in a pool view whose pitch is `extra_bytes` wider than a block."""
+    num_blocks, block_bytes = kv_fused.shape[0], kv_fused[0].numel()
+    storage = torch.zeros(num_blocks, block_bytes + extra_bytes, dtype=torch.uint8)
+    storage[:, :block_bytes] = kv_fused.reshape(num_blocks, block_bytes)
+    return storage[:, :block_bytes].view(kv_fused.shape)
+
+
+def overlapping(kv_fused: torch.Tensor) -> torch.Tensor:
+    """Every block id naming the same bytes (stride(0) == 0)."""
+    return kv_fused[:1].expand(kv_fused.shape)
+
+
+BLOCK_PITCH_MESSAGE = r"kv_fused blocks must not overlap and must start at multiples of 16 bytes"
+
 FP8_ERRORS = {
     # q
     "q_not_tensor": (lambda c: {"q": [[1.0]]}, TypeError, "q must be a torch.Tensor"),
@@ -82,6 +98,16 @@ FP8_ERRORS = {
         lambda c: {"kv_fused": torch.zeros(10, 32, 1, 72, dtype=torch.uint8)[..., ::2]},
         ValueError,
         "kv_fused must store each block's bytes contiguously",
+    ),
+    "kv_block_pitch_unaligned": (
+        lambda c: {"kv_fused": pitched(c.kv_fused, 8)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*>= the block's 1152 bytes, got strides \(1160, 36, 36, 1\)",
+    ),
+    "kv_blocks_overlap": (
+        lambda c: {"kv_fused": overlapping(c.kv_fused)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*got strides \(0, 36, 36, 1\)",
     ),
     # weights
     "weights_not_tensor": (lambda c: {"weights": 1.0}, TypeError, "weights must be a torch.Tensor"),
@@ -407,6 +433,16 @@ FP4_ERRORS = {
         lambda c: {"kv_fused": torch.zeros(10, 32, 1, 132, dtype=torch.uint8)},
         ValueError,
         r"kv_fused.shape\[3\] must be head_dim/2 \+ 4 \(head_dim=128\) = 68, got 132",
+    ),
+    "kv_block_pitch_unaligned": (
+        lambda c: {"kv_fused": pitched(c.kv_fused, 24)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*>= the block's 2176 bytes, got strides \(2200, 68, 68, 1\)",
+    ),
+    "kv_blocks_overlap": (
+        lambda c: {"kv_fused": overlapping(c.kv_fused)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE,
     ),
     "block_size_16": (
         lambda c: {"kv_fused": torch.zeros(10, 16, 1, 68, dtype=torch.uint8)},

@@ -10,6 +10,7 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp8_paged_mqa_logits_reference,
     valid_mask,
 )
+from test_errors import pitched
 
 FP32_CPU_TOL = 1e-6  # float64 reference rounded once to float32
 FP16_CPU_TOL = 1e-3  # rounded once to float16 (2**-11 relative), against the row maximum
@@ -231,3 +232,16 @@ def test_valid_mask_hand_computed():
         dtype=torch.bool,
     )
     assert torch.equal(mask, expected)
+
+
+def test_a_pool_with_a_wider_block_pitch():
+    """kv_fused's block pitch (stride(0)) is free: here 64 bytes wider than a block."""
+    next_n = 2
+    case = make_fp8_case([150, 0, 64, 65], next_n=next_n, seed=8)
+    pool = pitched(case.kv_fused, 64)
+    assert pool.stride(0) == case.kv_fused[0].numel() + 64
+    got = fa.fp8_paged_mqa_logits(
+        case.q, pool, case.weights, case.block_tables, case.seq_lens, case.max_seq_len
+    )
+    mask = valid_mask(case.seq_lens, next_n, case.max_seq_len)
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)

@@ -336,6 +336,55 @@ def test_given_schedule_equals_internal_schedule():
     assert torch.equal(with_schedule[mask], internal[mask])
 
 
+def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: int = 0):
+    """The case's blocks moved into layer `layer` of a zeroed cache of `layers` interleaved
+    layers ([num_blocks, layers, block bytes], so the pool view's pitch is `layers` blocks),
+    at the last block ids of a pool of at least `min_pool_bytes`, in a view that starts one
+    block into its allocation. The table entries follow the blocks; the garbage entries past
+    each request stay as they are (never read)."""
+    used, block_shape = case.kv_fused.shape[0], case.kv_fused.shape[1:]
+    block_bytes = case.kv_fused[0].numel()
+    total = max(-(-min_pool_bytes // (layers * block_bytes)), used)
+    cache = torch.zeros((total + 1, layers, block_bytes), dtype=torch.uint8, device="cuda")
+    pool = cache[1:, layer].view(total, *block_shape)
+    offset = total - used
+    pool[offset:] = case.kv_fused
+    tables = torch.where(case.block_tables >= 0, case.block_tables + offset, case.block_tables)
+    return pool, tables
+
+
+POOLS = {
+    # Byte offsets of the used blocks need more than 32 bits (TMA coordinates, scale addresses).
+    "past_4_gib": {"min_pool_bytes": 4 * 2**30 + 2**26},
+    # One layer of a layer-interleaved cache: the block pitch is 4 blocks.
+    "layer_2_of_4": {"layers": 4, "layer": 2},
+}
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("block_size", [32, 128])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_blocks_of_another_pool_layout(variant, block_size, pool):
+    next_n = 2
+    if variant == "fp8":
+        case = fp8_case(block_size, next_n, seed=8)
+        args, call = case.fp8_args(), fa.fp8_paged_mqa_logits
+        reference, kv_index, output_dtype = fp8_paged_mqa_logits_reference, 1, torch.float32
+    else:
+        case = fp4_case(block_size, next_n, seed=8)
+        args, call = case.fp4_args(), fa.fp4_paged_mqa_logits
+        reference, kv_index, output_dtype = fp4_paged_mqa_logits_reference, 2, torch.bfloat16
+    expected, magnitude = reference(*args), magnitude_of(reference, args)
+    kv_fused, tables = in_another_pool(case, **POOLS[pool])
+    if pool == "past_4_gib":
+        assert int(tables.max()) * kv_fused.stride(0) > 2**32
+    moved = list(args)
+    moved[kv_index], moved[kv_index + 2] = kv_fused, tables  # kv_fused, block_tables
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = call(*moved, out=out)
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(output_dtype), magnitude)
+
+
 def test_empty_batch_on_gpu():
     case = fp8_case(32, 1, seed=7, lens=[], max_seq_len=100)
     got = fa.fp8_paged_mqa_logits(*case.fp8_args())

@@ -64,3 +64,26 @@ def test_the_cases_still_succeed_on_cuda_without_overrides():
     fp4 = make_fp4_case([40, 10], next_n=2, max_seq_len=64, seed=0)
     assert _call(fa.fp8_paged_mqa_logits, fp8, None, FP8_NAMES).shape == (4, 64)
     assert _call(fa.fp4_paged_mqa_logits, fp4, None, FP4_NAMES).shape == (4, 64)
+
+
+def _misaligned(kv_fused: torch.Tensor, by_bytes: int) -> torch.Tensor:
+    """The same pool on the GPU, starting `by_bytes` past a 16-byte aligned address."""
+    flat = torch.zeros(kv_fused.numel() + 16, dtype=torch.uint8, device="cuda")
+    view = flat[by_bytes : by_bytes + kv_fused.numel()].view(kv_fused.shape)
+    view.copy_(kv_fused)
+    return view
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_pool_at_an_unaligned_address_is_refused_on_cuda(variant):
+    """TMA needs a 16-byte aligned pool; the CPU reference does not, so this is CUDA-only."""
+    if variant == "fp8":
+        case = make_fp8_case([40, 10], next_n=2, num_heads=8, head_dim=32, max_seq_len=64, seed=0)
+        op, names = fa.fp8_paged_mqa_logits, FP8_NAMES
+    else:
+        case = make_fp4_case([40, 10], next_n=2, max_seq_len=64, seed=0)
+        op, names = fa.fp4_paged_mqa_logits, FP4_NAMES
+    kv_fused = _misaligned(_on_gpu(case.kv_fused), 8)
+    assert kv_fused.data_ptr() % 16 == 8
+    with pytest.raises(ValueError, match=r"kv_fused must start at a 16-byte aligned address"):
+        _call(op, case, lambda c: {"kv_fused": kv_fused}, names)

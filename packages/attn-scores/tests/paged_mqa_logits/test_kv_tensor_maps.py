@@ -58,3 +58,44 @@ def test_fp8_and_fp4_pools_at_one_address_do_not_share_a_descriptor(built):
     fp8_sm90._kv_tensor_map(fp8_pool, fp8(64, 64))
     fp4_sm90._kv_tensor_map(fp8_pool)  # same bytes viewed as an fp4 pool
     assert [call["swizzle"] for call in built] == ["64B", "none"]
+
+
+def layer_of(pool: torch.Tensor, layers: int, layer: int) -> torch.Tensor:
+    """Layer `layer` of a cache holding `layers` pools interleaved block by block."""
+    num_blocks, block_bytes = pool.shape[0], pool[0].numel()
+    cache = torch.zeros(num_blocks, layers, block_bytes, dtype=torch.uint8)
+    return cache[:, layer].view(pool.shape)
+
+
+def test_a_wider_block_pitch_is_the_descriptor_stride_and_the_kernel_argument(built):
+    contiguous = torch.zeros(6, 64, 1, 132, dtype=torch.uint8)
+    pitched = layer_of(contiguous, layers=3, layer=1)
+    assert fp8_sm90.kv_block_stride(pitched) == 3 * 64 * 132
+    fp8_sm90._kv_tensor_map(pitched, fp8(64, 128))
+    fp4_pool = layer_of(torch.zeros(5, 32, 1, 68, dtype=torch.uint8), layers=2, layer=1)
+    fp4_sm90._kv_tensor_map(fp4_pool)
+    assert [call["global_strides_bytes"] for call in built] == [
+        (128, 3 * 64 * 132),
+        (64, 2 * 32 * 68),
+    ]
+
+
+def test_the_pitch_of_a_one_block_pool_is_its_block(built):
+    one_block = torch.zeros(4, 32, 1, 132, dtype=torch.uint8)[::4]  # stride(0) of 4 blocks
+    assert one_block.shape[0] == 1
+    assert fp8_sm90.kv_block_stride(one_block) == 32 * 132
+
+
+def test_pitch_is_part_of_the_cache_key(built):
+    storage = torch.zeros(8, 32, 1, 132, dtype=torch.uint8)
+    fp8_sm90._kv_tensor_map(storage[:4], fp8(32, 128))
+    fp8_sm90._kv_tensor_map(storage[::2], fp8(32, 128))  # same address and shape, pitch x2
+    assert [call["global_strides_bytes"][1] for call in built] == [32 * 132, 2 * 32 * 132]
+
+
+def test_an_unaligned_pool_address_is_refused(built):
+    flat = torch.zeros(4 * 32 * 132 + 16, dtype=torch.uint8)
+    misaligned = flat[8 : 8 + 4 * 32 * 132].view(4, 32, 1, 132)
+    with pytest.raises(ValueError, match=r"kv_fused must start at a 16-byte aligned address"):
+        fp8_sm90._kv_tensor_map(misaligned, fp8(32, 128))
+    assert built == []

@@ -63,20 +63,21 @@ def test_fp8_prepared_launch_passes_the_kernel_signature_in_order(recorded):
         config.shared_memory_bytes(config.stages),
     )
     assert args[0][:2] == ("tensor map", case.kv_fused.data_ptr())
-    assert args[1] is case.kv_fused and args[2] is case.q and args[3] is case.weights
-    assert args[4] is tables and args[5] == flashinfer_jit.i64(tables.stride(0))
-    assert args[6] is case.seq_lens and args[7] == flashinfer_jit.i64(1)
-    assert args[8] == flashinfer_jit.u64(0) and args[9] == flashinfer_jit.u64(0)  # no schedule
-    assert args[10] == flashinfer_jit.i32(3)
-    assert args[11] is out and args[12] == flashinfer_jit.i64(256)
-    assert len(args) == 13
+    assert args[1] is case.kv_fused and args[2] == flashinfer_jit.i64(64 * 132)  # block pitch
+    assert args[3] is case.q and args[4] is case.weights
+    assert args[5] is tables and args[6] == flashinfer_jit.i64(tables.stride(0))
+    assert args[7] is case.seq_lens and args[8] == flashinfer_jit.i64(1)
+    assert args[9] == flashinfer_jit.u64(0) and args[10] == flashinfer_jit.u64(0)  # no schedule
+    assert args[11] == flashinfer_jit.i32(3)
+    assert args[12] is out and args[13] == flashinfer_jit.i64(256)
+    assert len(args) == 14
 
     # A given schedule is passed as is; a new pool gets its own tensor map, once.
     schedule = torch.zeros(DEFAULT_CPU_NUM_SMS + 1, 2, dtype=torch.int32)
     other_pool = case.kv_fused.clone()
     run(case.q, other_pool, case.weights, tables, case.seq_lens, out, schedule)
     run(case.q, other_pool, case.weights, tables, case.seq_lens, out, schedule)
-    assert kernel.launches[1][2][8] is schedule
+    assert kernel.launches[1][2][9] is schedule
     assert kernel.launches[2][2][0][1] == other_pool.data_ptr()
     assert maps == [case.kv_fused.data_ptr(), other_pool.data_ptr()]
 
@@ -94,11 +95,12 @@ def test_fp4_prepared_launch_adds_q_sf_after_q(recorded):
     assert specs == [config.spec]
     _, block, args, shared_mem = kernel.launches[0]
     assert (block, shared_mem) == (config.threads, config.shared_memory_bytes(config.stages))
-    expected = (case.kv_fused, case.q, case.q_sf, case.weights, case.block_tables)
-    assert all(a is b for a, b in zip(args[1:6], expected))
-    assert args[6] == flashinfer_jit.i64(case.block_tables.stride(0))
-    assert args[7] is case.seq_lens and args[11] == flashinfer_jit.i32(2)
-    assert args[12] is out and args[13] == flashinfer_jit.i64(256) and len(args) == 14
+    assert args[1] is case.kv_fused and args[2] == flashinfer_jit.i64(128 * 68)  # block pitch
+    expected = (case.q, case.q_sf, case.weights, case.block_tables)
+    assert all(a is b for a, b in zip(args[3:7], expected))
+    assert args[7] == flashinfer_jit.i64(case.block_tables.stride(0))
+    assert args[8] is case.seq_lens and args[12] == flashinfer_jit.i32(2)
+    assert args[13] is out and args[14] == flashinfer_jit.i64(256) and len(args) == 15
 
 
 @pytest.mark.parametrize("setting, expected", [(None, True), ("1", True), ("0", False)])

@@ -103,6 +103,7 @@ def _check_common(
     )
     block_size = v.check_block_size(kv_fused)
     v.check_kv_fused_blocks_contiguous(kv_fused)
+    v.check_kv_fused_block_stride(kv_fused)
 
     v.check_head_geometry(num_heads, head_dim, next_n)
 
@@ -388,7 +389,9 @@ def fp8_paged_mqa_logits(
             `i`'s at `block_size*head_dim + 4*i`). For `block_size=32, head_dim=128`: values in
             `[0, 4096)`, scales in `[4096, 4224)`. Build it with
             `flashinfer_layouts.pack_fp8_kv_cache`. Each block must be contiguous in memory;
-            the stride between blocks is free.
+            the pitch between blocks (`stride(0)`) is free as long as blocks do not overlap
+            and it is a multiple of 16 bytes (one layer of a layer-interleaved cache is
+            fine). On CUDA the pool must start at a 16-byte aligned address.
         weights: `[batch_size*next_n, num_heads]` float32 per-head mixing weights; row
             `b*next_n + t` pairs with `q[b, t]` (a `[B, next_n, H]` tensor passes as
             `w.view(B * next_n, H)`). Cast internally when `epi_dtype` is float16.
@@ -609,7 +612,9 @@ def fp4_paged_mqa_logits(
             `is_kv_sf_interleaved`). For `block_size=32, head_dim=128`: values in `[0, 2048)`,
             scales in `[2048, 2176)`. Build it with
             `flashinfer_layouts.quantize_mxfp4_kv_cache`. Each block must be contiguous in
-            memory; the stride between blocks is free.
+            memory; the pitch between blocks (`stride(0)`) is free as long as blocks do not
+            overlap and it is a multiple of 16 bytes. On CUDA the pool must start at a
+            16-byte aligned address.
         weights: `[batch_size*next_n, num_heads]` float32 per-head mixing weights; row
             `b*next_n + t` pairs with `q[b, t]`. Cast internally when `epi_dtype` is float16
             or bfloat16.

@@ -22,6 +22,7 @@ from .fp8_sm90 import (
     _contiguous_aligned,
     _short,
     barrier_bytes,
+    kv_block_stride,
     kv_values_tensor_map,
     launch_parts,
     mma_halves_for,
@@ -192,6 +193,8 @@ def prepare(
     schedule_meta)`, which reads only data pointers and the current stream (as
     `fp8_sm90.prepare`). `sf_vec_size` is always 32 here (validated by the api); the kernel
     hard-codes it."""
+    from flashinfer_jit import i64
+
     config = fp4_config(
         kv_fused.shape[1],
         q.shape[1],
@@ -220,10 +223,13 @@ def prepare(
         _kv_tensor_map,
     )
 
+    block_stride = i64(kv_block_stride(kv_fused))
+
     def run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
         launch_kernel(
             pool_map(kv_fused),
             kv_fused,
+            block_stride,
             _contiguous_aligned(q),  # q rows are read as 16-byte vectors,
             _contiguous_aligned(q_sf),  # q_sf and the weights as one word per row
             _contiguous_aligned(weights),

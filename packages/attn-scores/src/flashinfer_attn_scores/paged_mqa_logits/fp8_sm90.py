@@ -274,24 +274,39 @@ def all_kernel_specs():
 
 _tensor_maps: dict[tuple, object] = {}
 
+# TMA reads the pool from a 16-byte aligned address with strides that are multiples of 16
+# bytes; the scale regions' bulk copies need the same alignment.
+POOL_ALIGNMENT = 16
+
+
+def kv_block_stride(kv_fused: torch.Tensor) -> int:
+    """Bytes from one block of the pool to the next: `kv_fused.stride(0)` (the pool may be a
+    view with a wider pitch, e.g. one layer of a layer-interleaved cache). A one-block pool's
+    stride is meaningless, so it counts as contiguous."""
+    if kv_fused.shape[0] > 1:
+        return kv_fused.stride(0)
+    return kv_fused[0].numel()
+
 
 def kv_values_tensor_map(
     kv_fused: torch.Tensor, value_bytes: int, scale_bytes: int, box_bytes: int, swizzle: str
 ):
     """Cached TMA descriptor of the value region of every block of a `kv_fused` pool.
 
-    Dims (value_bytes, block_size, num_blocks) with block stride block_size * (value_bytes +
-    scale_bytes); one box is `box_bytes` x min(64, block_size) rows x 1 block. Shared by the
-    FP8 and MXFP4 launchers.
+    Dims (value_bytes, block_size, num_blocks) with the pool's block stride
+    (`kv_block_stride`); one box is `box_bytes` x min(64, block_size) rows x 1 block. Shared
+    by the FP8 and MXFP4 launchers. Raises ValueError for a pool address TMA cannot read from.
     """
     from flashinfer_jit import make_tensor_map
 
     num_blocks, block_size = kv_fused.shape[:2]
+    address, block_stride = kv_fused.data_ptr(), kv_block_stride(kv_fused)
     key = (
-        kv_fused.data_ptr(),
+        address,
         kv_fused.device.index,
         num_blocks,
         block_size,
+        block_stride,
         value_bytes,
         scale_bytes,
         box_bytes,
@@ -299,13 +314,19 @@ def kv_values_tensor_map(
     )
     tensor_map = _tensor_maps.get(key)
     if tensor_map is None:
+        if address % POOL_ALIGNMENT:
+            raise ValueError(
+                f"kv_fused must start at a {POOL_ALIGNMENT}-byte aligned address on CUDA (the "
+                f"kernel reads it with TMA), got data_ptr() = {address:#x} "
+                f"({address % POOL_ALIGNMENT} bytes past alignment)"
+            )
         # The descriptor encodes only the address, dims and strides (all in the key), so it
         # describes the address, not the tensor: a cached map must not keep freed pools alive.
         tensor_map = make_tensor_map(
-            kv_fused.data_ptr(),
+            address,
             torch.uint8,
             global_dims=(value_bytes, block_size, num_blocks),
-            global_strides_bytes=(value_bytes, block_size * (value_bytes + scale_bytes)),
+            global_strides_bytes=(value_bytes, block_stride),
             box_dims=(box_bytes, min(TOKENS_PER_UNIT, block_size), 1),
             swizzle=swizzle,
         )
@@ -439,6 +460,8 @@ def prepare(
     `api.py` keeps one per validated argument signature and a warm eager call is one launch.
     `schedule_meta=None`: the kernel schedules itself (see `schedule_arguments`).
     """
+    from flashinfer_jit import i64
+
     _, next_n, num_heads, head_dim = q.shape
     config = fp8_config(
         kv_fused.shape[1],
@@ -470,10 +493,13 @@ def prepare(
         lambda pool: _kv_tensor_map(pool, config),
     )
 
+    block_stride = i64(kv_block_stride(kv_fused))
+
     def run(q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
         launch_kernel(
             pool_map(kv_fused),
             kv_fused,
+            block_stride,
             _contiguous_aligned(q),  # the kernel reads q and weight rows as 16-byte vectors
             _contiguous_aligned(weights),
             block_tables,

@@ -62,7 +62,6 @@ using namespace fi_paged_mqa;
 
 constexpr int kRowBytes = HEAD_DIM / 2;  // packed E2M1 bytes per token / per q row
 constexpr int kGroups = HEAD_DIM / 32;   // UE8M0 scales per token (one 32-bit word)
-constexpr int kBlockBytes = BLOCK_SIZE * (kRowBytes + kGroups);
 constexpr int kKvTileBytes = kTile * kRowBytes;
 constexpr int kQRowBytes = HEAD_DIM;  // decoded E4M3, one 128-byte swizzle row per q row
 constexpr int kQSlotBytes = kN * kQRowBytes;
@@ -206,9 +205,10 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
   }
 }
 
-__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, const uint8_t* q,
-                                         const uint32_t* q_sf, const float* weights, const int* block_tables,
-                                         long long block_table_stride, UnitWalker walk, uint8_t* smem) {
+__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, long long kv_block_stride,
+                                         const uint8_t* q, const uint32_t* q_sf, const float* weights,
+                                         const int* block_tables, long long block_table_stride, UnitWalker walk,
+                                         uint8_t* smem) {
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
   float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
@@ -231,7 +231,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       const int row_in_block = (unit.u * kTile + s * kBoxRows) % BLOCK_SIZE;
       tma_load_3d(kv_tiles + stage * kKvTileBytes + s * kBoxRows * kRowBytes, &kv_map, &bars.full[stage], 0,
                   row_in_block, block_ids[s]);
-      const uint8_t* scale_region = kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes + BLOCK_SIZE * kRowBytes;
+      const uint8_t* scale_region = kv_base + block_ids[s] * kv_block_stride + BLOCK_SIZE * kRowBytes;
       if (SF_INTERLEAVED) {
         bulk_load(scales + stage * kScaleBytes, scale_region, kScaleBytes, &bars.full[stage]);
       } else {
@@ -407,11 +407,11 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
-fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_t* kv_base, const uint8_t* q,
-                          const uint32_t* q_sf, const float* weights, const int* block_tables,
-                          long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
-                          const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
-                          long long out_stride) {
+fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_t* kv_base,
+                          long long kv_block_stride, const uint8_t* q, const uint32_t* q_sf,
+                          const float* weights, const int* block_tables, long long block_table_stride,
+                          const int* seq_lens, long long seq_lens_stride, const int* schedule,
+                          int* schedule_rows_out, int batch_size, Out* out, long long out_stride) {
   // The next kernel may be launched now: it waits for this grid before it reads anything.
   pdl_launch_dependents();
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -437,7 +437,7 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
-      producer(kv_map, kv_base, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
+      producer(kv_map, kv_base, kv_block_stride, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
     }
   } else {
     Registers::enter_consumer();

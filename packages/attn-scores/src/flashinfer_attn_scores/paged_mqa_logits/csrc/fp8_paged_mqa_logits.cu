@@ -37,7 +37,6 @@ using namespace fi_paged_mqa;
 constexpr int kSwizzle = HEAD_DIM % 128 == 0 ? 128 : HEAD_DIM % 64 == 0 ? 64 : 32;
 constexpr int kChunks = HEAD_DIM / kSwizzle;
 constexpr int kKStepsPerChunk = kSwizzle / 32;
-constexpr int kBlockBytes = BLOCK_SIZE * (HEAD_DIM + 4);
 constexpr int kKvTileBytes = kTile * HEAD_DIM;
 constexpr int kQSlotBytes = kN * HEAD_DIM;
 constexpr int kProducerRegs = 56;
@@ -118,9 +117,9 @@ __device__ __forceinline__ __half2 acc_half2(const AccReg (&acc)[Mma::kRegs], in
 }
 #endif
 
-__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, const uint8_t* q,
-                                         const float* weights, const int* block_tables, long long block_table_stride,
-                                         UnitWalker walk, uint8_t* smem) {
+__device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, long long kv_block_stride,
+                                         const uint8_t* q, const float* weights, const int* block_tables,
+                                         long long block_table_stride, UnitWalker walk, uint8_t* smem) {
   const int lane = threadIdx.x % 32;
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
@@ -170,7 +169,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
         tma_load_3d(dst, &kv_map, &bars.full[stage], c * kSwizzle, row_in_block, block_ids[s]);
       }
       const uint8_t* scale_src =
-          kv_base + static_cast<long long>(block_ids[s]) * kBlockBytes + BLOCK_SIZE * HEAD_DIM + row_in_block * 4;
+          kv_base + block_ids[s] * kv_block_stride + BLOCK_SIZE * HEAD_DIM + row_in_block * 4;
       bulk_load(scales + stage * kTile + s * kBoxRows, scale_src, kBoxRows * 4, &bars.full[stage]);
     }
   };
@@ -365,10 +364,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_t* kv_base,
-                          const uint8_t* q, const float* weights, const int* block_tables,
-                          long long block_table_stride, const int* seq_lens, long long seq_lens_stride,
-                          const int* schedule, int* schedule_rows_out, int batch_size, Out* out,
-                          long long out_stride) {
+                          long long kv_block_stride, const uint8_t* q, const float* weights,
+                          const int* block_tables, long long block_table_stride, const int* seq_lens,
+                          long long seq_lens_stride, const int* schedule, int* schedule_rows_out, int batch_size,
+                          Out* out, long long out_stride) {
   if (EXP_EXIT == 1) return;
   // The next kernel may be launched now: it waits for this grid before it reads anything.
   pdl_launch_dependents();
@@ -404,7 +403,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
-      producer(kv_map, kv_base, q, weights, block_tables, block_table_stride, walk, smem);
+      producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, walk, smem);
       if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[2] = globaltimer();
     }
   } else {
