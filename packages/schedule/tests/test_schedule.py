@@ -152,6 +152,8 @@ def test_cuda_sm_count_is_queried_once_per_device(monkeypatch):
         return SimpleNamespace(multi_processor_count=100 + index)
 
     monkeypatch.setattr(schedule, "_SM_COUNTS", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
     counts = [device_num_sms(torch.device("cuda", i)) for i in (0, 1, 0, 1, 1)]
     assert counts == [100, 101, 100, 101, 101]
@@ -175,8 +177,11 @@ def test_out_is_written_in_place_and_returned():
         ({"next_n": 0}, ValueError, "next_n must be >= 1, got 0"),
         ({"next_n": True}, TypeError, "next_n must be an int"),
         ({"next_n": 5, "variant": "fp4"}, ValueError, r"next_n must be in 1\.\.4"),
-        ({"num_sms": 0}, ValueError, "num_sms must be >= 1"),
+        ({"num_sms": 0}, ValueError, r"num_sms must be in 1\.\.2147483647 .*got 0"),
         ({"num_sms": 4.0}, TypeError, "num_sms must be an int"),
+        ({"num_sms": "4"}, TypeError, "num_sms must be an int or None, got str"),
+        ({"num_sms": 2**31}, ValueError, r"num_sms must be in 1\.\.2147483647 .*got 2147483648"),
+        ({"num_sms": 2**40}, ValueError, "num_sms must be in 1"),
         ({"device": 3.5}, TypeError, "device must be a torch.device"),
         ({"device": "meta"}, ValueError, "expected a CUDA or CPU device"),
         ({"out": torch.zeros(5, 2, dtype=torch.int64)}, TypeError, "out must have dtype"),
@@ -267,3 +272,85 @@ def test_cuda_graph_replay_follows_new_lengths():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), compute_paged_mqa_logits_schedule(new_lens, num_sms=num_sms))
+
+
+def test_more_than_int32_max_requests_is_refused():
+    # A stride-0 view: 2**31 entries without allocating them.
+    seq_lens = torch.zeros(1, dtype=torch.int32).expand(2**31)
+    with pytest.raises(ValueError, match=r"seq_lens must have at most 2147483647 .*got 2147483648"):
+        compute_paged_mqa_logits_schedule(seq_lens, num_sms=4)
+
+
+def test_cpu_device_with_index_accepts_cpu_out():
+    lens = [100, 0, 300]
+    out = torch.zeros(5, 2, dtype=torch.int32)  # device "cpu", index None
+    got = compute_paged_mqa_logits_schedule(
+        torch.tensor(lens, dtype=torch.int32), "cpu:0", num_sms=4, out=out
+    )
+    assert got is out
+    assert [tuple(r) for r in out.tolist()] == loop_schedule(lens, 4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without usable CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_cuda_device_without_cuda_is_a_value_error(device):
+    with pytest.raises(ValueError, match=r"device: got .*CUDA is not available"):
+        compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), device)
+
+
+@pytest.mark.parametrize("device", ["cuda:2", "cuda:5", torch.device("cuda", 7)])
+def test_cuda_device_index_past_device_count_is_a_value_error(monkeypatch, device):
+    from flashinfer_schedule import device_num_sms
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    match = r"device: got .*only 2 CUDA device\(s\) are visible \(valid indices 0\.\.1\)"
+    with pytest.raises(ValueError, match=match):
+        compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), device)
+    with pytest.raises(ValueError, match=match):
+        device_num_sms(device)
+
+
+def test_numpy_integers_are_accepted():
+    np = pytest.importorskip("numpy")
+    lens = [100, 0, 300]
+    got = compute_paged_mqa_logits_schedule(
+        torch.tensor(lens, dtype=torch.int32), num_sms=np.int64(4), next_n=np.int32(2)
+    )
+    assert [tuple(r) for r in got.tolist()] == loop_schedule(lens, 4)
+    assert passes_per_token("fp4", np.int64(4)) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_sms": "numpy.bool"}, r"num_sms must be an int or None, got numpy\.bool "),
+        ({"num_sms": "numpy.float64"}, r"num_sms must be an int or None, got numpy\.float64 "),
+        ({"next_n": "numpy.bool"}, r"next_n must be an int, got numpy\.bool "),
+    ],
+)
+def test_numpy_non_integers_are_refused_with_qualified_type(kwargs, match):
+    np = pytest.importorskip("numpy")
+    values = {"numpy.bool": np.bool_(True), "numpy.float64": np.float64(4.0)}
+    kwargs = {"num_sms": 4, **{k: values[v] for k, v in kwargs.items()}}
+    with pytest.raises(TypeError, match=match):
+        compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), **kwargs)
+
+
+def test_builtin_type_names_stay_unqualified():
+    with pytest.raises(TypeError, match=r"got float \(4\.0\)"):
+        compute_paged_mqa_logits_schedule(torch.tensor([1], dtype=torch.int32), num_sms=4.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lens", [[2**31 - 1], [2**31 - 1] * 3, [2**31 - 64, 2**31 - 63, 5]], ids=["one", "three", "mix"]
+)
+@pytest.mark.parametrize("num_sms", [1, 7, 132, 1000])
+def test_cuda_matches_cpu_for_lengths_near_int32_max(lens, num_sms):
+    # The kernel once formed len + 63 in int, which wrapped for len >= 2**31 - 63.
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    got = compute_paged_mqa_logits_schedule(seq_lens.cuda(), num_sms=num_sms)
+    expected = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms)
+    assert torch.equal(got.cpu(), expected)
+    assert [tuple(r) for r in expected.tolist()] == loop_schedule(lens, num_sms)

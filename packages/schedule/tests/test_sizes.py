@@ -43,3 +43,19 @@ def test_min_block_table_width_is_ceil(seq_len, block_size, expected):
 def test_min_block_table_width_rejects(seq_len, block_size, error, match):
     with pytest.raises(error, match=match):
         min_block_table_width(seq_len, block_size)
+
+
+def test_numpy_integers_are_accepted():
+    np = pytest.importorskip("numpy")
+    assert padded_seq_len(np.int64(8000)) == 8192
+    assert min_block_table_width(np.int32(8000), np.int64(32)) == 250
+    assert type(padded_seq_len(np.int64(1))) is int
+
+
+@pytest.mark.parametrize("bad", ["bool_", "float64"])
+def test_numpy_non_integers_are_refused_with_qualified_type(bad):
+    np = pytest.importorskip("numpy")
+    value = {"bool_": np.bool_(True), "float64": np.float64(8000.0)}[bad]
+    name = type(value).__name__
+    with pytest.raises(TypeError, match=rf"max_seq_len must be an int, got numpy\.{name} "):
+        padded_seq_len(value)

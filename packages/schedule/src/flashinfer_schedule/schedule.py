@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from ._args import check_int, type_name
+
 __all__ = [
     "DEFAULT_CPU_NUM_SMS",
     "SCHEDULE_TOKENS_PER_UNIT",
@@ -47,16 +49,30 @@ SCHEDULE_VARIANTS = ("fp8", "fp4")
 # fp4's kernel is specialised for next_n 1..4 only.
 _FP4_MAX_NEXT_N = 4
 
+# Largest accepted `num_sms`: the CUDA kernel takes it as an int32 and the schedule stores
+# indices up to it as int32, so it must fit in one.
+_MAX_NUM_SMS = 2**31 - 1
 
-def _check_variant_next_n(variant: object, next_n: object) -> None:
+# Request indices, the sentinel `batch_size` included, are stored as int32.
+_MAX_BATCH_SIZE = 2**31 - 1
+
+
+def _check_variant_next_n(variant: object, next_n: object) -> int:
     if not isinstance(variant, str) or variant not in SCHEDULE_VARIANTS:
         raise ValueError(f"variant must be one of {SCHEDULE_VARIANTS}, got {variant!r}")
-    if isinstance(next_n, bool) or not isinstance(next_n, int):
-        raise TypeError(f"next_n must be an int, got {type(next_n).__name__} ({next_n!r})")
+    next_n = check_int("next_n", next_n)
     if next_n < 1:
         raise ValueError(f"next_n must be >= 1, got {next_n}")
     if variant == "fp4" and next_n > _FP4_MAX_NEXT_N:
         raise ValueError(f"next_n must be in 1..{_FP4_MAX_NEXT_N} for variant='fp4', got {next_n}")
+    return next_n
+
+
+def _check_num_sms(num_sms: object) -> int:
+    num_sms = check_int("num_sms", num_sms, "an int or None")
+    if not 1 <= num_sms <= _MAX_NUM_SMS:
+        raise ValueError(f"num_sms must be in 1..{_MAX_NUM_SMS} (2**31 - 1), got {num_sms}")
+    return num_sms
 
 
 def passes_per_token(variant: str, next_n: int) -> int:
@@ -74,7 +90,7 @@ def passes_per_token(variant: str, next_n: int) -> int:
         The number of passes, currently always 1.
 
     Raises:
-        TypeError: `next_n` is not an int.
+        TypeError: `next_n` is not an integer (a Python or numpy int; a bool is refused).
         ValueError: `variant` is unknown or `next_n` is out of range for it.
     """
     _check_variant_next_n(variant, next_n)
@@ -91,11 +107,46 @@ def _resolve_device(device: object) -> torch.device:
             raise ValueError(f"device: cannot parse {device!r} as a torch device ({err})") from err
     else:
         raise TypeError(
-            f"device must be a torch.device, str or int, got {type(device).__name__} ({device!r})"
+            f"device must be a torch.device, str or int, got {type_name(device)} ({device!r})"
         )
-    if resolved.type == "cuda" and resolved.index is None:
-        resolved = torch.device("cuda", torch.cuda.current_device())
+    if resolved.type == "cuda":
+        resolved = _resolve_cuda_device(resolved, device)
     return resolved
+
+
+@torch.compiler.assume_constant_result
+def _visible_cuda_devices() -> int:
+    """CUDA devices this process sees, 0 without CUDA. Run once while torch.compile traces a
+    caller (dynamo cannot put these int-returning torch.cuda queries in a graph)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _resolve_cuda_device(resolved: torch.device, given: object) -> torch.device:
+    # Checked here because torch answers both cases with a bare AssertionError
+    # ("Torch not compiled with CUDA enabled", "Invalid device id").
+    count = _visible_cuda_devices()
+    if count == 0:
+        raise ValueError(
+            f"device: got {given!r}, but CUDA is not available in this process "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None})"
+        )
+    if resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    if resolved.index >= count:
+        raise ValueError(
+            f"device: got {given!r}, but only {count} CUDA device(s) are visible "
+            f"(valid indices 0..{count - 1})"
+        )
+    return resolved
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality that treats a CPU device's index None and 0 as the same device."""
+    if a.type != b.type:
+        return False
+    if a.type == "cpu":
+        return (a.index or 0) == (b.index or 0)
+    return a.index == b.index
 
 
 # SM count per CUDA device index, fixed for the life of the process: the property query costs
@@ -126,7 +177,8 @@ def device_num_sms(device: torch.device | str | int) -> int:
 
     Raises:
         TypeError: `device` is not a device, str or int.
-        ValueError: The device type is neither CUDA nor CPU.
+        ValueError: The device type is neither CUDA nor CPU, CUDA is not available, or the
+            CUDA device index is not that of a visible device.
     """
     dev = _resolve_device(device)
     if dev.type == "cuda":
@@ -138,7 +190,7 @@ def device_num_sms(device: torch.device | str | int) -> int:
 
 def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        raise TypeError(f"out must be a torch.Tensor or None, got {type_name(out)}")
     if out.dtype != torch.int32:
         raise TypeError(f"out must have dtype torch.int32, got {out.dtype}")
     expected = (num_sms + 1, 2)
@@ -149,7 +201,7 @@ def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
         )
     if not out.is_contiguous():
         raise ValueError(f"out must be contiguous, got strides {out.stride()}")
-    if out.device != device:
+    if not _same_device(out.device, device):
         raise ValueError(f"out must be on the target device {device}, got {out.device}")
     return out
 
@@ -225,7 +277,8 @@ def compute_paged_mqa_logits_schedule(
             in place and returned (for CUDA-graph-stable addresses).
         num_sms: Override of the SM count. Defaults to the CUDA device's multiprocessor count,
             or to 132 (`DEFAULT_CPU_NUM_SMS`, an H100 SXM / H200) for the CPU. The logits ops
-            only accept a schedule built for their device's own SM count.
+            only accept a schedule built for their device's own SM count. At most
+            2**31 - 1: the schedule stores SM indices as int32.
 
     Returns:
         `[num_sms + 1, 2]` int32 tensor on the target device: row `i < num_sms` is the
@@ -236,34 +289,38 @@ def compute_paged_mqa_logits_schedule(
 
     Raises:
         TypeError: `seq_lens`/`out` is not a tensor of dtype int32, or `next_n`/`num_sms`/
-            `device` has the wrong type.
-        ValueError: `seq_lens` is not 1-D, `variant` is unknown, `next_n` or `num_sms` is out
-            of range, `out` has the wrong shape, layout or device, or the device type is
-            neither CUDA nor CPU.
+            `device` has the wrong type (integers may be Python or numpy ints, not bools).
+        ValueError: `seq_lens` is not 1-D or has 2**31 or more entries, `variant` is unknown,
+            `next_n` or `num_sms` (1..2**31 - 1) is out of range, `out` has the wrong shape,
+            layout or device, the device type is neither CUDA nor CPU, CUDA is not available,
+            or the CUDA device index is not that of a visible device.
     """
     if not isinstance(seq_lens, torch.Tensor):
-        raise TypeError(f"seq_lens must be a torch.Tensor, got {type(seq_lens).__name__}")
+        raise TypeError(f"seq_lens must be a torch.Tensor, got {type_name(seq_lens)}")
     if seq_lens.dtype != torch.int32:
         raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
     if seq_lens.dim() != 1:
         raise ValueError(
             f"seq_lens must be 1-D [batch_size], got {seq_lens.dim()}-D shape {list(seq_lens.shape)}"
         )
-    _check_variant_next_n(variant, next_n)
+    if seq_lens.shape[0] > _MAX_BATCH_SIZE:
+        raise ValueError(
+            f"seq_lens must have at most {_MAX_BATCH_SIZE} (2**31 - 1) requests, "
+            f"got {seq_lens.shape[0]}"
+        )
+    next_n = _check_variant_next_n(variant, next_n)
     target = seq_lens.device if device is None else _resolve_device(device)
     if target.type not in ("cuda", "cpu"):
         raise ValueError(f"device: expected a CUDA or CPU device, got {target}")
     if num_sms is None:
         num_sms = device_num_sms(target)
-    elif isinstance(num_sms, bool) or not isinstance(num_sms, int):
-        raise TypeError(f"num_sms must be an int or None, got {type(num_sms).__name__}")
-    elif num_sms < 1:
-        raise ValueError(f"num_sms must be >= 1, got {num_sms}")
+    else:
+        num_sms = _check_num_sms(num_sms)
     if out is None:
         out = torch.empty(num_sms + 1, 2, dtype=torch.int32, device=target)
     else:
         _check_out(out, num_sms, target)
-    if seq_lens.device != target:
+    if not _same_device(seq_lens.device, target):
         seq_lens = seq_lens.to(target)
     if target.type == "cuda":
         return _compute_schedule_cuda(seq_lens, num_sms, next_n, variant, out)

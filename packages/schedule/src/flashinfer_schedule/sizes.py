@@ -6,18 +6,13 @@ or a block table with these helpers always agrees with what the kernel reads and
 
 from __future__ import annotations
 
+from ._args import check_int
+
 __all__ = ["OUTPUT_COLUMN_GRANULARITY", "min_block_table_width", "padded_seq_len"]
 
 # The logits kernels store whole 256-column tiles of each output row, so the output storage
 # is padded to this many columns and the padding is written unconditionally.
 OUTPUT_COLUMN_GRANULARITY = 256
-
-
-def _check_int(name: str, value: object) -> int:
-    # bool is a subclass of int, but True as a length is always a bug at the call site.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    return value
 
 
 def padded_seq_len(max_seq_len: int) -> int:
@@ -36,10 +31,10 @@ def padded_seq_len(max_seq_len: int) -> int:
         zero-column buffer is enough.
 
     Raises:
-        TypeError: `max_seq_len` is not an int (a bool is refused too).
+        TypeError: `max_seq_len` is not an integer (a Python or numpy int; a bool is refused).
         ValueError: `max_seq_len` is negative.
     """
-    _check_int("max_seq_len", max_seq_len)
+    max_seq_len = check_int("max_seq_len", max_seq_len)
     if max_seq_len < 0:
         raise ValueError(f"max_seq_len must be >= 0, got {max_seq_len}")
     tile = OUTPUT_COLUMN_GRANULARITY
@@ -62,11 +57,11 @@ def min_block_table_width(seq_len: int, block_size: int) -> int:
         `ceil(seq_len / block_size)`, e.g. `min_block_table_width(8000, 32) == 250`.
 
     Raises:
-        TypeError: An argument is not an int (a bool is refused too).
+        TypeError: An argument is not an integer (a Python or numpy int; a bool is refused).
         ValueError: `seq_len` is negative or `block_size` is not positive.
     """
-    _check_int("seq_len", seq_len)
-    _check_int("block_size", block_size)
+    seq_len = check_int("seq_len", seq_len)
+    block_size = check_int("block_size", block_size)
     if seq_len < 0:
         raise ValueError(f"seq_len must be >= 0, got {seq_len}")
     if block_size < 1:

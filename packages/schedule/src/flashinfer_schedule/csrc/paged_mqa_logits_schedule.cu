@@ -9,6 +9,10 @@
 //
 // One CTA of 1024 threads: a reduction for the total, then a chunked exclusive scan in which
 // each non-empty request writes the rows whose g(i) falls inside it.
+//
+// Overflow: every length, count and index argument may be anywhere in int32 (num_sms and
+// batch_size up to 2**31 - 1), so loop indices that step past them, and sums of two of them,
+// are 64-bit.
 
 #include <cuda/std/cstdint>
 
@@ -16,14 +20,15 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-__device__ __forceinline__ long long units_of(const int* seq_lens, long long stride, int b,
+__device__ __forceinline__ long long units_of(const int* seq_lens, long long stride, long long b,
                                               int batch_size, int passes) {
   if (b >= batch_size) return 0;
   const int len = seq_lens[b * stride];
-  return len > 0 ? static_cast<long long>((len + TOKENS_PER_UNIT - 1) / TOKENS_PER_UNIT) * passes : 0;
+  // ceil(len / TOKENS_PER_UNIT) without forming len + TOKENS_PER_UNIT - 1, which overflows int.
+  return len > 0 ? static_cast<long long>((len - 1) / TOKENS_PER_UNIT + 1) * passes : 0;
 }
 
-__device__ __forceinline__ long long start_unit(int i, long long per_sm, long long remainder) {
+__device__ __forceinline__ long long start_unit(long long i, long long per_sm, long long remainder) {
   return per_sm * i + (i < remainder ? i : remainder);
 }
 
@@ -61,7 +66,7 @@ paged_mqa_logits_schedule(const int* seq_lens, long long seq_lens_stride, int ba
   __shared__ long long warp_sums[32];
 
   long long total = 0;
-  for (int base = 0; base < batch_size; base += kThreads) {
+  for (long long base = 0; base < batch_size; base += kThreads) {
     long long chunk_total;
     block_inclusive_scan(units_of(seq_lens, seq_lens_stride, base + threadIdx.x, batch_size, passes),
                          warp_sums, chunk_total);
@@ -69,7 +74,7 @@ paged_mqa_logits_schedule(const int* seq_lens, long long seq_lens_stride, int ba
   }
   const long long per_sm = total / num_sms, remainder = total % num_sms;
 
-  for (int i = threadIdx.x; i <= num_sms; i += kThreads) {
+  for (long long i = threadIdx.x; i <= num_sms; i += kThreads) {
     if (start_unit(i, per_sm, remainder) >= total) {
       schedule[2 * i] = batch_size;
       schedule[2 * i + 1] = 0;
@@ -77,23 +82,23 @@ paged_mqa_logits_schedule(const int* seq_lens, long long seq_lens_stride, int ba
   }
 
   long long carry = 0;
-  for (int base = 0; base < batch_size; base += kThreads) {
-    const int b = base + threadIdx.x;
+  for (long long base = 0; base < batch_size; base += kThreads) {
+    const long long b = base + threadIdx.x;
     const long long units = units_of(seq_lens, seq_lens_stride, b, batch_size, passes);
     long long chunk_total;
     const long long prefix = carry + block_inclusive_scan(units, warp_sums, chunk_total) - units;
     carry += chunk_total;
     if (units == 0) continue;
     // First SM whose start unit is >= prefix (start_unit is non-decreasing in i).
-    int lo = 0, hi = num_sms;
+    long long lo = 0, hi = num_sms;
     while (lo < hi) {
-      const int mid = (lo + hi) / 2;
+      const long long mid = (lo + hi) / 2;
       if (start_unit(mid, per_sm, remainder) >= prefix) hi = mid; else lo = mid + 1;
     }
-    for (int i = lo; i <= num_sms; ++i) {
+    for (long long i = lo; i <= num_sms; ++i) {
       const long long g = start_unit(i, per_sm, remainder);
       if (g >= prefix + units) break;
-      schedule[2 * i] = b;
+      schedule[2 * i] = static_cast<int>(b);
       schedule[2 * i + 1] = static_cast<int>(g - prefix);
     }
   }
