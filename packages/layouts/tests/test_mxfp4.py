@@ -326,3 +326,36 @@ def test_quantize_kv_cache_round_trip_both_orders():
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("block_size", [128.0, "128", True, None])
+@pytest.mark.parametrize(
+    "fn", [fl.mxfp4_interleaved_token_of_slot, fl.mxfp4_interleaved_slot_of_token]
+)
+def test_interleaved_maps_need_an_int_block_size(fn, block_size):
+    with pytest.raises(
+        TypeError, match=rf"block_size must be an int; got {type(block_size).__name__}"
+    ):
+        fn(block_size)
+
+
+def test_quantize_kv_cache_names_k_for_an_empty_head_dim():
+    with pytest.raises(ValueError, match=r"^k must have a non-empty last dimension"):
+        fl.quantize_mxfp4_kv_cache(torch.zeros(1, 32, 0))
+
+
+def test_non_builtin_type_names_are_qualified():
+    np = pytest.importorskip("numpy")
+    packed, scales = fl.quantize_mxfp4(torch.ones(1, 128, 32))
+    with pytest.raises(TypeError, match=r"interleaved must be a bool; got numpy\.bool$"):
+        fl.pack_mxfp4_kv_cache(packed, scales, interleaved=np.bool_(True))
+    with pytest.raises(TypeError, match=r"block_size must be an int; got numpy\.float64$"):
+        fl.mxfp4_interleaved_token_of_slot(np.float64(128.0))
+
+
+def test_scale_byte_255_decodes_as_two_to_the_128():
+    # Documented: OCP MX's NaN byte is read as exponent 128, as the SM90 kernel reads it.
+    packed = torch.full((1, 16), 0x21, dtype=torch.uint8)  # nibbles 1 (0.5), 2 (1.0)
+    scales = torch.full((1, 1), 255, dtype=torch.uint8)
+    got = fl.dequantize_mxfp4(packed, scales, dtype=torch.float64)
+    assert got[0, :2].tolist() == [2.0**127, 2.0**128]

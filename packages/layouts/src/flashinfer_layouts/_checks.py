@@ -7,6 +7,7 @@ and the received value, so a caller can fix the call without reading this code.
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Sequence
 
@@ -20,10 +21,36 @@ def _dtype_list(dtypes: Sequence[torch.dtype]) -> str:
     return " or ".join(str(d) for d in dtypes)
 
 
+def type_name(value: object) -> str:
+    """Name of ``value``'s type, module-qualified unless it is a builtin (``numpy.bool``, ``int``).
+
+    A bare ``__name__`` would print ``numpy.bool_(True)``'s type as "bool", hiding why it was
+    refused.
+    """
+    cls = type(value)
+    if cls.__module__ == builtins.__name__:
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def exact_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an int, else raise TypeError (a bool is refused too)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type_name(value)}")
+    return value
+
+
+def flag(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool, else raise TypeError naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {type_name(value)}")
+    return value
+
+
 def tensor(name: str, value: object) -> torch.Tensor:
     """Return ``value`` if it is a tensor, else raise TypeError naming ``name``."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor; got {type_name(value)}")
     return value
 
 
@@ -74,8 +101,7 @@ def same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) ->
 
 
 def positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    exact_int(name, value)
     if value <= 0:
         raise ValueError(f"{name} must be positive; got {value}")
     return value
@@ -88,7 +114,7 @@ def choice(name: str, value: object, allowed: Sequence[object]) -> None:
 
 def output_float_dtype(name: str, value: object) -> torch.dtype:
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype; got {type(value).__name__}")
+        raise TypeError(f"{name} must be a torch.dtype; got {type_name(value)}")
     if value not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be {_dtype_list(FLOAT_DTYPES)}; got {value}")
     return value
@@ -121,7 +147,7 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
                 raise ValueError(f"{name} must be finite and positive; got {number}")
         return value.reshape(()).to(device=device, dtype=torch.float32)
     raise TypeError(
-        f"{name} must be a float or a 1-element floating tensor; got {type(value).__name__}"
+        f"{name} must be a float or a 1-element floating tensor; got {type_name(value)}"
     )
 
 

@@ -5,6 +5,9 @@ element ``2j + 1`` in its HIGH nibble (bits 4-7). A nibble is ``sign(bit 3) | co
 0-2)`` with codes 0..7 meaning 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 
 A UE8M0 scale byte is a raw float32 exponent field: byte ``b`` means ``2 ** (b - 127)``.
+That rule holds for byte 255 too: OCP MX reserves it for NaN, but the SM90 logits kernel
+reads it as the exponent 128, so this module decodes it as ``2 ** 128`` (and never produces
+it when quantising) to stay bit-consistent with the kernel.
 
 ``q_sf`` packs the four scale bytes of a 128-element row into one little-endian int32
 (byte ``k`` = scale of elements ``[32k, 32k + 32)``).
@@ -126,13 +129,20 @@ def quantize_mxfp4(
         TypeError: ``x`` is not a floating tensor or ``sf_vec_size`` is not an int.
         ValueError: ``x`` is 0-D or ``head_dim`` is not a multiple of ``sf_vec_size``.
     """
-    x = _checks.tensor("x", x)
-    _checks.dtype("x", x, _checks.FLOAT_DTYPES)
-    _checks.min_ndim("x", x, 1, "[..., head_dim]")
-    _check_sf_vec_size(sf_vec_size, x.shape[-1], "x")
-    if x.shape[-1] == 0:
-        raise ValueError(f"x must have a non-empty last dimension; got shape {tuple(x.shape)}")
+    _check_float_rows("x", x, sf_vec_size)
+    return _quantize(x, sf_vec_size)
 
+
+def _check_float_rows(name: str, x: object, sf_vec_size: int) -> None:
+    _checks.tensor(name, x)
+    _checks.dtype(name, x, _checks.FLOAT_DTYPES)
+    _checks.min_ndim(name, x, 1, "[..., head_dim]")
+    _check_sf_vec_size(sf_vec_size, x.shape[-1], name)
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last dimension; got shape {tuple(x.shape)}")
+
+
+def _quantize(x: torch.Tensor, sf_vec_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     lead = x.shape[:-1]
     groups = x.to(torch.float64).reshape(*lead, -1, sf_vec_size)
     scales = ue8m0_scale_bytes(groups.abs().amax(dim=-1))
@@ -150,7 +160,9 @@ def dequantize_mxfp4(
 ) -> torch.Tensor:
     """Dequantise MXFP4 rows: ``e2m1(nibble) * 2 ** (scale_byte - 127)``.
 
-    Computed exactly in float64, then cast to ``dtype``.
+    Computed exactly in float64, then cast to ``dtype``. Scale byte 255 (NaN in OCP MX) is
+    decoded as ``2 ** 128``, as the SM90 kernel reads it, not as NaN: its group's nonzero
+    elements become ``±inf`` in float32 and narrower dtypes, zeros stay zero.
 
     Args:
         packed: ``[..., head_dim/2]`` uint8, two E2M1 nibbles per byte (even element low).
@@ -225,6 +237,9 @@ def quantize_mxfp4_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def pack_mxfp4_q(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Assemble ``q`` / ``q_sf`` from packed nibbles and per-group UE8M0 scale bytes.
 
+    Scale bytes are copied unchecked; byte 255 (NaN in OCP MX) is kept and means ``2 ** 128``
+    to `dequantize_mxfp4_q` and to the SM90 kernel.
+
     Args:
         packed: ``[batch_size, next_n, num_heads, 64]`` uint8 (two E2M1 values per byte).
         scales: ``[batch_size, next_n, num_heads, 4]`` uint8, byte ``k`` the scale of
@@ -287,6 +302,8 @@ def dequantize_mxfp4_q(
 ) -> torch.Tensor:
     """Dequantise ``q`` / ``q_sf`` to ``[batch_size, next_n, num_heads, 128]``.
 
+    Scale byte 255 is decoded as ``2 ** 128``, not NaN (see `dequantize_mxfp4`).
+
     Args:
         q: ``[batch_size, next_n, num_heads, 64]`` uint8.
         q_sf: ``[batch_size, next_n, num_heads]`` int32 (four little-endian UE8M0 bytes).
@@ -324,6 +341,7 @@ def mxfp4_interleaved_token_of_slot(
         ``[block_size]`` int64 tensor ``t`` with ``t[k]`` the token of slot ``k``.
 
     Raises:
+        TypeError: ``block_size`` is not an int (a bool or float is refused too).
         ValueError: ``block_size != 128``.
     """
     _check_interleaved_block_size(block_size)
@@ -346,6 +364,7 @@ def mxfp4_interleaved_slot_of_token(
         ``[block_size]`` int64 tensor ``s`` with ``s[t]`` the slot of token ``t``.
 
     Raises:
+        TypeError: ``block_size`` is not an int (a bool or float is refused too).
         ValueError: ``block_size != 128``.
     """
     _check_interleaved_block_size(block_size)
@@ -354,7 +373,8 @@ def mxfp4_interleaved_slot_of_token(
     return 4 * (t % run) + t // run
 
 
-def _check_interleaved_block_size(block_size: int) -> None:
+def _check_interleaved_block_size(block_size: object) -> None:
+    _checks.exact_int("block_size", block_size)
     if block_size != INTERLEAVED_BLOCK_SIZE:
         raise ValueError(
             f"the interleaved scale order needs block_size == {INTERLEAVED_BLOCK_SIZE}; "
@@ -394,8 +414,7 @@ def mxfp4_kv_cache_head_dim(kv_fused: torch.Tensor) -> int:
 
 
 def _check_interleaved_flag(interleaved: object, block_size: int) -> None:
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool; got {type(interleaved).__name__}")
+    _checks.flag("interleaved", interleaved)
     if interleaved:
         _check_interleaved_block_size(block_size)
 
@@ -410,6 +429,8 @@ def pack_mxfp4_kv_cache(
     bytes, group order inside) at ``block_size * head_dim/2 + (head_dim/32) * k``. With
     ``interleaved=False`` slot ``k`` holds token ``k``; with ``interleaved=True`` (block
     size 128 only) it holds token ``(k % 4) * (block_size // 4) + k // 4``.
+    Scale bytes are copied unchecked; byte 255 (NaN in OCP MX) is kept and means ``2 ** 128``
+    to `dequantize_mxfp4_kv_cache` and to the SM90 kernel.
 
     Args:
         packed: ``[num_blocks, block_size, head_dim/2]`` uint8 nibbles (even element low).
@@ -484,6 +505,8 @@ def dequantize_mxfp4_kv_cache(
 ) -> torch.Tensor:
     """Dequantise an MXFP4 ``kv_fused`` pool to ``[num_blocks, block_size, head_dim]``.
 
+    Scale byte 255 is decoded as ``2 ** 128``, not NaN (see `dequantize_mxfp4`).
+
     Args:
         kv_fused: ``[num_blocks, block_size, 1, head_dim/2 + head_dim/32]`` uint8.
         interleaved: the scale slots are in the interleaved order (block size 128 only).
@@ -516,13 +539,14 @@ def quantize_mxfp4_kv_cache(k: torch.Tensor, *, interleaved: bool = False) -> to
 
     Raises:
         TypeError: ``k`` is not floating or ``interleaved`` is not a bool.
-        ValueError: ``k`` is not 3-D, ``head_dim`` is not a multiple of 32, or
+        ValueError: ``k`` is not 3-D, ``head_dim`` is 0 or not a multiple of 32, or
             ``interleaved`` with ``block_size != 128``.
     """
     k = _checks.tensor("k", k)
     _checks.dtype("k", k, _checks.FLOAT_DTYPES)
     _checks.ndim("k", k, 3, "[num_blocks, block_size, head_dim]")
     _checks.divisible("k", k.shape[2], MXFP4_SF_VEC_SIZE, "head_dim (k.shape[2])")
+    _check_float_rows("k", k, MXFP4_SF_VEC_SIZE)
     _check_interleaved_flag(interleaved, k.shape[1])
-    packed, scales = quantize_mxfp4(k, sf_vec_size=MXFP4_SF_VEC_SIZE)
+    packed, scales = _quantize(k, MXFP4_SF_VEC_SIZE)
     return pack_mxfp4_kv_cache(packed, scales, interleaved=interleaved)

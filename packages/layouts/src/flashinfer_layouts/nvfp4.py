@@ -71,8 +71,7 @@ def swizzled_128x4_shape(rows: int, cols: int) -> tuple[int, int]:
         ValueError: a negative size.
     """
     for name, value in (("rows", rows), ("cols", cols)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+        _checks.exact_int(name, value)
     if rows < 0 or cols < 0:
         raise ValueError(f"rows and cols must be non-negative; got rows={rows}, cols={cols}")
     return _round_up(rows, _TILE_ROWS), _round_up(cols, _TILE_COLS)
@@ -251,8 +250,7 @@ def dequantize_rows(
 
 
 def _check_sf_vec_size(sf_vec_size: object) -> int:
-    if isinstance(sf_vec_size, bool) or not isinstance(sf_vec_size, int):
-        raise TypeError(f"sf_vec_size must be an int; got {type(sf_vec_size).__name__}")
+    _checks.exact_int("sf_vec_size", sf_vec_size)
     _checks.choice("sf_vec_size", sf_vec_size, _SF_VEC_SIZES)
     return sf_vec_size
 
@@ -303,8 +301,7 @@ def nvfp4_quantize(
     _checks.ndim("a", a, 2, "[M, K]")
     sf_vec_size = _check_sf_vec_size(sf_vec_size)
     _checks.divisible("a", a.shape[1], sf_vec_size, "K (a.shape[1])")
-    if not isinstance(swizzled, bool):
-        raise TypeError(f"swizzled must be a bool; got {type(swizzled).__name__}")
+    _checks.flag("swizzled", swizzled)
     global_sf = _checks.global_scale("a_global_sf", a_global_sf, a.device)
 
     a_fp4, a_sf = quantize_rows(a, global_sf, sf_vec_size)
@@ -359,8 +356,7 @@ def nvfp4_dequantize(
         raise ValueError(f"k must equal 2 * a_fp4.shape[1] ({cols_k}); got {k}")
     _checks.divisible("a_fp4", cols_k, sf_vec_size, "K (2 * a_fp4.shape[1])")
     _checks.same_device("a_sf", a_sf, "a_fp4", a_fp4)
-    if not isinstance(swizzled, bool):
-        raise TypeError(f"swizzled must be a bool; got {type(swizzled).__name__}")
+    _checks.flag("swizzled", swizzled)
     global_sf = _checks.global_scale("a_global_sf", a_global_sf, a_fp4.device)
 
     n_sf = cols_k // sf_vec_size
