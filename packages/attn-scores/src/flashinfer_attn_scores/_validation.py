@@ -44,10 +44,21 @@ def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
+def _type_name(value: object) -> str:
+    """`int`, or `numpy.int64` for a type outside the builtins (whose bare name may be a
+    builtin's: numpy's bool scalar type is also called `bool`)."""
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
 def check_tensor(name: str, value: object) -> torch.Tensor:
-    """Raise TypeError unless `value` is a tensor."""
+    """Raise TypeError unless `value` is a dense (strided) tensor."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(value)}")
+    if value.layout != torch.strided or value.is_nested:
+        layout = "nested" if value.is_nested else str(value.layout)
+        raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {layout}")
     return value
 
 
@@ -75,7 +86,7 @@ def check_dim(name: str, t: torch.Tensor, dim: int, expected: int, meaning: str)
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     # bool is an int subclass, but True as a size is always a caller bug.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+        raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r})")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -83,7 +94,7 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
 
 def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+        raise TypeError(f"{name} must be a bool, got {_type_name(value)} ({value!r})")
     return value
 
 
@@ -95,7 +106,7 @@ def check_dtype_choice(
 ) -> torch.dtype:
     """Check a dtype-valued argument such as `output_dtype` against the supported set."""
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})")
+        raise TypeError(f"{name} must be a torch.dtype, got {_type_name(value)} ({value!r})")
     if value not in allowed:
         why = (refused_because or {}).get(value)
         names = ", ".join(str(d) for d in allowed)

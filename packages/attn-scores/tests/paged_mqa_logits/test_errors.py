@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import flashinfer_attn_scores as fa
+import numpy as np
 import pytest
 import torch
 from attn_scores_cases import make_fp4_case, make_fp8_case
 from flashinfer_attn_scores import _validation
+from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 
 
 def fp8_call(overrides=None, **case_kwargs):
@@ -108,6 +110,15 @@ FP8_ERRORS = {
         lambda c: {"kv_fused": overlapping(c.kv_fused)},
         ValueError,
         BLOCK_PITCH_MESSAGE + r".*got strides \(0, 36, 36, 1\)",
+    ),
+    "shared_memory_fit": (
+        lambda c: {
+            "q": torch.zeros(2, 2, 8, 1472).to(torch.float8_e4m3fn),
+            "kv_fused": torch.zeros(6, 32, 1, 1476, dtype=torch.uint8),
+        },
+        ValueError,
+        r"head_dim=1472 with num_heads=8 and next_n=2 does not fit the SM90 kernel's shared "
+        r"memory .* at next_n\*num_heads = 16 the largest head_dim that fits is 1440",
     ),
     # weights
     "weights_not_tensor": (lambda c: {"weights": 1.0}, TypeError, "weights must be a torch.Tensor"),
@@ -382,7 +393,17 @@ FP4_ERRORS = {
         TypeError,
         "q_sf must have dtype torch.int32, got torch.int64",
     ),
-    "q_sf_rank": (lambda c: {"q_sf": c.q_sf[..., None]}, ValueError, "q_sf must be 3-D"),
+    "q_sf_rank": (lambda c: {"q_sf": c.q_sf[0]}, ValueError, "q_sf must be 3-D"),
+    "interleaved_numpy_bool": (
+        lambda c: {"is_kv_sf_interleaved": np.bool_(False)},
+        TypeError,
+        r"is_kv_sf_interleaved must be a bool, got numpy.bool",
+    ),
+    "q_sf_rank_4_not_1": (
+        lambda c: {"q_sf": c.q_sf[..., None].expand(-1, -1, -1, 2)},
+        ValueError,
+        r"q_sf must be 3-D \[batch_size, next_n, num_heads\] \(or \[..., 1\]\), got 4-D",
+    ),
     "q_sf_batch": (
         lambda c: {"q_sf": c.q_sf[:1]},
         ValueError,
@@ -504,3 +525,27 @@ def test_non_sm90_gpu_is_refused_with_its_capability(monkeypatch):
     message = str(info.value)
     assert "NVIDIA A100" in message and "compute capability 8.0" in message
     assert "SM90 (compute capability 9.0)" in message
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+@pytest.mark.parametrize("name", ["weights", "block_tables", "seq_lens"])
+def test_tensors_of_other_layouts_are_named(name, layout):
+    def sparse(c):
+        dense = getattr(c, name)
+        return {name: dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()}
+
+    if layout == "sparse_csr" and name == "seq_lens":
+        pytest.skip("a CSR tensor is 2-D")
+    with pytest.raises(
+        TypeError, match=rf"{name} must be a dense \(torch.strided\) tensor, got layout"
+    ):
+        fp8_call(sparse)
+
+
+@pytest.mark.parametrize(
+    ("rows", "largest"),
+    [(8, 1600), (16, 1440), (32, 1184), (64, 896), (128, 576), (192, 416), (256, 352)],
+)
+def test_the_documented_head_dim_limits_are_the_kernels(rows, largest):
+    """The fp8 docstring's and migration guide's table of the largest head_dim that fits."""
+    assert fp8_sm90.largest_fitting_head_dim(rows, 1) == largest

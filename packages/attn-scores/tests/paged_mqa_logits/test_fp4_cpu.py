@@ -130,3 +130,18 @@ def test_reference_is_float64_and_nan_outside_computed_region():
     assert torch.equal(torch.isnan(ref), torch.isnan(expected))
     finite = ~torch.isnan(expected)
     assert torch.allclose(ref[finite], expected[finite], rtol=1e-12, atol=0)
+
+
+def test_q_sf_as_the_spec_builds_it():
+    """The spec calls q_sf equivalent to a [B, next_n, H, 4] uint8 tensor viewed as int32;
+    that view is [B, next_n, H, 1], and it gives the [B, next_n, H] result."""
+    case = make_fp4_case([90, 0, 33], next_n=2, seed=11)
+    scale_bytes = case.q_sf.view(torch.uint8).view(*case.q_sf.shape, 4)
+    spec_view = scale_bytes.view(torch.int32)
+    assert spec_view.shape == (*case.q_sf.shape, 1)
+    args = list(case.fp4_args())
+    expected = fa.fp4_paged_mqa_logits(*args)
+    args[1] = spec_view
+    got = fa.fp4_paged_mqa_logits(*args)
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert torch.equal(got[mask], expected[mask])

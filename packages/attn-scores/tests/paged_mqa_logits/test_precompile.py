@@ -57,6 +57,11 @@ PRECOMPILE_ERRORS = {
         ValueError,
         "head_dim must be a positive multiple of 32, got 48",
     ),
+    "fp8_head_dim_beyond_shared_memory": (
+        {"variants": ("fp8",), "head_dim": 384, "next_ns": (1, 4)},
+        ValueError,
+        r"head_dim=384 with num_heads=64 and next_n=4 does not fit .* largest head_dim that fits is 352",
+    ),
     "epi_dtype_float64": ({"epi_dtypes": (torch.float64,)}, ValueError, "epi_dtypes"),
     "acc_dtype_bf16": (
         {"variants": ("fp8",), "acc_dtypes": (torch.bfloat16,)},

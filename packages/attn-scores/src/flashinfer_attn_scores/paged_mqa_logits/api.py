@@ -106,6 +106,8 @@ def _check_common(
     v.check_kv_fused_block_stride(kv_fused)
 
     v.check_head_geometry(num_heads, head_dim, next_n)
+    if variant == "fp8":
+        _check_fp8_shared_memory_fit(num_heads, head_dim, next_n)
 
     v.check_supported_device_type("q", q)
     v.check_same_device(
@@ -126,6 +128,31 @@ def _check_common(
         num_blocks=kv_fused.shape[0],
         block_size=block_size,
         max_seq_len=max_seq_len,
+    )
+
+
+@torch.compiler.assume_constant_result
+def _fp8_fits_shared_memory(num_heads: int, head_dim: int, next_n: int) -> bool:
+    """`fp8_sm90.fits_shared_memory`, run once while torch.compile traces (dynamo cannot trace
+    the kernel configuration's cached properties); the shapes are static in a trace."""
+    from . import fp8_sm90
+
+    return fp8_sm90.fits_shared_memory(head_dim, num_heads, next_n)
+
+
+def _check_fp8_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> None:
+    """The spec's last head-geometry restriction: q's two slots plus at least two KV stages
+    must fit one SM90 CTA's shared memory."""
+    if _fp8_fits_shared_memory(num_heads, head_dim, next_n):
+        return
+    from . import fp8_sm90
+
+    largest = fp8_sm90.largest_fitting_head_dim(num_heads, next_n)
+    raise ValueError(
+        f"head_dim={head_dim} with num_heads={num_heads} and next_n={next_n} does not fit the "
+        f"SM90 kernel's shared memory (227 KiB per CTA: two q slots of next_n*num_heads*head_dim "
+        f"bytes and at least two KV stages of 64*head_dim bytes); at next_n*num_heads = "
+        f"{next_n * num_heads} the largest head_dim that fits is {largest}"
     )
 
 
@@ -203,8 +230,8 @@ def _signature(
             parts.append((t.dtype, t.device, t.shape, t.stride()))
         for t in optional_tensors:
             parts.append(None if t is None else (t.dtype, t.device, t.shape, t.stride()))
-    except (AttributeError, TypeError):
-        return None
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return None  # not a tensor, or a layout without strides: the checks will name it
     for value in scalars:
         kind = type(value)
         if kind not in _SCALAR_TYPES:
@@ -316,7 +343,9 @@ def _run(
             problem.rows, problem.padded_cols, dtype=output_dtype, device=q.device
         )
     logits = storage[: problem.rows, : problem.max_seq_len]
-    if problem.rows == 0:
+    # Nothing to launch. An empty pool leaves a valid call only zero-length requests, whose
+    # rows are never written (and TMA cannot describe a pool of no blocks).
+    if problem.rows == 0 or problem.num_blocks == 0:
         return logits
     if q.is_cuda and not torch.compiler.is_compiling():
         run = prepare(storage)
@@ -479,7 +508,10 @@ def fp8_paged_mqa_logits(
     signature): `head_dim % 32 == 0`, `num_heads % 4 == 0`, `next_n * num_heads` a multiple
     of 8 in [8, 256], block size 32, 64 or 128, and `batch_size*next_n *
     padded_seq_len(max_seq_len) < 2**31` (with `out`, also `batch_size*next_n *
-    out.stride(0) < 2**31`) because the output is indexed with 32-bit offsets.
+    out.stride(0) < 2**31`) because the output is indexed with 32-bit offsets. `head_dim`,
+    `num_heads` and `next_n` must fit an SM90 CTA's shared memory (two q slots and at least
+    two KV stages); the largest `head_dim` that fits, by `next_n * num_heads`: 8: 1600,
+    16: 1440, 32: 1184, 64: 896, 128: 576, 192: 416, 256: 352.
     """
     op = "fp8_paged_mqa_logits"
     tensors = (q, kv_fused, weights, block_tables, seq_lens)
@@ -690,6 +722,9 @@ def fp4_paged_mqa_logits(
     `batch_size*next_n * out.stride(0) < 2**31`).
     """
     op = "fp4_paged_mqa_logits"
+    if type(q_sf) is torch.Tensor and q_sf.dim() == 4 and q_sf.shape[3] == 1:
+        # The spec's recipe, a [B, next_n, H, 4] uint8 tensor .view(torch.int32), has this shape.
+        q_sf = q_sf.squeeze(3)
     tensors = (q, q_sf, kv_fused, weights, block_tables, seq_lens)
     key = _signature(
         "fp4",
@@ -709,7 +744,7 @@ def fp4_paged_mqa_logits(
         batch_size, next_n, num_heads, half_dim = q.shape
         head_dim = 2 * half_dim
         v.check_dtype("q_sf", q_sf, torch.int32)
-        v.check_ndim("q_sf", q_sf, 3, "[batch_size, next_n, num_heads]")
+        v.check_ndim("q_sf", q_sf, 3, "[batch_size, next_n, num_heads] (or [..., 1])")
         v.check_dim("q_sf", q_sf, 0, batch_size, "batch_size (q.shape[0])")
         v.check_dim("q_sf", q_sf, 1, next_n, "next_n (q.shape[1])")
         v.check_dim("q_sf", q_sf, 2, num_heads, "num_heads (q.shape[2])")
@@ -872,6 +907,8 @@ def _paged_configs(
                     "pass variants=('fp8',) or drop it"
                 )
             v.check_head_geometry(heads, dim, next_n)
+            if variant == "fp8":
+                _check_fp8_shared_memory_fit(heads, dim, next_n)
         for block_size, next_n, out_dtype, epi, acc in itertools.product(
             block_sizes, next_ns, outs, epi_dtypes, accs
         ):

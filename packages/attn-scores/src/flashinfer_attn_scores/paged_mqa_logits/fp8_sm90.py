@@ -225,6 +225,15 @@ def fits_shared_memory(head_dim: int, num_heads: int, next_n: int) -> bool:
     ).fits
 
 
+def largest_fitting_head_dim(num_heads: int, next_n: int) -> int:
+    """The largest head_dim (a multiple of 32) that fits at this next_n * num_heads; 0 if none.
+    The shared memory grows with head_dim, so the first one that does not fit ends the scan."""
+    largest, head_dim = 0, 32
+    while fits_shared_memory(head_dim, num_heads, next_n):
+        largest, head_dim = head_dim, head_dim + 32
+    return largest
+
+
 def serving_configs(
     block_sizes=(32, 64, 128),
     next_ns=(1, 2, 3, 4),
