@@ -838,6 +838,38 @@ def small_batch_experiments() -> None:
         del case
 
 
+# The in-kernel schedule's cost by batch size: B <= 32 one warp with a request per lane,
+# B <= 128 one warp with up to 4 per lane, larger B the block-wide scan.
+SCHEDULE_PATH_SHAPES = [
+    (1, 64, 1, 4096),
+    (1, 64, 8, 4096),
+    (1, 64, 33, 4096),
+    (1, 64, 64, 4096),
+    (1, 64, 128, 4096),
+    (2, 64, 128, 4096),
+    (1, 64, 129, 4096),
+    (1, 64, 256, 4096),
+]
+
+
+def schedule_path_experiments() -> None:
+    """Per call, the schedule derived in the call: whole calls (1 and 32 per graph) and calls
+    that exit as soon as their rows are known (EXP_EXIT=2, 32 per graph)."""
+    print("\nschedule path  next_n  bs     B      L  1/graph 32/graph  rows only")
+    for next_n, block_size, batch, avg in SCHEDULE_PATH_SHAPES:
+        case, _ = timing_case(next_n, block_size, batch, avg)
+        settle(torch.device("cuda"))
+        call = fp8_call(case, None)
+        alone, stream = bench(call), bench(call, iters=20, calls_per_graph=32)
+        rows_only = bench(fp8_call(case, None, (("EXP_EXIT", 2),)), iters=20, calls_per_graph=32)
+        path = "block" if batch > 128 else "warp x4" if batch > 32 else "warp"
+        print(
+            f"{path:13s} {next_n:6d} {block_size:3d} {batch:5d} {avg:6d} {alone * 1e6:8.1f}"
+            f" {stream * 1e6:8.1f} {rows_only * 1e6:10.2f}"
+        )
+        del case
+
+
 TIMESTAMP_SHAPES = [
     (1, 64, 8, 16384),
     (1, 64, 64, 4096),
@@ -990,6 +1022,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "pool": pool_size_experiments,
     "free": after_free_experiments,
     "timestamps": lambda copy_bw: timestamp_experiments(),
+    "schedule-path": lambda copy_bw: schedule_path_experiments(),
     "sm": lambda copy_bw: sm_rate_experiments(),
 }
 

@@ -272,8 +272,9 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
         device=device,
         seed=7,
     )
-    # More requests than one warp schedules (schedule_rows' block-wide path, B > 32): B = 40
-    # gives each CTA one or two requests, B = 260 several, so q slots are reused within a CTA.
+    # More requests than one per lane of the scheduling warp: B = 40 takes schedule_rows'
+    # one-warp path with up to 4 requests per lane and gives each CTA one or two requests;
+    # B = 260 takes the block-wide path and gives a CTA several, so q slots are reused.
     batches = [
         build_call(
             f"fp8 bs=64 next_n=2 out=float32, B={4 * repeats}",

@@ -160,6 +160,9 @@ PARAMETRIC_SHAPES = [
     # stages (pipeline_depth drops 3 consumers to 2 where 12 stages do not fit).
     (64, 224, 3),
     (64, 256, 3),
+    # The largest head_dim that fits at N = 64 and at N = 256: two KV stages.
+    (64, 896, 1),
+    (64, 352, 4),
     # Many draft slots per thread (the store loop's spare lanes with next_n % 4 != 0), 8-column
     # groups straddling two slots (H % 8 == 4) at large N, a 32-byte swizzle with a wide N.
     (4, 128, 64),
@@ -383,6 +386,58 @@ def test_blocks_of_another_pool_layout(variant, block_size, pool):
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
     got = call(*moved, out=out)
     check_result(got, out, expected, case.seq_lens, next_n, tolerance(output_dtype), magnitude)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_negative_length_leaves_the_other_requests_intact(variant):
+    """Lengths are >= 0 by contract (validate mode refuses others); without validate mode a
+    negative one must not cut short the walk of a CTA whose range runs past it."""
+    gen = torch.Generator().manual_seed(12)
+    lens = torch.randint(1, 400, (300,), generator=gen)
+    negative = torch.arange(300) % 7 == 3
+    lens[negative] = 0
+    if variant == "fp8":
+        case = fp8_case(64, 1, seed=12, lens=lens.tolist(), max_seq_len=400)
+        args, call, reference = (
+            case.fp8_args(),
+            fa.fp8_paged_mqa_logits,
+            fp8_paged_mqa_logits_reference,
+        )
+        output_dtype = torch.float32
+    else:
+        case = make_fp4_case(lens.tolist(), block_size=64, max_seq_len=400, seed=12).to("cuda")
+        args, call, reference = (
+            case.fp4_args(),
+            fa.fp4_paged_mqa_logits,
+            fp4_paged_mqa_logits_reference,
+        )
+        output_dtype = torch.bfloat16
+    expected, magnitude = reference(*args), magnitude_of(reference, args)
+    with_negatives = case.seq_lens.clone()
+    with_negatives[negative.cuda()] = -200
+    moved = [with_negatives if a is case.seq_lens else a for a in args]
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = call(*moved, out=out)
+    check_result(got, out, expected, case.seq_lens, 1, tolerance(output_dtype), magnitude)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_an_empty_pool_with_empty_requests(variant):
+    """No blocks and only zero-length requests: nothing to read or write (TMA cannot describe
+    an empty pool, so no kernel is launched)."""
+    if variant == "fp8":
+        case = make_fp8_case([0, 0], num_heads=64, head_dim=128, max_seq_len=64).to("cuda")
+        args, call = list(case.fp8_args()), fa.fp8_paged_mqa_logits
+        kv_index, output_dtype = 1, torch.float32
+    else:
+        case = make_fp4_case([0, 0], max_seq_len=64).to("cuda")
+        args, call = list(case.fp4_args()), fa.fp4_paged_mqa_logits
+        kv_index, output_dtype = 2, torch.bfloat16
+    args[kv_index] = args[kv_index][:0]
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = call(*args, out=out)
+    torch.cuda.synchronize()
+    assert got.shape == (2, 64) and torch.isnan(out).all()
 
 
 def test_empty_batch_on_gpu():

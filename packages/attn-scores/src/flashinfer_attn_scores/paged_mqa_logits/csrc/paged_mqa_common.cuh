@@ -106,7 +106,9 @@ struct alignas(64) TensorMap {
   uint64_t opaque[16];
 };
 
-__device__ __forceinline__ int units_of(int len) { return (len + kTile - 1) / kTile; }
+// Work units of a request of `len` tokens; none for len <= 0. (len - 1) / kTile + 1 rather
+// than (len + kTile - 1) / kTile, which overflows for lengths within kTile of 2^31.
+__device__ __forceinline__ int units_of(int len) { return len > 0 ? (len - 1) / kTile + 1 : 0; }
 
 // The dynamic shared memory base rounded up to 1024 bytes (the 128-byte swizzle atom).
 // Offsetting the __shared__ array itself, rather than a uintptr_t, keeps the address space
@@ -129,7 +131,7 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
 // scan of the per-thread sums, then a re-walk of its own requests (L1 hits).
 __device__ __forceinline__ long long request_units(const int* seq_lens, long long stride, int b) {
   const int len = seq_lens[b * stride];
-  return len > 0 ? units_of(len) : 0;
+  return units_of(len);
 }
 
 // Exclusive block-wide scan (blockDim.x a multiple of 32, at most 1024); also returns the total.
@@ -198,25 +200,39 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
   __syncthreads();
 }
 
-// The same rows for batch_size <= 32, by one warp with no block barrier: lane b loads request
-// b's length, a warp scan gives the prefixes, and the lane whose request holds g(i) reports
-// it. 32-bit arithmetic is exact here: units_of(len) < 2^25, so total < 2^30. Measured on the
-// H200 (2026-11-29, B = 1, L = 4k, a stream of calls): the block-wide version costs 1.4 us
-// more than reading a precomputed row (2.5 against 1.1 us until the rows are known); most of
-// it is its barriers and 64-bit division, which this path does not have.
-constexpr int kWarpScheduleMaxBatch = 32;
+// The same rows for batch_size <= 32 * kPerLane, by one warp with no block barrier: lane l
+// loads the lengths of requests [l * P, (l + 1) * P), P = ceil(batch_size / 32) <= kPerLane,
+// a warp scan of the lanes' unit counts gives the prefixes, and the lane whose requests hold
+// g(i) reports it. 32-bit arithmetic is exact for lengths within max_seq_len: the output-span
+// rule (batch_size * next_n * padded_seq_len(max_seq_len) < 2^31, always validated) keeps the
+// total below 2^31 units. (Lengths past max_seq_len are already undefined behaviour; the
+// CTAs never wait on each other, so a wrong range cannot hang the kernel.) Measured on the H200 (2026-11-29, a stream of calls that exit once their
+// rows are known): B = 1 and 8 take 1.3 us with kPerLane = 1 (1.6 us with kPerLane = 4, hence
+// two instances); B = 33-128 take 1.6-1.7 us with kPerLane = 4 against 2.0-2.1 us block-wide
+// (its barriers and 64-bit division), 0.2-0.4 us less per call.
+constexpr int kWarpScheduleMaxBatch = 128;
 
+template <int kPerLane>
 __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, long long stride, int batch_size,
                                                            int* rows, int* rows_out) {
   const int lane = threadIdx.x % 32;
-  const int units = lane < batch_size ? static_cast<int>(request_units(seq_lens, stride, lane)) : 0;
-  int inclusive = units;
+  const int per_lane = kPerLane == 1 ? 1 : (batch_size + 31) / 32;
+  const int first = lane * per_lane;
+  int units[kPerLane];
+  int mine = 0;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int b = first + j;
+    units[j] = j < per_lane && b < batch_size ? static_cast<int>(request_units(seq_lens, stride, b)) : 0;
+    mine += units[j];
+  }
+  int inclusive = mine;
 #pragma unroll
   for (int offset = 1; offset < 32; offset *= 2) {
     const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
     if (lane >= offset) inclusive += other;
   }
-  const int prefix = inclusive - units;
+  const int prefix = inclusive - mine;
   const unsigned total = static_cast<unsigned>(__shfl_sync(0xffffffffu, inclusive, 31));
   const unsigned ctas = gridDim.x, per_cta = total / ctas, extra = total % ctas;
   int row[4];
@@ -225,11 +241,25 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
     const unsigned i = blockIdx.x + end;
     const int g = static_cast<int>(per_cta * i + min(i, extra));
     // At most one lane holds g (units > 0 and prefix <= g < inclusive); none when g == total.
-    const unsigned holders = __ballot_sync(0xffffffffu, units > 0 && prefix <= g && g < inclusive);
+    const bool mine_holds = mine > 0 && prefix <= g && g < inclusive;
+    int b = 0, u = 0;
+    if (mine_holds) {
+      int before = prefix;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        if (g >= before && g < before + units[j]) {
+          b = first + j;
+          u = g - before;
+        }
+        before += units[j];
+      }
+    }
+    const unsigned holders = __ballot_sync(0xffffffffu, mine_holds);
     const int holder = holders ? __ffs(holders) - 1 : 0;
-    const int holder_prefix = __shfl_sync(0xffffffffu, prefix, holder);
-    row[2 * end] = holders ? holder : batch_size;
-    row[2 * end + 1] = holders ? g - holder_prefix : 0;
+    b = __shfl_sync(0xffffffffu, b, holder);
+    u = __shfl_sync(0xffffffffu, u, holder);
+    row[2 * end] = holders ? b : batch_size;
+    row[2 * end + 1] = holders ? u : 0;
   }
   if (lane < 4) rows[lane] = lane == 0 ? row[0] : lane == 1 ? row[1] : lane == 2 ? row[2] : row[3];
   if (rows_out != nullptr && lane < 2) {
@@ -249,7 +279,13 @@ __device__ __forceinline__ const int* schedule_rows(const int* schedule, const i
                                                     uint8_t* scratch) {
   if (schedule != nullptr) return schedule + 2 * blockIdx.x;
   if (batch_size <= kWarpScheduleMaxBatch) {
-    if (threadIdx.x / 32 == 1) compute_schedule_rows_warp(seq_lens, stride, batch_size, own_rows, rows_out);
+    if (threadIdx.x / 32 == 1) {
+      if (batch_size <= 32) {
+        compute_schedule_rows_warp<1>(seq_lens, stride, batch_size, own_rows, rows_out);
+      } else {
+        compute_schedule_rows_warp<kWarpScheduleMaxBatch / 32>(seq_lens, stride, batch_size, own_rows, rows_out);
+      }
+    }
     return own_rows;
   }
   compute_schedule_rows(seq_lens, stride, batch_size, own_rows, reinterpret_cast<long long*>(scratch));
