@@ -206,10 +206,11 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
 // g(i) reports it. 32-bit arithmetic is exact for lengths within max_seq_len: the output-span
 // rule (batch_size * next_n * padded_seq_len(max_seq_len) < 2^31, always validated) keeps the
 // total below 2^31 units. (Lengths past max_seq_len are already undefined behaviour; the
-// CTAs never wait on each other, so a wrong range cannot hang the kernel.) Measured on the H200 (2026-11-29, a stream of calls that exit once their
-// rows are known): B = 1 and 8 take 1.3 us with kPerLane = 1 (1.6 us with kPerLane = 4, hence
-// two instances); B = 33-128 take 1.6-1.7 us with kPerLane = 4 against 2.0-2.1 us block-wide
-// (its barriers and 64-bit division), 0.2-0.4 us less per call.
+// CTAs never wait on each other, so a wrong range cannot hang the kernel.)
+// Measured on the H200 (2026-11-29, a stream of calls that exit once their rows are known):
+// B = 1 and 8 take 1.3 us with kPerLane = 1 (1.6 us with kPerLane = 4, hence two instances);
+// B = 33-128 take 1.6-1.7 us with kPerLane = 4 against 2.0-2.1 us block-wide (its barriers
+// and 64-bit division), 0.3-0.4 us less per call.
 constexpr int kWarpScheduleMaxBatch = 128;
 
 template <int kPerLane>
