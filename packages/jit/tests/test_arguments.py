@@ -122,5 +122,12 @@ def test_scalar_wrappers_check_their_range(wrapper, value, error):
 
 def test_scalar_wrappers_accept_integer_like_values():
     assert i32(torch.tensor(5, dtype=torch.int32).item()).value == 5
-    assert i64(torch.tensor(7)).value == 7  # 0-d integer tensor has __index__
-    assert f32(torch.tensor(0.5)).value == 0.5
+    assert f32(torch.tensor(0.5).item()).value == 0.5
+
+
+@pytest.mark.parametrize("wrapper", [i32, u32, i64, u64, f32, f64])
+def test_scalar_wrappers_refuse_tensors(wrapper):
+    """A 0-d tensor has __index__ / __float__, but reading it is a device synchronisation
+    (an error inside CUDA-graph capture): the caller must say .item() if that is meant."""
+    with pytest.raises(TypeError, match=r"expected a Python number, got a torch.Tensor on cpu"):
+        wrapper(torch.tensor(7))

@@ -134,3 +134,32 @@ def test_a_nested_header_edit_triggers_a_recompile(project, cache_dir):
     assert not rebuilt.from_cache
     assert rebuilt.key != first.key
     assert rebuilt.cubin != first.cubin  # the constant 20 is in the code
+
+
+def test_a_symlinked_source_hashes_the_headers_nvrtc_reads(tmp_path):
+    """NVRTC searches a quoted include in the folder of the source as named, so through a
+    symlink it reads the link folder's header: that one must be in the key."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.mkdir()
+    (real / "k.cu").write_text(
+        '#include "h.cuh"\nextern "C" __global__ void k(int* o) { o[0] = H; }\n'
+    )
+    (real / "h.cuh").write_text("#define H 1\n")
+    (link / "h.cuh").write_text("#define H 2\n")
+    (link / "k.cu").symlink_to(real / "k.cu")
+    spec = KernelSpec.make(name="k", source=link / "k.cu")
+    before = _key(spec)
+    files = compute_key(spec, "sm_90a", base_options()).files
+    assert [f.path for f in files] == [link / "k.cu", link / "h.cuh"]
+    (link / "h.cuh").write_text("#define H 3\n")
+    assert _key(spec) != before
+    (real / "h.cuh").write_text("#define H 4\n")  # not read by NVRTC through the link
+    assert _key(KernelSpec.make(name="k", source=link / "k.cu")) == _key(spec)
+
+
+def test_a_source_that_is_not_utf8_is_named(tmp_path):
+    source = tmp_path / "bad.cu"
+    source.write_bytes(b"\xff\xfe not text")
+    with pytest.raises(ValueError, match=r"kernel source for .* is not UTF-8 text: .*bad\.cu"):
+        compute_key(KernelSpec.make(name="k", source=source), "sm_90a", base_options())

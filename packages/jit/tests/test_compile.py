@@ -111,7 +111,8 @@ def test_malformed_arch_is_rejected(source, cache_dir):
 
 
 @pytest.mark.parametrize(
-    "damage", ["truncate_cubin", "flip_cubin_byte", "garbage_manifest", "missing_cubin"]
+    "damage",
+    ["truncate_cubin", "flip_cubin_byte", "garbage_manifest", "manifest_fields", "missing_cubin"],
 )
 def test_damaged_entry_is_detected_recompiled_and_replaced(source, cache_dir, caplog, damage):
     spec = KernelSpec.make("add_value", source, {"VALUE": 5})
@@ -125,6 +126,10 @@ def test_damaged_entry_is_detected_recompiled_and_replaced(source, cache_dir, ca
         cubin_path.write_bytes(bytes(data))
     elif damage == "garbage_manifest":
         (good.cache_path / MANIFEST_FILE).write_text("{not json")
+    elif damage == "manifest_fields":  # valid JSON, key, size and SHA intact; a field is not
+        manifest = json.loads((good.cache_path / MANIFEST_FILE).read_text())
+        manifest["functions"] = {"add_value": "garbage"}
+        (good.cache_path / MANIFEST_FILE).write_text(json.dumps(manifest))
     else:
         cubin_path.unlink()
 

@@ -18,6 +18,7 @@ from .cache import (
     CorruptEntry,
     compute_key,
     default_cache_dir,
+    discard_entry,
     publish_entry,
     read_entry,
 )
@@ -300,9 +301,17 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
     if entry is None:
         return None
     manifest = entry.manifest
-    functions = resources_from_json(manifest.get("functions", {}))
-    lowered = manifest.get("lowered_names", {})
-    entry_name = _entry_name(spec, lowered)
+    try:
+        functions = resources_from_json(manifest.get("functions", {}))
+        entry_name = _entry_name(spec, manifest.get("lowered_names", {}))
+        log = str(manifest.get("log", ""))
+        compile_seconds = float(manifest.get("compile_seconds", 0.0))
+    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError) as exc:
+        # The size and SHA-256 checks passed, so the fields themselves are damaged. Moved
+        # aside, or publishing the recompiled entry would keep this one as a concurrent win.
+        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s: %r", entry.path, exc)
+        discard_entry(root, key.digest)
+        return None
     _check_entry(spec, entry_name, functions)
     _log("cache hit %s for %s (%s)", spec.label, arch, key.digest[:12])
     return CompiledKernel(
@@ -312,10 +321,10 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
         cubin=entry.cubin,
         entry_name=entry_name,
         functions=functions,
-        log=manifest.get("log", ""),
+        log=log,
         from_cache=True,
         cache_path=entry.path,
-        compile_seconds=float(manifest.get("compile_seconds", 0.0)),
+        compile_seconds=compile_seconds,
     )
 
 

@@ -10,6 +10,19 @@ numbers; wrap each scalar in the type of the C parameter::
 from __future__ import annotations
 
 import struct
+import sys
+
+
+def _refuse_tensor(wrapper: str, value: object) -> None:
+    """A tensor is not a host number: its value would be read with an implicit `.item()`, a
+    device synchronisation (and an error during CUDA-graph capture). torch is only looked up,
+    never imported here: without it loaded, `value` cannot be a tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"{wrapper}: expected a Python number, got a torch.Tensor on {value.device} "
+            "(pass value.item() explicitly if a host read is intended)"
+        )
 
 
 class _Scalar:
@@ -36,7 +49,8 @@ class _Integer(_Scalar):
     high: int = 0
 
     def __init__(self, value: int) -> None:
-        # bool is an int; accept objects with __index__ (numpy/torch integer scalars).
+        _refuse_tensor(type(self).__name__, value)
+        # bool is an int; accept objects with __index__ (numpy integer scalars).
         if isinstance(value, bool) or not hasattr(value, "__index__"):
             raise TypeError(
                 f"{type(self).__name__}: expected an integer, got {type(value).__name__} ({value!r})"
@@ -125,6 +139,7 @@ class f32(_Scalar):
     format, size, c_type = "f", 4, "float"
 
     def __init__(self, value: float) -> None:
+        _refuse_tensor("f32", value)
         if isinstance(value, bool) or not hasattr(value, "__float__"):
             raise TypeError(f"f32: expected a real number, got {type(value).__name__} ({value!r})")
         value = float(value)
@@ -149,6 +164,7 @@ class f64(_Scalar):
     format, size, c_type = "d", 8, "double"
 
     def __init__(self, value: float) -> None:
+        _refuse_tensor("f64", value)
         if isinstance(value, bool) or not hasattr(value, "__float__"):
             raise TypeError(f"f64: expected a real number, got {type(value).__name__} ({value!r})")
         self.value = float(value)

@@ -61,6 +61,7 @@ def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
 
     Raises:
         FileNotFoundError: The main source does not exist.
+        ValueError: The main source is not UTF-8 text.
     """
     try:
         main_bytes = spec.source.read_bytes()
@@ -68,23 +69,33 @@ def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
         raise FileNotFoundError(
             f"kernel source for {spec.label!r} not found: {spec.source}"
         ) from None
+    try:
+        main_text = main_bytes.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"kernel source for {spec.label!r} is not UTF-8 text: {spec.source} ({err})"
+        ) from None
     dirs = search_dirs(spec)
     files: list[SourceFile] = []
-    visited: set[Path] = set()
+    # A file is identified by its real path and the real folder its quoted includes are
+    # searched in: the same header reached through a symlinked folder may include others.
+    visited: set[tuple[Path, Path]] = set()
 
     def visit(include_name: str, path: Path, content: bytes) -> None:
-        visited.add(path)
+        visited.add((path.resolve(), path.parent.resolve()))
         files.append(SourceFile(include_name, path, hashlib.sha256(content).hexdigest()))
         for match in _INCLUDE.finditer(content):
             quoted = match.group(1) == b'"'
             name = match.group(2).decode("utf-8", "replace").strip()
             candidates = ((path.parent,) if quoted else ()) + dirs
             for folder in candidates:
-                header = (folder / name).resolve()
+                # Not resolved: NVRTC searches a quoted include's folder as the including
+                # file was named (through a symlink, the link's folder, not the target's).
+                header = folder / name
                 if header.is_file():
-                    if header not in visited:
+                    if (header.resolve(), header.parent.resolve()) not in visited:
                         visit(name, header, header.read_bytes())
                     break
 
-    visit("<main>", spec.source.resolve(), main_bytes)
-    return main_bytes.decode("utf-8"), tuple(files)
+    visit("<main>", spec.source, main_bytes)
+    return main_text, tuple(files)
