@@ -6,11 +6,21 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 from flashinfer_jit import KernelCompileError, KernelSpec, compile_kernel
-from flashinfer_jit.cache import CUBIN_FILE, MANIFEST_FILE, entry_dir, read_entry, schema_root
+from flashinfer_jit.cache import (
+    CUBIN_FILE,
+    MANIFEST_FILE,
+    STALE_TMP_AGE_S,
+    entry_dir,
+    read_entry,
+    schema_root,
+)
 
 KERNEL = """\
 #include <cuda/std/cstdint>
@@ -112,7 +122,14 @@ def test_malformed_arch_is_rejected(source, cache_dir):
 
 @pytest.mark.parametrize(
     "damage",
-    ["truncate_cubin", "flip_cubin_byte", "garbage_manifest", "manifest_fields", "missing_cubin"],
+    [
+        "truncate_cubin",
+        "flip_cubin_byte",
+        "garbage_manifest",
+        "manifest_fields",
+        "missing_cubin",
+        "file_instead_of_folder",
+    ],
 )
 def test_damaged_entry_is_detected_recompiled_and_replaced(source, cache_dir, caplog, damage):
     spec = KernelSpec.make("add_value", source, {"VALUE": 5})
@@ -130,6 +147,9 @@ def test_damaged_entry_is_detected_recompiled_and_replaced(source, cache_dir, ca
         manifest = json.loads((good.cache_path / MANIFEST_FILE).read_text())
         manifest["functions"] = {"add_value": "garbage"}
         (good.cache_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    elif damage == "file_instead_of_folder":
+        shutil.rmtree(good.cache_path)
+        good.cache_path.write_text("a file where the entry's folder should be")
     else:
         cubin_path.unlink()
 
@@ -204,3 +224,23 @@ def test_first_compiles_from_several_threads_at_once(source, cache_dir, monkeypa
         outcomes = results.get(timeout=300)
         process.join(timeout=60)
         assert outcomes == ["ok"] * 4, outcomes
+
+
+def test_publishing_sweeps_what_killed_processes_left(source, cache_dir):
+    """Temp folders and moved-aside entries a day old are abandoned; younger ones may be a
+    publication in progress in another process and stay."""
+    tmp_parent = schema_root(cache_dir) / "tmp"
+    tmp_parent.mkdir(parents=True)
+    abandoned, recent = tmp_parent / "0123456789abcdef.dead", tmp_parent / "fedcba9876543210.live"
+    for folder in (abandoned, recent):
+        folder.mkdir()
+        (folder / CUBIN_FILE).write_bytes(b"partial")
+    stray_file = tmp_parent / "corrupt.0123456789abcdef.file"
+    stray_file.write_text("a moved-aside entry that was a file")
+    day_old = time.time() - STALE_TMP_AGE_S - 60
+    for path in (abandoned / CUBIN_FILE, abandoned, stray_file):
+        os.utime(path, (day_old, day_old))
+    compile_kernel(
+        KernelSpec.make("add_value", source, {"VALUE": 9}), "sm_90a", cache_dir=cache_dir
+    )
+    assert sorted(p.name for p in tmp_parent.iterdir()) == [recent.name]

@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,8 @@ def read_entry(root: Path, digest: str) -> CacheEntry | None:
     except (FileNotFoundError, NotADirectoryError):
         if folder.is_dir():
             raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
+        if folder.exists():
+            raise CorruptEntry(f"{folder}: not a folder") from None
         return None
     try:
         manifest = json.loads(manifest_bytes)
@@ -248,6 +251,7 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
                 break
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    sweep_stale_tmp(root)
     return final
 
 
@@ -266,4 +270,34 @@ def discard_entry(root: Path, digest: str) -> None:
         os.rename(final, trash)
     except OSError:
         return  # someone else already moved or replaced it
-    shutil.rmtree(trash, ignore_errors=True)
+    _remove(trash)
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder or a file, ignoring what is already gone."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+# Temp folders and moved-aside entries older than this are left by killed processes: a
+# publication takes well under a second, so a day old is never one still in progress.
+STALE_TMP_AGE_S = 24 * 3600
+
+
+def sweep_stale_tmp(root: Path, max_age_s: float = STALE_TMP_AGE_S) -> None:
+    """Delete what killed processes left in the cache's temp folder.
+
+    Args:
+        root: Cache root.
+        max_age_s: Age (by modification time) from which an item counts as abandoned.
+    """
+    tmp_parent = schema_root(root) / "tmp"
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for item in tmp_parent.iterdir():
+            with contextlib.suppress(OSError):
+                if now - item.lstat().st_mtime > max_age_s:
+                    _remove(item)
