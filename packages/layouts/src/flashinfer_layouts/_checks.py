@@ -14,6 +14,9 @@ from collections.abc import Sequence
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# FLASHINFER_VALIDATE_INPUTS values that turn the device-data checks on (as in
+# flashinfer_attn_scores, so one setting means the same to every package).
+_ENV_TRUE = frozenset({"1", "true", "yes", "on"})
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -155,12 +158,12 @@ def device_data_checks_enabled(t: torch.Tensor) -> bool:
     """Whether checks that read tensor *contents* should run for ``t``.
 
     Always on CPU (reading is free there). On other devices only when
-    ``FLASHINFER_VALIDATE_INPUTS=1`` and no CUDA graph is being captured, because reading
+    ``FLASHINFER_VALIDATE_INPUTS`` is 1/true/yes/on and no CUDA graph is being captured, because reading
     device data forces a host synchronisation, which is illegal during capture.
     """
     if t.device.type == "cpu":
         return True
-    if os.environ.get("FLASHINFER_VALIDATE_INPUTS", "0") != "1":
+    if os.environ.get("FLASHINFER_VALIDATE_INPUTS", "").strip().lower() not in _ENV_TRUE:
         return False
     if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return False

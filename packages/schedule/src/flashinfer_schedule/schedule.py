@@ -259,7 +259,7 @@ def compute_paged_mqa_logits_schedule(
     it (into the same buffer under CUDA graphs) whenever any of those change. A stale
     schedule can hang the kernel.
 
-    On CUDA tensors the computation is a few device ops with no host synchronisation, so it
+    On CUDA tensors the computation is one small kernel with no host synchronisation, so it
     can be captured in a CUDA graph. On the CPU the same policy runs with plain torch ops and
     gives an identical result for the same `num_sms`.
 

@@ -395,7 +395,9 @@ def fp8_paged_mqa_logits(
     custom op `torch.ops.flashinfer_attn_scores.fp8_paged_mqa_logits_into` (which writes into
     the padded storage), so `torch.compile(fullgraph=True)` traces through this function.
 
-    Example (rename of the spec's example; `device="cpu"` runs the reference):
+    Example (an excerpt of the spec's example, renamed; `device="cpu"` runs the reference;
+    `values`, `scales`, `q` and `weights` as in the [quickstart](../quickstart.md), which
+    runs whole):
 
         B, next_n, num_heads, head_dim = 2, 3, 64, 128
         block_size, max_seq_len = 32, 8000
@@ -616,9 +618,10 @@ def fp4_paged_mqa_logits(
     `torch.ops.flashinfer_attn_scores.fp4_paged_mqa_logits_into`, so
     `torch.compile(fullgraph=True)` traces through this function.
 
-    Example (rename of the spec's example; zero-filled tensors are valid placeholders for a
-    shape check, real callers quantise with `flashinfer_layouts.quantize_mxfp4_q` and
-    `flashinfer_layouts.quantize_mxfp4_kv_cache`):
+    Example (an excerpt of the spec's example, renamed, with the paging of the fp8 example;
+    zero-filled tensors are valid placeholders for a shape check, real callers quantise with
+    `flashinfer_layouts.quantize_mxfp4_q` and `flashinfer_layouts.quantize_mxfp4_kv_cache`;
+    the [quickstart](../quickstart.md) runs whole):
 
         q = torch.zeros(B, next_n, 64, 64, dtype=torch.uint8, device=device)
         q_sf = torch.zeros(B, next_n, 64, dtype=torch.int32, device=device)
