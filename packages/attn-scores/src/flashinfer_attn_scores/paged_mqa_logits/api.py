@@ -10,7 +10,7 @@ import torch
 from flashinfer_schedule import padded_seq_len
 
 from .. import _validation as v
-from . import custom_ops, launcher
+from . import custom_ops, fp8_sm90, launcher
 
 __all__ = [
     "PagedMqaLogitsConfig",
@@ -135,8 +135,6 @@ def _check_common(
 def _fp8_fits_shared_memory(num_heads: int, head_dim: int, next_n: int) -> bool:
     """`fp8_sm90.fits_shared_memory`, run once while torch.compile traces (dynamo cannot trace
     the kernel configuration's cached properties); the shapes are static in a trace."""
-    from . import fp8_sm90
-
     return fp8_sm90.fits_shared_memory(head_dim, num_heads, next_n)
 
 
@@ -145,8 +143,6 @@ def _check_fp8_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> 
     must fit one SM90 CTA's shared memory."""
     if _fp8_fits_shared_memory(num_heads, head_dim, next_n):
         return
-    from . import fp8_sm90
-
     largest = fp8_sm90.largest_fitting_head_dim(num_heads, next_n)
     raise ValueError(
         f"head_dim={head_dim} with num_heads={num_heads} and next_n={next_n} does not fit the "
