@@ -175,6 +175,26 @@ def test_summary_table_best_fraction_large_range_and_small_batch_times(payload) 
     ]  # fmt: skip
 
 
+def test_small_batch_table_compares_one_replay_with_the_peer(payload) -> None:
+    t = _tables()
+    assert t.small_batch_table(payload) == ""  # no single-replay times: no table
+    cases = t.index_cases(payload)
+    cases[("fp8", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 4.48}  # peer 6.4 us: 0.70
+    cases[("fp8", 1, 1, 4096, 32)]["single_replay"] = {"median_us": 9.0}
+    cases[("fp4", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 5.12}  # no peer for fp4
+    # A failed case's single-replay time is not reported.
+    cases[("fp8", 2, 1, 4096, 64)]["single_replay"] = {"median_us": 1.0}
+    table = t.small_batch_table(payload)
+    assert _row(table, "| fp8 | 1 | 1 | 4k |")[4:] == [
+        "9.00 us", "4.48 us", "3.20 us", "6.4 us", "0.70 (meets)"
+    ]  # fmt: skip
+    assert _row(table, "| fp4 | 1 | 1 | 4k |")[4:] == ["-", "5.12 us", "3.20 us", "", ""]
+    assert "| fp8 | 2 |" not in table
+    cases[("fp8", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 4.5}  # 0.703 of the peer
+    assert _row(t.small_batch_table(payload), "| fp8 | 1 |")[-1] == "0.70 (over)"
+    assert "#### Small batches, one call per graph replay" in t.markdown_report(payload)
+
+
 def test_host_time_table_and_caption_come_from_the_section(payload) -> None:
     t = _tables()
     table = t.host_time_table(payload)

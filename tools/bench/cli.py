@@ -38,7 +38,7 @@ from .report import (
 )
 from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
 from .tables import load_results, markdown_report, merge_runs
-from .timing import copy_bandwidth, settle, time_graph_replays, time_host
+from .timing import copy_bandwidth, settle, time_graph_replays, time_host, time_single_replays
 
 JSON_NAME = "results.json"
 # The gather ceiling is a steadier measurement than an op: fewer samples are enough.
@@ -172,6 +172,10 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
     if device.type == "cuda":
         settle(device)  # the check's memory would otherwise slow the timing (timing.SETTLE_S)
         result.timing = time_graph_replays([op_call(case, inputs) for inputs in case.sets])
+        if shape.small_batch:
+            result.single_replay = time_single_replays(
+                [op_call(case, inputs) for inputs in case.sets]
+            )
         if gather:
             try:
                 result.gather = measure_gather(case, device)

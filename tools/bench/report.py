@@ -43,6 +43,8 @@ class CaseResult:
         gather: The read-only paged-gather ceiling measured on this case's own pages
             (CUDA only, for timed cases).
         gather_error: Why the gather ceiling could not be measured, else "".
+        single_replay: Small-batch shapes only (CUDA): one call per graph replay, the
+            measurement the small-batch target names (`timing.time_single_replays`).
         derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 
@@ -56,6 +58,7 @@ class CaseResult:
     detail: str = ""
     gather: GatherCeiling | None = None
     gather_error: str = ""
+    single_replay: Timing | None = None
     derived: dict[str, float | None] = field(default_factory=dict)
 
     def derive(self, copy_bw: float | None) -> None:
@@ -129,6 +132,8 @@ def table_row(r: CaseResult) -> str:
     """One row of the results table."""
     s, t, d = r.shape, r.timing, r.derived
     status = r.status if not r.detail else f"{r.status}: {r.detail}"
+    if r.single_replay:
+        status += f" (one call per replay: {r.single_replay.median_us:.2f} us)"
     if r.gather_error:
         status += f" (gather ceiling failed: {r.gather_error})"
     return (
@@ -152,6 +157,7 @@ def _record(r: CaseResult) -> dict[str, object]:
         if r.gather is None
         else {**asdict(r.gather), "bytes_per_s": r.gather.bytes_per_s},
         "gather_error": r.gather_error,
+        "single_replay": None if r.single_replay is None else asdict(r.single_replay),
         "rotations": r.rotations,
         "pool_bytes": r.pool_bytes,
         **r.derived,

@@ -20,6 +20,9 @@ GRID_BLOCK_SIZE = (32, 64, 128)
 # Request lengths are uniform in [LEN_LOW, LEN_HIGH] times the average length.
 LEN_LOW, LEN_HIGH = 0.7, 1.3
 
+# The small-batch target of PERFORMANCE.md: B <= 8 and L <= 16k, one CUDA-graph replay per call.
+SMALL_BATCH_MAX_B, SMALL_BATCH_MAX_LEN = 8, 16384
+
 # DeepSeek-V3.2's indexer: 64 heads of 128 (fp4 supports only this shape).
 NUM_HEADS, HEAD_DIM = 64, 128
 
@@ -51,6 +54,11 @@ class IndexerShape:
         return (
             f"{self.op} B={self.batch} L={self.avg_len} next_n={self.next_n} bs={self.block_size}"
         )
+
+    @property
+    def small_batch(self) -> bool:
+        """Whether the small-batch target (one call per graph replay) covers this shape."""
+        return self.batch <= SMALL_BATCH_MAX_B and self.avg_len <= SMALL_BATCH_MAX_LEN
 
     def seed(self) -> int:
         """A seed derived from the shape alone, so every run draws the same lengths and data."""

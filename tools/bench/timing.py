@@ -119,6 +119,65 @@ def time_graph_replays(
     return _summarise(per_call_us, f"CUDA events over graph replays of {len(calls)} calls")
 
 
+# One-call graphs captured for `time_single_replays`. At the smallest small-batch case (fp4,
+# B = 1, L = 4k: about 280 KB per call) 256 of them move more than the 60 MB L2 per round.
+SINGLE_REPLAY_GRAPHS = 256
+
+
+def time_single_replays(
+    calls: list[Callable[[], object]],
+    *,
+    max_graphs: int = SINGLE_REPLAY_GRAPHS,
+    min_samples: int = MIN_SAMPLES,
+    budget_s: float = SAMPLE_BUDGET_S,
+) -> Timing:
+    """Time one call per CUDA-graph replay: what a serving step that launches the op alone sees.
+
+    Each of the first `max_graphs` calls is captured into a graph of its own, and the graphs are
+    replayed in turn, each replay between its own pair of CUDA events, so the time includes the
+    graph's launch on the device and nothing overlaps it (no earlier call in flight, unlike the
+    back-to-back replays of `time_graph_replays`). Taking the rotation sets in turn keeps a call
+    from finding its pages in L2.
+    """
+    calls = calls[:max_graphs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graphs = []
+    for call in calls:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graphs.append(graph)
+    for graph in graphs:
+        graph.replay()
+    torch.cuda.synchronize()
+
+    per_call_us: list[float] = []
+    spent_s = 0.0
+    samples_cap = max(MAX_SAMPLES, len(graphs))
+    while len(per_call_us) < samples_cap and (len(per_call_us) < min_samples or spent_s < budget_s):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs[len(per_call_us) % len(graphs)].replay()
+        end.record()
+        end.synchronize()
+        elapsed_ms = start.elapsed_time(end)
+        spent_s += elapsed_ms * 1e-3
+        per_call_us.append(elapsed_ms * 1e3)
+    del graphs
+    return _summarise(
+        per_call_us, f"CUDA events around single replays of {len(calls)} one-call graphs"
+    )
+
+
 def time_host(call: Callable[[], object], repeats: int = 3) -> Timing:
     """Host wall-clock time of `call` (the CPU reference path; not a kernel measurement)."""
     call()
