@@ -142,6 +142,7 @@ def _expected_xor(
         ("fp8", 128, [4095, 1, 257]),
         ("fp4", 64, [5, 0, 640, 77]),
         ("fp8", 32, [32 * 3000]),  # more blocks than the grid has warps: deals wrap around
+        ("fp8", 64, [0, 1, 65, 200] * 650),  # 2600 requests: three chunks of up to 1024
     ],
 )
 def test_gather_xor_equals_torch_xor_of_the_same_bytes(op, block_size, lens) -> None:

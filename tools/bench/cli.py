@@ -66,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="a small slice of the grid")
     parser.add_argument(
+        "--small-batch-only",
+        action="store_true",
+        help="only the grid's small-batch shapes (B <= 8, L <= 16k), each also timed one call "
+        "per graph replay",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("bench-results"),
@@ -247,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes, mode = cpu_grid(args.ops, args.quick), "cpu-reference"
     else:
         shapes, mode = gpu_grid(args.ops, args.quick), "sm90"
+        if args.small_batch_only:
+            shapes = [shape for shape in shapes if shape.small_batch]
         print(f"Benchmarking on {torch.cuda.get_device_name(device)}: {len(shapes)} cases")
     if args.host_time_only:
         shapes = []

@@ -122,22 +122,29 @@ def time_graph_replays(
 # One-call graphs captured for `time_single_replays`. At the smallest small-batch case (fp4,
 # B = 1, L = 4k: about 280 KB per call) 256 of them move more than the 60 MB L2 per round.
 SINGLE_REPLAY_GRAPHS = 256
+SINGLE_REPLAY_SAMPLES = 20
+# Before each sample a GPU spin kernel holds the stream while the host queues the replays, so
+# no replay waits for the host. It must outlast the queueing (checked on every sample).
+SPIN_CYCLES_PER_GRAPH = 40_000  # about 20 us at 1.98 GHz
 
 
 def time_single_replays(
     calls: list[Callable[[], object]],
     *,
     max_graphs: int = SINGLE_REPLAY_GRAPHS,
-    min_samples: int = MIN_SAMPLES,
-    budget_s: float = SAMPLE_BUDGET_S,
+    samples: int = SINGLE_REPLAY_SAMPLES,
 ) -> Timing:
-    """Time one call per CUDA-graph replay: what a serving step that launches the op alone sees.
+    """Time one call per CUDA-graph replay: the small-batch target's measurement.
 
-    Each of the first `max_graphs` calls is captured into a graph of its own, and the graphs are
-    replayed in turn, each replay between its own pair of CUDA events, so the time includes the
-    graph's launch on the device and nothing overlaps it (no earlier call in flight, unlike the
-    back-to-back replays of `time_graph_replays`). Taking the rotation sets in turn keeps a call
-    from finding its pages in L2.
+    Each of the first `max_graphs` calls is captured into a graph of its own. A sample replays
+    every graph once, in turn (so no call finds its pages in L2), between two CUDA events, and
+    divides by the number of graphs. Consecutive graph launches do not overlap (a graph starts
+    when the one before it has finished), so each replay is one whole call alone on the GPU,
+    with its own device-side graph launch: unlike `time_graph_replays`, no call's launch or
+    prologue hides under the previous call. The host's launch time is kept out: a spin kernel
+    queued before the first event holds the stream until every replay is queued, and a sample
+    whose queueing outlasted the spin is refused (the spin is lengthened and the sample taken
+    again).
     """
     calls = calls[:max_graphs]
     side = torch.cuda.Stream()
@@ -159,22 +166,32 @@ def time_single_replays(
         graph.replay()
     torch.cuda.synchronize()
 
+    spin_cycles = SPIN_CYCLES_PER_GRAPH * len(graphs)
     per_call_us: list[float] = []
-    spent_s = 0.0
-    samples_cap = max(MAX_SAMPLES, len(graphs))
-    while len(per_call_us) < samples_cap and (len(per_call_us) < min_samples or spent_s < budget_s):
+    while len(per_call_us) < samples:
+        spin_start = torch.cuda.Event(enable_timing=True)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        spin_start.record()
+        torch.cuda._sleep(spin_cycles)
         start.record()
-        graphs[len(per_call_us) % len(graphs)].replay()
+        queue_began = time.perf_counter()
+        for graph in graphs:
+            graph.replay()
+        queue_s = time.perf_counter() - queue_began
         end.record()
         end.synchronize()
-        elapsed_ms = start.elapsed_time(end)
-        spent_s += elapsed_ms * 1e-3
-        per_call_us.append(elapsed_ms * 1e3)
+        # With a 20 % margin: the spin starts on the GPU no earlier than it was queued.
+        if 1.2 * queue_s * 1e3 >= spin_start.elapsed_time(start):
+            spin_cycles *= 2  # the host may still have been queueing when the spin ended
+            if spin_cycles > 1 << 36:
+                raise RuntimeError("the spin kernel never outlasted the host's graph launches")
+            continue
+        per_call_us.append(start.elapsed_time(end) * 1e3 / len(graphs))
     del graphs
     return _summarise(
-        per_call_us, f"CUDA events around single replays of {len(calls)} one-call graphs"
+        per_call_us,
+        f"CUDA events around {len(calls)} one-call graphs replayed in turn, host launch hidden",
     )
 
 
