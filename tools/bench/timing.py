@@ -119,9 +119,14 @@ def time_graph_replays(
     return _summarise(per_call_us, f"CUDA events over graph replays of {len(calls)} calls")
 
 
-# One-call graphs captured for `time_single_replays`. At the smallest small-batch case (fp4,
-# B = 1, L = 4k: about 280 KB per call) 256 of them move more than the 60 MB L2 per round.
+# One-call graphs captured for `time_single_replays`, and how many of them one sample queues.
+# Measured on the H200 (2026-11-29): with 256 one-kernel graph launches queued behind a spin,
+# even a one-element add_ took 27 us per graph (against 3.8 us with 32 queued), so a sample
+# queues 32; successive samples take successive windows of the captured graphs, and at the
+# smallest case (fp4, B = 1, L = 4k: about 280 KB per call) 256 graphs move more than the
+# 60 MB L2 before a window comes round again.
 SINGLE_REPLAY_GRAPHS = 256
+SINGLE_REPLAY_WINDOW = 32
 SINGLE_REPLAY_SAMPLES = 20
 # Before each sample a GPU spin kernel holds the stream while the host queues the replays, so
 # no replay waits for the host. It must outlast the queueing (checked on every sample).
@@ -132,13 +137,15 @@ def time_single_replays(
     calls: list[Callable[[], object]],
     *,
     max_graphs: int = SINGLE_REPLAY_GRAPHS,
+    window: int = SINGLE_REPLAY_WINDOW,
     samples: int = SINGLE_REPLAY_SAMPLES,
 ) -> Timing:
     """Time one call per CUDA-graph replay: the small-batch target's measurement.
 
     Each of the first `max_graphs` calls is captured into a graph of its own. A sample replays
-    every graph once, in turn (so no call finds its pages in L2), between two CUDA events, and
-    divides by the number of graphs. Consecutive graph launches do not overlap (a graph starts
+    the next `window` of them once each, in turn, between two CUDA events, and divides by the
+    number replayed; the windows go round all the graphs, so no call finds its pages in L2
+    unless they all fit there. Consecutive graph launches do not overlap (a graph starts
     when the one before it has finished), so each replay is one whole call alone on the GPU,
     with its own device-side graph launch: unlike `time_graph_replays`, no call's launch or
     prologue hides under the previous call. The host's launch time is kept out: a spin kernel
@@ -166,9 +173,13 @@ def time_single_replays(
         graph.replay()
     torch.cuda.synchronize()
 
-    spin_cycles = SPIN_CYCLES_PER_GRAPH * len(graphs)
+    window = min(window, len(graphs))
+    spin_cycles = SPIN_CYCLES_PER_GRAPH * window
     per_call_us: list[float] = []
+    next_graph = 0
     while len(per_call_us) < samples:
+        replays = [graphs[(next_graph + k) % len(graphs)] for k in range(window)]
+        next_graph = (next_graph + window) % len(graphs)
         spin_start = torch.cuda.Event(enable_timing=True)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
@@ -176,7 +187,7 @@ def time_single_replays(
         torch.cuda._sleep(spin_cycles)
         start.record()
         queue_began = time.perf_counter()
-        for graph in graphs:
+        for graph in replays:
             graph.replay()
         queue_s = time.perf_counter() - queue_began
         end.record()
@@ -187,11 +198,12 @@ def time_single_replays(
             if spin_cycles > 1 << 36:
                 raise RuntimeError("the spin kernel never outlasted the host's graph launches")
             continue
-        per_call_us.append(start.elapsed_time(end) * 1e3 / len(graphs))
-    del graphs
+        per_call_us.append(start.elapsed_time(end) * 1e3 / window)
+    del graphs, replays
     return _summarise(
         per_call_us,
-        f"CUDA events around {len(calls)} one-call graphs replayed in turn, host launch hidden",
+        f"CUDA events around windows of {window} of {len(calls)} one-call graphs replayed in "
+        "turn, host launch hidden",
     )
 
 
