@@ -193,6 +193,14 @@ def test_small_batch_table_compares_one_replay_with_the_peer(payload) -> None:
     cases[("fp8", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 4.5}  # 0.703 of the peer
     assert _row(t.small_batch_table(payload), "| fp8 | 1 |")[-1] == "0.70 (over)"
     assert "#### Small batches, one call per graph replay" in t.markdown_report(payload)
+    # With L2-warm times: a column of them at block 64 and their ratio to the peer.
+    cases[("fp8", 1, 1, 4096, 64)]["single_replay_warm"] = {"median_us": 3.2}
+    table = t.small_batch_table(payload)
+    assert "one replay L2-warm, block 64" in table.splitlines()[0]
+    assert _row(table, "| fp8 | 1 | 1 | 4k |")[4:] == [
+        "9.00 us", "4.50 us", "3.20 us", "3.20 us", "6.4 us", "0.70 (over)", "0.50 (meets)"
+    ]  # fmt: skip
+    assert _row(table, "| fp4 | 1 | 1 | 4k |")[4:] == ["-", "5.12 us", "-", "3.20 us", "", "", ""]
 
 
 def test_host_time_table_and_caption_come_from_the_section(payload) -> None:

@@ -44,7 +44,10 @@ class CaseResult:
             (CUDA only, for timed cases).
         gather_error: Why the gather ceiling could not be measured, else "".
         single_replay: Small-batch shapes only (CUDA): one call per graph replay, the
-            measurement the small-batch target names (`timing.time_single_replays`).
+            measurement the small-batch target names (`timing.time_single_replays`), each
+            replay on another rotation set (its pages from HBM).
+        single_replay_warm: The same with one rotation set replayed in every graph, so its
+            pages, table and q stay in L2: the figure a benchmark that does not rotate reports.
         derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 
@@ -59,6 +62,7 @@ class CaseResult:
     gather: GatherCeiling | None = None
     gather_error: str = ""
     single_replay: Timing | None = None
+    single_replay_warm: Timing | None = None
     derived: dict[str, float | None] = field(default_factory=dict)
 
     def derive(self, copy_bw: float | None) -> None:
@@ -133,7 +137,9 @@ def table_row(r: CaseResult) -> str:
     s, t, d = r.shape, r.timing, r.derived
     status = r.status if not r.detail else f"{r.status}: {r.detail}"
     if r.single_replay:
-        status += f" (one call per replay: {r.single_replay.median_us:.2f} us)"
+        warm = r.single_replay_warm
+        status += f" (one call per replay: {r.single_replay.median_us:.2f} us"
+        status += f", L2-warm {warm.median_us:.2f} us)" if warm else ")"
     if r.gather_error:
         status += f" (gather ceiling failed: {r.gather_error})"
     return (
@@ -158,6 +164,9 @@ def _record(r: CaseResult) -> dict[str, object]:
         else {**asdict(r.gather), "bytes_per_s": r.gather.bytes_per_s},
         "gather_error": r.gather_error,
         "single_replay": None if r.single_replay is None else asdict(r.single_replay),
+        "single_replay_warm": None
+        if r.single_replay_warm is None
+        else asdict(r.single_replay_warm),
         "rotations": r.rotations,
         "pool_bytes": r.pool_bytes,
         **r.derived,
