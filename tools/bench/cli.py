@@ -63,6 +63,16 @@ def _parse_ops(text: str) -> list[str]:
     return ops
 
 
+def _parse_ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python tools/bench",
@@ -86,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--ops", type=_parse_ops, default=list(OPS), help="comma-separated ops (default: fp8,fp4)"
+    )
+    parser.add_argument(
+        "--next-n", type=_parse_ints, metavar="N,...", help="only these next_n (e.g. 1,2)"
+    )
+    parser.add_argument(
+        "--block-sizes", type=_parse_ints, metavar="BS,...", help="only these block sizes"
     )
     parser.add_argument(
         "--no-gather",
@@ -265,9 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         shapes, mode = gpu_grid(args.ops, args.quick), "sm90"
         if args.small_batch_only:
             shapes = [shape for shape in shapes if shape.small_batch]
-        print(f"Benchmarking on {torch.cuda.get_device_name(device)}: {len(shapes)} cases")
+    if args.next_n:
+        shapes = [shape for shape in shapes if shape.next_n in args.next_n]
+    if args.block_sizes:
+        shapes = [shape for shape in shapes if shape.block_size in args.block_sizes]
     if args.host_time_only:
         shapes = []
+    if not not_sm90:
+        print(f"Benchmarking on {torch.cuda.get_device_name(device)}: {len(shapes)} cases")
 
     ceilings = measure_ceilings(device)
     print(
