@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 RUN2_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run2.json"
 RUN10_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run10.json"
 RUN11_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run11.json"
+RUN12_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12.json"
+RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
 HISTORY_MD = REPO / "docs" / "performance-history.md"
 
@@ -272,11 +274,12 @@ def _tables_of(markdown: str) -> list[str]:
 @pytest.mark.parametrize(
     ("results", "pages"),
     [
-        (RUN11_JSON, [PERFORMANCE_MD]),
+        (RUN12_JSON, [PERFORMANCE_MD]),
+        (RUN11_JSON, [HISTORY_MD]),
         (RUN10_JSON, [HISTORY_MD]),
         (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
     ],
-    ids=["run11", "run10", "run2"],
+    ids=["run12", "run11", "run10", "run2"],
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
@@ -289,6 +292,13 @@ def test_published_tables_are_generated_from_their_json(results, pages) -> None:
         assert table in text, (
             f"{names} lacks this table generated from {results.name}:\n{table[:400]}"
         )
+
+
+def test_published_small_batch_table_is_generated_from_its_json() -> None:
+    t = _tables()
+    table = t.small_batch_table(t.load_results(RUN12_SMALL_JSON))
+    assert table.count("\n") == 9  # header, rule and the 8 shapes of that run
+    assert table in PERFORMANCE_MD.read_text()
 
 
 def test_peer_figures_match_the_first_run_table_on_the_performance_page() -> None:
