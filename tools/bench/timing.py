@@ -70,6 +70,18 @@ def _summarise(per_call_us: list[float], method: str) -> Timing:
     )
 
 
+def _warm_up(calls: list[Callable[[], object]]) -> None:
+    """Run every call `WARMUP_CALLS` times eagerly, on a side stream as graph capture wants."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
 def time_graph_replays(
     calls: list[Callable[[], object]],
     *,
@@ -86,14 +98,7 @@ def time_graph_replays(
     Returns:
         The median (and spread) of replay time divided by `len(calls)`.
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_CALLS):
-            for call in calls:
-                call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    _warm_up(calls)
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -154,14 +159,7 @@ def time_single_replays(
     again).
     """
     calls = calls[:max_graphs]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_CALLS):
-            for call in calls:
-                call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    _warm_up(calls)
 
     graphs = []
     for call in calls:
