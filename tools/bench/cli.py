@@ -202,8 +202,8 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         settle(device)  # the check's memory would otherwise slow the timing (timing.SETTLE_S)
         calls = [op_call(case, inputs) for inputs in case.sets]
         if shape.small_batch:
-            # First, straight after the settle: the graphs of many calls below draw more
-            # power, and a GPU clock still lowered by them would slow these latency-bound calls.
+            # First, straight after the settle: timed after the graphs of many calls below,
+            # they read up to 1.6x slower on the H200 (2026-11-29; the cause was not measured).
             result.single_replay = time_single_replays(calls)
             result.single_replay_warm = time_single_replays([calls[0]] * SINGLE_REPLAY_WINDOW)
             settle(device)

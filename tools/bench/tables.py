@@ -373,8 +373,9 @@ def small_batch_table(payload: Mapping[str, Any]) -> str:
     """The small-batch target: one call per CUDA-graph replay, against the peer's time.
 
     One row per (op, next_n, B, L) that has a single-replay time; a column per block size, the
-    graph-of-many-calls time at the peer's block size beside it, and for the peer's shapes its
-    time, the ratio at its block size and the verdict against `SMALL_BATCH_PEER_RATIO`.
+    L2-warm single-replay time (when the run has one) and the graph-of-many-calls time at the
+    peer's block size beside it, and for the peer's shapes its time and the ratios at its block
+    size with their verdicts against `SMALL_BATCH_PEER_RATIO`.
     Returns "" when no case of the payload has a single-replay time (runs before it existed).
     """
     cases = index_cases(payload)
