@@ -260,7 +260,6 @@ EXPERIMENTS = [
     ("3 consumer warpgroups", (("NUM_CONSUMERS", 3),)),
     ("5 consumers, 2 producers", (("NUM_CONSUMERS", 5),)),
     ("6 consumer warpgroups", (("NUM_CONSUMERS", 6),)),
-    ("KV copies evict-first", (("KV_EVICT_FIRST", 1),)),
 ]
 EXPERIMENT_SHAPES = [
     (1, 64, 128, 65536),
@@ -417,7 +416,6 @@ FP4_EXPERIMENTS = [
     ("5 consumers, 2 producers", (("NUM_CONSUMERS", 5),)),
     ("5 consumers, 1 producer", (("NUM_CONSUMERS", 5), ("NUM_PRODUCERS", 1))),
     ("2 producer warps", (("NUM_PRODUCERS", 2),)),
-    ("KV copies evict-first", (("KV_EVICT_FIRST", 1),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 

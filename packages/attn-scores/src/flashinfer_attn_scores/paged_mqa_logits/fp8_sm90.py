@@ -278,8 +278,6 @@ def all_kernel_specs():
             fp8_config(bs, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32)
             for bs in (32, 64, 128)
         ]
-    # A measurement knob with its own PTX (tools/fp8_kernel_check.py), so CI sees it compile.
-    configs.append(fp8_config(64, 128, 64, 1, *dtypes[:1] * 3, (("KV_EVICT_FIRST", 1),)))
     return [config.spec for config in configs]
 
 
