@@ -478,54 +478,6 @@ def fp4_experiments(copy_bw: float) -> None:
     variant_table(FP4, FP4_SHAPES, FP4_EXPERIMENTS, copy_bw)
 
 
-# TMA's L2 sector promotion of the KV reads (`fp8_sm90.KV_L2_PROMOTION`, production 128B).
-L2_PROMOTIONS = ("128B", "256B", "64B", "none")
-L2_PROMOTION_SHAPES = [
-    (1, 64, 128, 65536),
-    (1, 32, 128, 65536),
-    (1, 128, 128, 65536),
-    (2, 64, 128, 65536),
-    (1, 64, 64, 16384),
-]
-
-
-def l2_promotion_experiments(copy_bw: float, rounds: int = 2) -> None:
-    """Each promotion in turn, `rounds` times over, per shape (fp8 at L2_PROMOTION_SHAPES, fp4
-    at the first); every result is compared bitwise with production's on the valid region."""
-    print("\nL2 promotion  kernel next_n  bs     B      L  time_us  frac_copy  check")
-    saved = fp8_sm90.KV_L2_PROMOTION
-    try:
-        for kernel, shapes in ((FP8, L2_PROMOTION_SHAPES), (FP4, L2_PROMOTION_SHAPES[:1])):
-            for next_n, block_size, batch, avg in shapes:
-                case, total = kernel.make_case(next_n, block_size, batch, avg)
-                schedule = compute_paged_mqa_logits_schedule(
-                    case["seq_lens"], next_n=next_n, variant=kernel.variant
-                )
-                valid = valid_mask(case["seq_lens"].cpu(), next_n, case["storage"].shape[1])
-                nbytes = total * (kernel.bytes_per_token + 4 * next_n)
-                settle(torch.device("cuda"))
-                reference = None
-                for _ in range(rounds):
-                    for promotion in L2_PROMOTIONS:
-                        fp8_sm90.KV_L2_PROMOTION = promotion
-                        case["storage"].fill_(float("nan"))
-                        t = bench(kernel.call(case, schedule, ()))
-                        got = case["storage"].cpu()[valid]
-                        if reference is None:
-                            reference, check = got, f"{int(torch.isnan(got).sum())} NaN"
-                        else:
-                            same = torch.equal(got, reference)
-                            check = "bitwise = 128B" if same else "DIFFERS from 128B"
-                        print(
-                            f"{promotion:13s} {kernel.variant:6s} {next_n:6d} {block_size:3d}"
-                            f" {batch:5d} {avg:6d} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.3f}"
-                            f"  {check}"
-                        )
-                del case
-    finally:
-        fp8_sm90.KV_L2_PROMOTION = saved
-
-
 # Consumer warpgroup counts at next_n 3, where both kernels have had 2 (production first).
 CONSUMER_COUNTS = [
     ("production", ()),
@@ -1084,7 +1036,6 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "free": after_free_experiments,
     "timestamps": lambda copy_bw: timestamp_experiments(),
     "small-timestamps": lambda copy_bw: timestamp_experiments(shapes=SMALL_TIMESTAMP_SHAPES),
-    "l2-promotion": l2_promotion_experiments,
     "schedule-path": lambda copy_bw: schedule_path_experiments(),
     "sm": lambda copy_bw: sm_rate_experiments(),
 }

@@ -37,10 +37,10 @@ def test_fp8_descriptors_follow_the_two_region_block(built):
     assert built == [
         # values: head_dim bytes per token, blocks of 32 * (128 + 4) bytes, 128-byte swizzle
         dict(global_dims=(128, 32, 10), global_strides_bytes=(128, 4224), box_dims=(128, 32, 1),
-             swizzle="128B", l2_promotion="128B"),
+             swizzle="128B"),
         # head_dim 96: 32-byte rows, a 64-token box out of a 128-token block
         dict(global_dims=(96, 128, 7), global_strides_bytes=(96, 12800), box_dims=(32, 64, 1),
-             swizzle="32B", l2_promotion="128B"),
+             swizzle="32B"),
     ]  # fmt: skip
 
 
@@ -49,7 +49,7 @@ def test_fp4_descriptor_is_the_packed_value_region_unswizzled(built):
     fp4_sm90._kv_tensor_map(pool)
     assert built == [
         dict(global_dims=(64, 128, 9), global_strides_bytes=(64, 128 * 68), box_dims=(64, 64, 1),
-             swizzle="none", l2_promotion="128B"),
+             swizzle="none"),
     ]  # fmt: skip
 
 
@@ -58,15 +58,6 @@ def test_fp8_and_fp4_pools_at_one_address_do_not_share_a_descriptor(built):
     fp8_sm90._kv_tensor_map(fp8_pool, fp8(64, 64))
     fp4_sm90._kv_tensor_map(fp8_pool)  # same bytes viewed as an fp4 pool
     assert [call["swizzle"] for call in built] == ["64B", "none"]
-
-
-def test_the_l2_promotion_is_part_of_the_cached_descriptor(built, monkeypatch):
-    pool = torch.zeros(4, 64, 1, 132, dtype=torch.uint8)
-    fp8_sm90._kv_tensor_map(pool, fp8(64, 128))
-    monkeypatch.setattr(fp8_sm90, "KV_L2_PROMOTION", "256B")
-    fp8_sm90._kv_tensor_map(pool, fp8(64, 128))  # not the cached 128B descriptor
-    fp8_sm90._kv_tensor_map(pool, fp8(64, 128))
-    assert [call["l2_promotion"] for call in built] == ["128B", "256B"]
 
 
 def layer_of(pool: torch.Tensor, layers: int, layer: int) -> torch.Tensor:

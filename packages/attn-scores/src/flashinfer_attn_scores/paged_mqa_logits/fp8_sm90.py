@@ -283,10 +283,6 @@ def all_kernel_specs():
 
 _tensor_maps: dict[tuple, object] = {}
 
-# L2 sector promotion of the KV values' TMA reads (both kernels). 128B is the value every run
-# so far measured; tools/fp8_kernel_check.py --experiments l2-promotion times the others.
-KV_L2_PROMOTION = "128B"
-
 # TMA reads the pool from a 16-byte aligned address with strides that are multiples of 16
 # bytes; the scale regions' bulk copies need the same alignment.
 POOL_ALIGNMENT = 16
@@ -324,7 +320,6 @@ def kv_values_tensor_map(
         scale_bytes,
         box_bytes,
         swizzle,
-        KV_L2_PROMOTION,
     )
     tensor_map = _tensor_maps.get(key)
     if tensor_map is None:
@@ -343,7 +338,6 @@ def kv_values_tensor_map(
             global_strides_bytes=(value_bytes, block_stride),
             box_dims=(box_bytes, min(TOKENS_PER_UNIT, block_size), 1),
             swizzle=swizzle,
-            l2_promotion=KV_L2_PROMOTION,
         )
         if len(_tensor_maps) > 64:  # pools are long-lived; keep the table small regardless
             _tensor_maps.clear()
