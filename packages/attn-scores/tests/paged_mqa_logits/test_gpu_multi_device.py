@@ -1,0 +1,218 @@
+"""The ops with every tensor on a second GPU, whichever device is current (needs two SM90 GPUs).
+
+A serving process often holds tensors on `cuda:1` while `cuda:0` is current, or switches
+devices between calls. Compiled kernels, the kernel's dynamic shared-memory attribute and
+the launch stream all belong to one device, so these tests check that each call runs on its
+tensors' device and matches the float64 reference there, bitwise equal to the same call on
+`cuda:0`.
+"""
+
+from __future__ import annotations
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
+from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, magnitude_of, tolerance
+
+
+def _two_sm90_gpus() -> bool:
+    if torch.cuda.device_count() < 2:
+        return False
+    return all(torch.cuda.get_device_capability(i) == (9, 0) for i in range(2))
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _two_sm90_gpus(), reason="needs two SM90 (Hopper) GPUs"),
+]
+
+SECOND = torch.device("cuda", 1)
+
+
+def poisoned(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    cols = fa.padded_seq_len(MAX_SEQ_LEN) + 128
+    return torch.full((rows + 2, cols), float("nan"), dtype=dtype, device=device)
+
+
+def fp8_case(block_size: int, next_n: int, seed: int, device: torch.device, lens=EDGE_LENGTHS):
+    return make_fp8_case(
+        lens,
+        next_n=next_n,
+        num_heads=64,
+        head_dim=128,
+        block_size=block_size,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=64,
+        seed=seed,
+    ).to(str(device))
+
+
+def fp4_case(block_size: int, next_n: int, seed: int, device: torch.device, lens=EDGE_LENGTHS):
+    return make_fp4_case(
+        lens,
+        next_n=next_n,
+        block_size=block_size,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=64,
+        seed=seed,
+    ).to(str(device))
+
+
+def run_fp8(case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    out = poisoned(case.rows, torch.float32, device)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    return got, out
+
+
+def run_fp4(case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    out = poisoned(case.rows, torch.bfloat16, device)
+    got = fa.fp4_paged_mqa_logits(*case.fp4_args(), out=out)
+    return got, out
+
+
+def same_valid_bits(case, got: torch.Tensor, other: torch.Tensor) -> bool:
+    """Bitwise equality on the valid region (the rest is unspecified and may differ)."""
+    mask = valid_mask(case.seq_lens.cpu(), case.next_n, got.shape[1])
+    bits = torch.int16 if got.element_size() == 2 else torch.int32
+    return torch.equal(got.cpu()[mask].view(bits), other.cpu()[mask].view(bits))
+
+
+def check_fp8(case, got, out, next_n):
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
+    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(torch.float32), magnitude)
+
+
+def check_fp4(case, got, out, next_n):
+    expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
+    magnitude = magnitude_of(fp4_paged_mqa_logits_reference, case.fp4_args())
+    check_result(got, out, expected, case.seq_lens, next_n, tolerance(torch.bfloat16), magnitude)
+
+
+@pytest.mark.parametrize("current", [0, 1])
+@pytest.mark.parametrize(("block_size", "next_n"), [(64, 1), (32, 2), (128, 4)])
+def test_fp8_on_second_device(current, block_size, next_n):
+    seed = 7 * block_size + next_n
+    with torch.cuda.device(current):
+        case = fp8_case(block_size, next_n, seed, SECOND)
+        got, out = run_fp8(case, SECOND)
+        torch.cuda.synchronize(SECOND)
+    assert got.device == SECOND and out.device == SECOND
+    check_fp8(case, got, out, next_n)
+    # The same inputs on cuda:0 (same kernel, same SM count) give the same bits.
+    first = torch.device("cuda", 0)
+    got0, _ = run_fp8(fp8_case(block_size, next_n, seed, first), first)
+    torch.cuda.synchronize(first)
+    assert same_valid_bits(case, got, got0)
+
+
+@pytest.mark.parametrize("current", [0, 1])
+@pytest.mark.parametrize(("block_size", "next_n"), [(64, 1), (128, 3)])
+def test_fp4_on_second_device(current, block_size, next_n):
+    seed = 5 * block_size + next_n
+    with torch.cuda.device(current):
+        case = fp4_case(block_size, next_n, seed, SECOND)
+        got, out = run_fp4(case, SECOND)
+        torch.cuda.synchronize(SECOND)
+    assert got.device == SECOND
+    check_fp4(case, got, out, next_n)
+    first = torch.device("cuda", 0)
+    got0, _ = run_fp4(fp4_case(block_size, next_n, seed, first), first)
+    torch.cuda.synchronize(first)
+    assert same_valid_bits(case, got, got0)
+
+
+def test_calls_alternating_between_devices():
+    """The same argument signature apart from the device, called on cuda:0, cuda:1, cuda:0,
+    cuda:1 with cuda:0 current: each call is remembered per device and runs on its own."""
+    devices = [torch.device("cuda", 0), SECOND]
+    cases = {d: fp8_case(64, 2, seed=11 + d.index, device=d) for d in devices}
+    with torch.cuda.device(0):
+        for _ in range(2):
+            for d in devices:
+                got, out = run_fp8(cases[d], d)
+                torch.cuda.synchronize(d)
+                assert got.device == d
+                check_fp8(cases[d], got, out, 2)
+
+
+def test_side_stream_of_second_device():
+    """A launch on a non-default stream of cuda:1, cuda:0 current: the kernel runs on that
+    stream (the result is complete once that stream alone is synchronised)."""
+    case = fp8_case(64, 1, seed=3, device=SECOND)
+    stream = torch.cuda.Stream(SECOND)
+    with torch.cuda.device(0):
+        stream.wait_stream(torch.cuda.current_stream(SECOND))
+        with torch.cuda.stream(stream):
+            got, out = run_fp8(case, SECOND)
+        stream.synchronize()
+    check_fp8(case, got, out, 1)
+
+
+def test_schedule_on_second_device_matches_cpu():
+    lens = [0, 1, 4097, 0, 70000, 129, 3, 65]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    num_sms = torch.cuda.get_device_properties(SECOND).multi_processor_count
+    for next_n, variant in [(1, "fp8"), (4, "fp4")]:
+        with torch.cuda.device(0):
+            on_gpu = fa.compute_paged_mqa_logits_schedule(
+                seq_lens.to(SECOND), next_n=next_n, variant=variant
+            )
+        on_cpu = fa.compute_paged_mqa_logits_schedule(
+            seq_lens, next_n=next_n, variant=variant, num_sms=num_sms
+        )
+        assert on_gpu.device == SECOND
+        assert torch.equal(on_gpu.cpu(), on_cpu)
+
+
+# Lengths at capture (each request maps 16 blocks of 64 tokens), then the contents of two
+# replays: zeros, lengths at and across block edges, a request that grows back.
+CAPTURE_LENGTHS = [1000] * 6
+REPLAY_LENGTHS = ([5, 0, 64, 65, 1000, 1], [1000, 999, 0, 129, 63, 700])
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_graph_on_second_device_follows_seq_lens(variant):
+    """Captured on cuda:1 (schedule derived inside the call), replayed after each change of
+    the lengths' contents."""
+    make, run, check = (
+        (fp8_case, run_fp8, check_fp8) if variant == "fp8" else (fp4_case, run_fp4, check_fp4)
+    )
+    next_n = 2
+    case = make(64, next_n, seed=21, device=SECOND, lens=CAPTURE_LENGTHS)
+    with torch.cuda.device(SECOND):
+        run(case, SECOND)  # compiles and loads outside the capture
+        torch.cuda.synchronize()
+        out = poisoned(case.rows, torch.float32 if variant == "fp8" else torch.bfloat16, SECOND)
+        graph = torch.cuda.CUDAGraph()
+        args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+        op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+        with torch.cuda.graph(graph):
+            got = op(*args, out=out)
+        for lens in REPLAY_LENGTHS:
+            case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            check(case, got, out, next_n)
+
+
+def test_inputs_on_two_devices_are_refused():
+    case = fp8_case(64, 1, seed=1, device=torch.device("cuda", 0))
+    args = list(case.fp8_args())
+    args[1] = args[1].to(SECOND)  # kv_fused on the other GPU
+    with pytest.raises(ValueError, match="kv_fused"):
+        fa.fp8_paged_mqa_logits(*args)
+
+
+def test_precompile_for_second_device():
+    configs = fa.precompile_paged_mqa_logits(
+        device=SECOND, variants=("fp8",), block_sizes=(64,), next_ns=(1,)
+    )
+    assert len(configs) == 1
