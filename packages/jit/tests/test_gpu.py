@@ -166,6 +166,37 @@ def test_tma_on_a_strided_view_with_the_explicit_api():
     assert torch.equal(out.view(64, 32), view[32:96, 96:128])
 
 
+def test_tensor_map_encoded_on_a_fresh_thread():
+    # The encoding needs a current context; a new thread has none until it calls into the
+    # CUDA runtime (found by the attn-scores thread test: CUDA_ERROR_INVALID_CONTEXT).
+    gen = _generator(7)
+    source = torch.randn(200, 100, device="cuda", generator=gen)
+    maps: list = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            maps.append(jit.tensor_map_for(source, (64, 32), swizzle="none"))
+            maps.append(
+                jit.make_tensor_map(
+                    source.data_ptr(), torch.float32, (100, 200), (400,), (32, 64), swizzle="none"
+                )
+            )
+        except BaseException as exc:  # re-raised in the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    kernel = load_kernel(TMA_LOAD_TILE)
+    for tensor_map in maps:
+        out = torch.full((64 * 32,), float("nan"), device="cuda")
+        kernel.launch(1, 128, tensor_map, out, i32(64), i32(32))
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(64, 32), _expected_tile(source, 64, 32, 64, 32))
+
+
 def test_cluster_launch_with_distributed_shared_memory():
     blocks = 8
     out = torch.full((blocks * 4,), -1, dtype=torch.int32, device="cuda")

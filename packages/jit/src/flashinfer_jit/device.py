@@ -16,6 +16,9 @@ from typing import Any
 _driver_module: Any = None
 _driver_lock = threading.Lock()
 
+# The driver's answer to a call that needs a current context on a thread that has none.
+CUDA_ERROR_INVALID_CONTEXT = 201
+
 
 def driver() -> Any:
     """Return `cuda.bindings.driver`, initialised (`cuInit`) on first use.

@@ -21,15 +21,21 @@ from typing import Any
 
 from .arguments import ArgumentPacker
 from .compiler import CompiledKernel, compile_kernel
-from .device import check, context_of, device_info, driver, error_name, resolve_device_index
+from .device import (
+    CUDA_ERROR_INVALID_CONTEXT,
+    check,
+    context_of,
+    device_info,
+    driver,
+    error_name,
+    resolve_device_index,
+)
 from .errors import KernelLaunchError
 from .spec import KernelSpec
 
 _torch: Any = None
 _raw_stream: Callable[[int], int] | None = None
 _current_device: Callable[[], int] | None = None
-
-_CUDA_ERROR_INVALID_CONTEXT = 201
 
 
 def _torch_module() -> Any:
@@ -229,7 +235,7 @@ class Kernel:
         else:
             err = self._launch_ex(launch, params)
         if err:
-            if handle <= 2 and int(err) == _CUDA_ERROR_INVALID_CONTEXT:
+            if handle <= 2 and int(err) == CUDA_ERROR_INVALID_CONTEXT:
                 with context_of(self.device_index):  # a thread where no context was current
                     self._launch(launch, params)
             else:

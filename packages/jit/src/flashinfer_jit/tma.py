@@ -301,11 +301,18 @@ def make_tensor_map(
                 f"tensor's storage has {available} bytes from its data pointer"
             )
 
-    from .device import check, driver
+    from .device import (
+        CUDA_ERROR_INVALID_CONTEXT,
+        check,
+        context_of,
+        driver,
+        resolve_device_index,
+    )
 
     drv = driver()
-    tensor_map = check(
-        drv.cuTensorMapEncodeTiled(
+
+    def encode() -> Any:
+        return drv.cuTensorMapEncodeTiled(
             getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{data_type}"),
             # Older cuda-bindings (13.3) accept only the wrapped integer types here.
             drv.cuuint32_t(len(dims)),
@@ -318,7 +325,18 @@ def make_tensor_map(
             getattr(drv.CUtensorMapSwizzle, swizzle_enum),
             getattr(drv.CUtensorMapL2promotion, l2_enum),
             getattr(drv.CUtensorMapFloatOOBfill, oob_enum),
-        ),
+        )
+
+    result = encode()
+    if int(result[0]) == CUDA_ERROR_INVALID_CONTEXT:
+        # The encoding needs a current context, and a thread that has not yet called into
+        # the CUDA runtime (a fresh Python thread on a side stream) has none: encode under
+        # the device's primary context, the one PyTorch uses.
+        index = keepalive.device.index if keepalive is not None else resolve_device_index()
+        with context_of(index):
+            result = encode()
+    tensor_map = check(
+        result,
         f"cuTensorMapEncodeTiled(dims={dims}, strides={strides}, box={box}, swizzle={swizzle})",
     )
     raw = ctypes.string_at(tensor_map.getPtr(), 128)
