@@ -1,0 +1,207 @@
+"""Seeded random calls of both ops against the independent float64 expectation.
+
+Each seed draws a whole call: batch size, a length mix (zeros, lengths off the block and
+tile edges, an occasional long request), block size, next_n, fp8 head shape and dtypes, a
+table wider than needed, strided `seq_lens` / `block_tables` views, `max_seq_len` beyond
+every length, a given or derived schedule, and `out=` or not. The expectation is
+`attn_scores_cases.expected_logits` (a per-position gather and a matmul in float64), not the
+package's reference, and the bound is relative to the row's sum of |head terms|.
+"""
+
+from __future__ import annotations
+
+import random
+
+import flashinfer_attn_scores as fa
+import pytest
+import torch
+from attn_scores_cases import assert_rows_close, expected_logits, make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+from test_gpu import FP8_DTYPES, tolerance
+
+pytestmark = pytest.mark.gpu
+
+# (num_heads, head_dim) for fp8: DeepSeek's, and others the restrictions admit.
+FP8_HEAD_SHAPES = [(64, 128), (64, 128), (32, 128), (16, 64), (8, 32), (64, 64), (4, 160)]
+
+
+# fp4 (output_dtype, epi_dtype)
+FP4_DTYPES = [
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float32),
+    (torch.float16, torch.float16),
+    (torch.bfloat16, torch.bfloat16),
+]
+
+
+def draw_lengths(rng: random.Random, batch_size: int) -> list[int]:
+    typical = rng.choice([1, 40, 300, 1500, 3000])
+    lens = []
+    for _ in range(batch_size):
+        roll = rng.random()
+        if roll < 0.15:
+            lens.append(0)
+        elif roll < 0.25:
+            lens.append(rng.choice([1, 31, 32, 33, 63, 64, 65, 127, 128, 129]))
+        else:
+            lens.append(rng.randint(1, typical))
+    if rng.random() < 0.25:
+        lens[rng.randrange(batch_size)] = rng.randint(6000, 12000)  # one long request
+    return lens
+
+
+def draw_call(seed: int, variant: str) -> dict:
+    rng = random.Random(seed)
+    batch_size = rng.choice([1, 2, 3, 5, 8, 13, 24, 40])
+    lens = draw_lengths(rng, batch_size)
+    block_size = rng.choice([32, 64, 128])
+    next_n = rng.randint(1, 4)
+    longest = max(lens)
+    call = dict(
+        lens=lens,
+        block_size=block_size,
+        next_n=next_n,
+        max_seq_len=longest + rng.choice([0, 1, 100, 777]),
+        extra_table_columns=rng.choice([0, 0, 3]),
+        strided=rng.random() < 0.3,
+        given_schedule=rng.random() < 0.3,
+        use_out=rng.random() < 0.7,
+    )
+    if variant == "fp8":
+        num_heads, head_dim = rng.choice(FP8_HEAD_SHAPES)
+        if next_n * num_heads < 8:  # next_n * num_heads must be a multiple of 8 in [8, 256]
+            num_heads = 8
+        if (next_n * num_heads) % 8:
+            next_n = 2 * (next_n // 2) or 2
+        call.update(
+            next_n=next_n,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            dtypes=rng.choice(FP8_DTYPES),
+        )
+    else:
+        dtypes = rng.choice(FP4_DTYPES)
+        # Group scales far apart only where float16 cannot overflow (it saturates at 65504).
+        wide = torch.float16 not in dtypes and rng.random() < 0.4
+        call.update(
+            dtypes=dtypes,
+            interleaved=block_size == 128 and rng.random() < 0.5,
+            exponent_range=(100, 140) if wide else rng.choice([(120, 128), (127, 127)]),
+        )
+    return call
+
+
+def build_case(call: dict, variant: str, seed: int):
+    width = None
+    if call["extra_table_columns"]:
+        needed = max(1, -(-max(call["lens"]) // call["block_size"]))
+        width = needed + call["extra_table_columns"]
+    if variant == "fp8":
+        return make_fp8_case(
+            call["lens"],
+            next_n=call["next_n"],
+            num_heads=call["num_heads"],
+            head_dim=call["head_dim"],
+            block_size=call["block_size"],
+            max_seq_len=call["max_seq_len"],
+            spare_blocks=17,
+            table_width=width,
+            seed=seed,
+        ).to("cuda")
+    return make_fp4_case(
+        call["lens"],
+        next_n=call["next_n"],
+        block_size=call["block_size"],
+        interleaved=call["interleaved"],
+        max_seq_len=call["max_seq_len"],
+        spare_blocks=17,
+        exponent_range=call["exponent_range"],
+        seed=seed,
+    ).to("cuda")
+
+
+def strided_views(case):
+    """The same table and lengths as every second row / element of larger tensors."""
+    tables = case.block_tables.repeat_interleave(2, dim=0)[::2]
+    lens = case.seq_lens.repeat_interleave(2)[::2]
+    assert lens.stride(0) == 2 and tables.stride(0) == 2 * case.block_tables.stride(0)
+    return tables, lens
+
+
+@pytest.mark.parametrize("seed", range(32))
+def test_random_fp8_call(seed):
+    check_random_call("fp8", seed)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_fp4_call(seed):
+    check_random_call("fp4", 1000 + seed)
+
+
+def check_random_call(variant: str, seed: int) -> None:
+    call = draw_call(seed, variant)
+    case = build_case(call, variant, seed)
+    tables, lens = strided_views(case) if call["strided"] else (case.block_tables, case.seq_lens)
+    next_n = case.next_n
+    schedule = None
+    if call["given_schedule"]:
+        schedule = fa.compute_paged_mqa_logits_schedule(lens, next_n=next_n, variant=variant)
+    output_dtype = call["dtypes"][0]
+    out = None
+    if call["use_out"]:
+        cols = fa.padded_seq_len(case.max_seq_len) + 64
+        out = torch.full((case.rows + 1, cols), float("nan"), dtype=output_dtype, device="cuda")
+    if variant == "fp8":
+        _, epi_dtype, acc_dtype = call["dtypes"]
+        got = fa.fp8_paged_mqa_logits(
+            case.q,
+            case.kv_fused,
+            case.weights,
+            tables,
+            lens,
+            case.max_seq_len,
+            output_dtype=output_dtype,
+            epi_dtype=epi_dtype,
+            acc_dtype=acc_dtype,
+            schedule_meta=schedule,
+            out=out,
+        )
+        tol = tolerance(output_dtype, epi_dtype, acc_dtype)
+    else:
+        epi_dtype = call["dtypes"][1]
+        got = fa.fp4_paged_mqa_logits(
+            case.q,
+            case.q_sf,
+            case.kv_fused,
+            case.weights,
+            tables,
+            lens,
+            case.max_seq_len,
+            output_dtype=output_dtype,
+            epi_dtype=epi_dtype,
+            is_kv_sf_interleaved=call["interleaved"],
+            schedule_meta=schedule,
+            out=out,
+        )
+        tol = tolerance(output_dtype, epi_dtype)
+    assert got.shape == (case.rows, case.max_seq_len) and got.dtype == output_dtype
+    torch.cuda.synchronize()
+    expected = case.expected()
+    magnitude = expected_logits(
+        case.q64,
+        case.k64,
+        case.token_scale64,
+        case.weights.abs(),
+        case.block_tables,
+        case.seq_lens,
+        case.max_seq_len,
+    )
+    mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    assert_rows_close(got, expected, mask, tol, magnitude)
+    if out is not None:
+        written = out.cpu()
+        assert torch.isnan(written[case.rows :]).all(), "a row past batch_size*next_n was written"
+        for b, length in enumerate(call["lens"]):
+            if length == 0:
+                rows = written[b * next_n : (b + 1) * next_n]
+                assert torch.isnan(rows).all(), f"rows of the empty request {b} were written"
