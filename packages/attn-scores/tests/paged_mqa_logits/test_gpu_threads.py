@@ -43,8 +43,11 @@ def make_case(variant: str, seed: int):
     ).to("cuda")
 
 
+@pytest.mark.parametrize("own_stream", [True, False], ids=["own-stream", "default-stream"])
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
-def test_threads_with_their_own_streams(variant):
+def test_threads_calling_at_once(variant, own_stream):
+    """Each thread on a stream of its own, or all on the default stream (a fresh thread has
+    no current CUDA context until it calls into the runtime)."""
     op, reference, dtype, args_of = {
         "fp8": (
             fa.fp8_paged_mqa_logits,
@@ -75,7 +78,7 @@ def test_threads_with_their_own_streams(variant):
 
     def work(i: int) -> None:
         try:
-            stream = torch.cuda.Stream()
+            stream = torch.cuda.Stream() if own_stream else torch.cuda.default_stream()
             start.wait()
             with torch.cuda.stream(stream):
                 for out in outs[i]:
