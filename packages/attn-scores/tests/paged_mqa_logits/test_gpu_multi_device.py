@@ -193,7 +193,10 @@ def test_graph_on_second_device_follows_seq_lens(variant):
         graph = torch.cuda.CUDAGraph()
         args = case.fp8_args() if variant == "fp8" else case.fp4_args()
         op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
-        with torch.cuda.graph(graph):
+        # torch.cuda.graph's default capture stream is one per process, made on the device
+        # current at the first capture (cuda:0 after the other GPU tests): capturing cuda:1
+        # work needs a stream of cuda:1, or the calls run at capture time, outside the graph.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(SECOND)):
             got = op(*args, out=out)
         for lens in REPLAY_LENGTHS:
             case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
