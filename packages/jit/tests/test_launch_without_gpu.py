@@ -159,6 +159,7 @@ def kernel(fake_driver, cache_dir):
     compiled = compile_kernel(SCALE_ADD, "sm_90a", cache_dir=cache_dir)
     loaded = kernel_module.Kernel(compiled, CPU)
     loaded._raw_stream = lambda index: STREAM  # what torch would report as current stream
+    loaded._capturing = lambda: False  # no CUDA-graph capture on PyTorch's current stream
     fake_driver.calls.clear()
     return loaded
 
@@ -280,6 +281,19 @@ def test_default_stream_switches_to_the_kernels_context_and_back(kernel, fake_dr
     fake_driver.current_context = OUR_CONTEXT
     kernel.launch(1, 32, *_args())
     assert [c[0] for c in fake_driver.calls] == ["cuLaunchKernel"]  # no switch needed
+
+
+def test_default_stream_of_another_device_during_a_capture_is_refused(kernel, fake_driver):
+    # PyTorch's current stream (of another GPU) is capturing a graph; the launch would go to
+    # this kernel's device's default stream, which the capture does not record.
+    kernel._raw_stream = lambda index: 0
+    kernel._current_device = lambda: kernel.device_index + 1
+    kernel._capturing = lambda: True
+    with pytest.raises(RuntimeError, match="outside the graph") as caught:
+        kernel.launch(1, 32, *_args())
+    assert f"cuda:{kernel.device_index + 1}" in str(caught.value)
+    assert f"torch.cuda.Stream({kernel.device_index})" in str(caught.value)
+    assert fake_driver.calls == []
 
 
 def test_default_stream_in_a_thread_without_a_context_retries_in_the_kernels(

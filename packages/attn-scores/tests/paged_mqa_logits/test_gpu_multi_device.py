@@ -219,3 +219,19 @@ def test_precompile_for_second_device():
         device=SECOND, variants=("fp8",), block_sizes=(64,), next_ns=(1,)
     )
     assert len(configs) == 1
+
+
+def test_a_capture_on_another_devices_stream_is_refused():
+    """Capturing on a cuda:0 stream while calling with cuda:1 tensors would run the kernel at
+    capture time only (it goes to cuda:1's default stream): the launch raises instead, and
+    no kernel runs."""
+    case = fp8_case(64, 1, seed=6, device=SECOND)
+    run_fp8(case, SECOND)  # compiled, loaded and remembered outside the capture
+    torch.cuda.synchronize(SECOND)
+    out = poisoned(case.rows, torch.float32, SECOND)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="outside the graph"):
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(0)):
+            fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    torch.cuda.synchronize(SECOND)
+    assert torch.isnan(out).all()

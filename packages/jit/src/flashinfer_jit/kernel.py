@@ -148,9 +148,10 @@ class Kernel:
         self._lock = threading.Lock()
         self._cuLaunchKernel = drv.cuLaunchKernel
         self._cuLaunchKernelEx = drv.cuLaunchKernelEx
-        _torch_module()
+        torch = _torch_module()
         self._raw_stream = _raw_stream
         self._current_device = _current_device
+        self._capturing = torch.cuda.is_current_stream_capturing
 
     def _get_attr(self, attribute: Any) -> int:
         drv = driver()
@@ -225,6 +226,7 @@ class Kernel:
         # current; a thread with no context at all gets INVALID_CONTEXT, then the retry below.
         launch = (gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, handle)
         if handle <= 2 and self._current_device() != self.device_index:
+            self._refuse_launch_beside_a_capture()
             with context_of(self.device_index):
                 self._launch(launch, params)
             return
@@ -241,6 +243,24 @@ class Kernel:
             else:
                 self._launch_failed(err, launch)
         del buffer
+
+    def _refuse_launch_beside_a_capture(self) -> None:
+        """Raise if the calling thread is capturing a CUDA graph on another device's stream.
+
+        The launch would go to this kernel's device's default stream, which that capture does
+        not record: the kernel would run once, now, and never on replay. (Reached only for
+        launches on a default stream of a device that is not current: no cost on the usual
+        path.)
+        """
+        if self._capturing():
+            current = self._current_device()
+            raise RuntimeError(
+                f"{self.spec.label!r}: a CUDA graph is being captured on the current stream "
+                f"of cuda:{current}, but this launch's tensors are on cuda:{self.device_index} "
+                f"and it would go to that device's default stream, outside the graph (run "
+                f"once now, never on replay). Capture on a stream of cuda:{self.device_index}, "
+                f"e.g. torch.cuda.graph(g, stream=torch.cuda.Stream({self.device_index}))."
+            )
 
     def _launch_ex(self, launch: tuple, params: Any) -> Any:
         # `launch` (grid, block, shared memory, cluster, PDL, stream) is also the config's key.
