@@ -273,6 +273,12 @@ def all_kernel_specs():
         (96, 12, 20),
         (64, 36, 4),
         (32, 248, 1),
+        # Head shapes of the seeded random calls and the thread test.
+        (64, 16, 1),
+        (32, 8, 2),
+        (160, 4, 2),
+        (160, 8, 1),
+        (64, 32, 2),
     ]:
         configs += [
             fp8_config(bs, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32)
