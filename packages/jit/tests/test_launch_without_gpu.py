@@ -330,3 +330,39 @@ def test_driver_errors_become_kernel_launch_errors(kernel, fake_driver):
 def test_bad_launch_dimensions(kernel, grid, block):
     with pytest.raises(ValueError, match="positive int"):
         kernel.launch(grid, block, *_args())
+
+
+def test_tensor_map_encoded_on_a_thread_without_a_context_retries_in_the_primary_one(
+    fake_driver, monkeypatch
+):
+    from flashinfer_jit import make_tensor_map
+
+    for name in (
+        "CUtensorMapDataType",
+        "CUtensorMapInterleave",
+        "CUtensorMapSwizzle",
+        "CUtensorMapL2promotion",
+        "CUtensorMapFloatOOBfill",
+        "cuuint32_t",
+        "cuuint64_t",
+    ):
+        setattr(fake_driver, name, getattr(real_driver, name))
+    descriptor = ctypes.create_string_buffer(bytes(range(128)), 128)
+
+    def encode(*args):
+        fake_driver.calls.append(("cuTensorMapEncodeTiled", fake_driver.current_context))
+        if fake_driver.current_context == 0:
+            return 201, None  # CUDA_ERROR_INVALID_CONTEXT: no context on this thread
+        return 0, SimpleNamespace(getPtr=lambda: ctypes.addressof(descriptor))
+
+    fake_driver.cuTensorMapEncodeTiled = encode
+    monkeypatch.setattr(device_module, "resolve_device_index", lambda device=None: 0)
+    fake_driver.current_context = 0
+    tensor_map = make_tensor_map(0x10000, torch.float32, (64, 64), (256,), (32, 32), swizzle="none")
+    assert fake_driver.calls == [
+        ("cuTensorMapEncodeTiled", 0),
+        ("cuCtxSetCurrent", OUR_CONTEXT),
+        ("cuTensorMapEncodeTiled", OUR_CONTEXT),
+        ("cuCtxSetCurrent", 0),
+    ]
+    assert tensor_map.raw == bytes(range(128))
