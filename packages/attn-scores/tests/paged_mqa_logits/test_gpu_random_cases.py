@@ -1,11 +1,12 @@
 """Seeded random calls of both ops against the independent float64 expectation.
 
 Each seed draws a whole call: batch size, a length mix (zeros, lengths off the block and
-tile edges, an occasional long request), block size, next_n, fp8 head shape and dtypes, a
-table wider than needed, strided `seq_lens` / `block_tables` views, `max_seq_len` beyond
-every length, a given or derived schedule, and `out=` or not. The expectation is
+tile edges, an occasional long request), block size, next_n, strided `seq_lens` /
+`block_tables` views, `max_seq_len` beyond every length, a given or derived schedule, and
+`out=` or not; for fp8 also the head shape, the dtypes and a table wider than needed, for
+fp4 the dtypes, the spread of the UE8M0 scales and their order. The expectation is
 `attn_scores_cases.expected_logits` (a per-position gather and a matmul in float64), not the
-package's reference, and the bound is relative to the row's sum of |head terms|.
+package's reference; the bound is relative to the row's largest sum of |head terms|.
 """
 
 from __future__ import annotations
