@@ -166,29 +166,40 @@ def test_tma_on_a_strided_view_with_the_explicit_api():
     assert torch.equal(out.view(64, 32), view[32:96, 96:128])
 
 
+def _run_in_fresh_thread(work) -> None:
+    """Run `work` on a new Python thread (no current CUDA context yet) and re-raise here
+    whatever it raised."""
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=guarded)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
 def test_tensor_map_encoded_on_a_fresh_thread():
     # The encoding needs a current context; a new thread has none until it calls into the
     # CUDA runtime (found by the attn-scores thread test: CUDA_ERROR_INVALID_CONTEXT).
     gen = _generator(7)
     source = torch.randn(200, 100, device="cuda", generator=gen)
     maps: list = []
-    errors: list[BaseException] = []
 
     def work() -> None:
-        try:
-            maps.append(jit.tensor_map_for(source, (64, 32), swizzle="none"))
-            maps.append(
-                jit.make_tensor_map(
-                    source.data_ptr(), torch.float32, (100, 200), (400,), (32, 64), swizzle="none"
-                )
+        maps.append(jit.tensor_map_for(source, (64, 32), swizzle="none"))
+        maps.append(
+            jit.make_tensor_map(
+                source.data_ptr(), torch.float32, (100, 200), (400,), (32, 64), swizzle="none"
             )
-        except BaseException as exc:  # re-raised in the test thread
-            errors.append(exc)
+        )
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert not errors, errors
+    _run_in_fresh_thread(work)
     kernel = load_kernel(TMA_LOAD_TILE)
     for tensor_map in maps:
         out = torch.full((64 * 32,), float("nan"), device="cuda")
@@ -233,19 +244,12 @@ def test_default_stream_launch_from_a_fresh_thread():
     out = torch.full((n,), float("nan"), device="cuda")
     kernel = load_kernel(SCALE_ADD)
     torch.cuda.synchronize()
-    errors: list[BaseException] = []
 
     def work() -> None:
-        try:
-            kernel.launch(_blocks(n, 256), 256, out, a, b, f32(2.0), i32(n), stream=0)
-            torch.cuda.synchronize()
-        except BaseException as exc:  # re-raised in the test thread
-            errors.append(exc)
+        kernel.launch(_blocks(n, 256), 256, out, a, b, f32(2.0), i32(n), stream=0)
+        torch.cuda.synchronize()
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert not errors, errors
+    _run_in_fresh_thread(work)
     torch.testing.assert_close(out, _scale_add_reference(a, b, 2.0), rtol=1e-6, atol=1e-6)
 
 

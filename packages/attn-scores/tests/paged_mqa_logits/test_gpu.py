@@ -61,10 +61,12 @@ FP8_DTYPES = [
 ]
 
 
-def poisoned_out(rows: int, max_seq_len: int, dtype: torch.dtype, extra_rows: int = 2):
+def poisoned_out(
+    rows: int, max_seq_len: int, dtype: torch.dtype, extra_rows: int = 2, device="cuda"
+):
     """A NaN-filled buffer wider and taller than needed."""
     cols = fa.padded_seq_len(max_seq_len) + 256
-    return torch.full((rows + extra_rows, cols), float("nan"), dtype=dtype, device="cuda")
+    return torch.full((rows + extra_rows, cols), float("nan"), dtype=dtype, device=device)
 
 
 def magnitude_of(reference, args, **kwargs):
@@ -86,7 +88,7 @@ def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None):
     assert torch.isnan(out[rows:]).all(), "rows past batch_size*next_n were written"
 
 
-def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LEN):
+def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LEN, device="cuda"):
     case = make_fp8_case(
         lens,
         next_n=next_n,
@@ -97,10 +99,10 @@ def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LE
         spare_blocks=64,  # a pool larger than needed, blocks in shuffled order
         seed=seed,
     )
-    return case.to("cuda")
+    return case.to(str(device))
 
 
-def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS):
+def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS, device="cuda"):
     case = make_fp4_case(
         lens,
         next_n=next_n,
@@ -110,7 +112,7 @@ def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS):
         spare_blocks=64,
         seed=seed,
     )
-    return case.to("cuda")
+    return case.to(str(device))
 
 
 @pytest.mark.parametrize(("output_dtype", "epi_dtype", "acc_dtype"), FP8_DTYPES)

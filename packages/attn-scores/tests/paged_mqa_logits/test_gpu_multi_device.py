@@ -12,13 +12,20 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp4_paged_mqa_logits_reference,
     fp8_paged_mqa_logits_reference,
     valid_mask,
 )
-from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, magnitude_of, tolerance
+from test_gpu import (
+    MAX_SEQ_LEN,
+    check_result,
+    fp4_case,
+    fp8_case,
+    magnitude_of,
+    poisoned_out,
+    tolerance,
+)
 
 
 def _two_sm90_gpus() -> bool:
@@ -36,32 +43,7 @@ SECOND = torch.device("cuda", 1)
 
 
 def poisoned(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    cols = fa.padded_seq_len(MAX_SEQ_LEN) + 128
-    return torch.full((rows + 2, cols), float("nan"), dtype=dtype, device=device)
-
-
-def fp8_case(block_size: int, next_n: int, seed: int, device: torch.device, lens=EDGE_LENGTHS):
-    return make_fp8_case(
-        lens,
-        next_n=next_n,
-        num_heads=64,
-        head_dim=128,
-        block_size=block_size,
-        max_seq_len=MAX_SEQ_LEN,
-        spare_blocks=64,
-        seed=seed,
-    ).to(str(device))
-
-
-def fp4_case(block_size: int, next_n: int, seed: int, device: torch.device, lens=EDGE_LENGTHS):
-    return make_fp4_case(
-        lens,
-        next_n=next_n,
-        block_size=block_size,
-        max_seq_len=MAX_SEQ_LEN,
-        spare_blocks=64,
-        seed=seed,
-    ).to(str(device))
+    return poisoned_out(rows, MAX_SEQ_LEN, dtype, device=device)
 
 
 def run_fp8(case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,14 +82,14 @@ def check_fp4(case, got, out, next_n):
 def test_fp8_on_second_device(current, block_size, next_n):
     seed = 7 * block_size + next_n
     with torch.cuda.device(current):
-        case = fp8_case(block_size, next_n, seed, SECOND)
+        case = fp8_case(block_size, next_n, seed, device=SECOND)
         got, out = run_fp8(case, SECOND)
         torch.cuda.synchronize(SECOND)
     assert got.device == SECOND and out.device == SECOND
     check_fp8(case, got, out, next_n)
     # The same inputs on cuda:0 (same kernel, same SM count) give the same bits.
     first = torch.device("cuda", 0)
-    got0, _ = run_fp8(fp8_case(block_size, next_n, seed, first), first)
+    got0, _ = run_fp8(fp8_case(block_size, next_n, seed, device=first), first)
     torch.cuda.synchronize(first)
     assert same_valid_bits(case, got, got0)
 
@@ -117,13 +99,13 @@ def test_fp8_on_second_device(current, block_size, next_n):
 def test_fp4_on_second_device(current, block_size, next_n):
     seed = 5 * block_size + next_n
     with torch.cuda.device(current):
-        case = fp4_case(block_size, next_n, seed, SECOND)
+        case = fp4_case(block_size, next_n, seed, device=SECOND)
         got, out = run_fp4(case, SECOND)
         torch.cuda.synchronize(SECOND)
     assert got.device == SECOND
     check_fp4(case, got, out, next_n)
     first = torch.device("cuda", 0)
-    got0, _ = run_fp4(fp4_case(block_size, next_n, seed, first), first)
+    got0, _ = run_fp4(fp4_case(block_size, next_n, seed, device=first), first)
     torch.cuda.synchronize(first)
     assert same_valid_bits(case, got, got0)
 
