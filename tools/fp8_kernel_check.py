@@ -402,6 +402,28 @@ def large_experiments(copy_bw: float) -> None:
     variant_table(FP8, EXPERIMENT_SHAPES, EXPERIMENTS, copy_bw)
 
 
+# tools/wgmma_rate.py measured FFMA/FADD work in any warp of the SM slowing FP8 WGMMAs far
+# more than LOP3-class work does. The ReLU as FMNMX (ALU pipe) against x + |x| (FMA pipe, the
+# float32 default since the eighth round, when fp8 next_n >= 2 was not timed): both twice,
+# interleaved, at the MMA-heavy fp8 shapes. Measured 2026-11-30: FMNMX 1-4 % slower.
+RELU_PIPE_VARIANTS = [
+    ("relu x + |x| (FMA pipe)", ()),
+    ("relu FMNMX (ALU pipe)", (("RELU_FMA", 0),)),
+    ("relu x + |x|, again", ()),
+    ("relu FMNMX, again", (("RELU_FMA", 0),)),
+]
+RELU_PIPE_SHAPES = [
+    (2, 64, 128, 65536),
+    (3, 64, 64, 32768),
+    (4, 64, 64, 32768),
+    (2, 128, 128, 32768),
+]
+
+
+def relu_pipe_experiments(copy_bw: float) -> None:
+    variant_table(FP8, RELU_PIPE_SHAPES, RELU_PIPE_VARIANTS, copy_bw)
+
+
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
     ("production", ()),
@@ -1023,6 +1045,7 @@ def bench(fn, iters=50, calls_per_graph=1):
 # and "small" are the large-shape variant table and the small-batch one.
 SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4": fp4_experiments,
+    "relu-pipes": relu_pipe_experiments,
     "consumers": consumer_count_experiments,
     "data": kv_data_experiments,
     "data-n2": lambda copy_bw: kv_data_experiments(copy_bw, ISSUE_BOUND_SHAPE),
