@@ -18,8 +18,10 @@
 // tiles for SS-form MMAs; no synchronisation with the readers, timing only).
 //
 // Defines: TILE_N (64 or 128), RS (0/1), WARPGROUPS (1-4), ITERS, ALU_OPS (a multiple of 16),
-// OP (0 LOP3, 1 PRMT, 2 FFMA, 3 IMAD), SPLIT (0 every warpgroup does both, 1 halves, 2 no MMA
-// at all), EPI (0/1), STORE (0/1).
+// OP (0 LOP3, 1 PRMT, 2 FFMA, 3 IMAD, 4 FADD with an immediate, 5 HFMA2, 6 FMNMX), SPLIT (0
+// every warpgroup does both, 1 halves, 2 no MMA at all), EPI (0/1), STORE (0/1), OVERLAP (1:
+// with SPLIT=0, the CUDA-core work for the next unit runs between the MMAs' commit and their
+// wait instead of before the MMAs, the software-pipelined form).
 #include "wgmma_fp8.cuh"
 
 using namespace fi_sm90;
@@ -38,8 +40,14 @@ __device__ __forceinline__ uint32_t op(uint32_t x, uint32_t salt) {
     float f;
     asm volatile("fma.rn.f32 %0, %1, %2, %3;" : "=f"(f) : "f"(__uint_as_float(x)), "f"(1.0001f), "f"(0.5f));
     y = __float_as_uint(f);
-  } else {  // x * x + salt: a constant multiplier would let ptxas fold the chain
+  } else if (OP == 3) {  // x * x + salt: a constant multiplier would let ptxas fold the chain
     asm volatile("mad.lo.u32 %0, %1, %1, %2;" : "=r"(y) : "r"(x), "r"(salt));
+  } else if (OP == 4) {
+    asm volatile("add.f32 %0, %1, 0f3F800000;" : "=r"(y) : "r"(x));
+  } else if (OP == 5) {
+    asm volatile("fma.rn.f16x2 %0, %1, %1, %2;" : "=r"(y) : "r"(x), "r"(salt));
+  } else {
+    asm volatile("max.f32 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(salt));
   }
   return y;
 }
@@ -99,7 +107,7 @@ wgmma_rate(long long* cycles, float* sink, uint32_t seed) {
     for (int i = 0; i < Mma::kRegs; ++i) acc[i] = 0.f;
 #pragma unroll 1
     for (int it = 0; it < ITERS; ++it) {
-      if (SPLIT == 0) alu_work(a, state, it);
+      if (SPLIT == 0 && !OVERLAP) alu_work(a, state, it);
 #pragma unroll
       for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
       wgmma_fence();
@@ -112,9 +120,26 @@ wgmma_rate(long long* cycles, float* sink, uint32_t seed) {
         }
       }
       wgmma_commit();
+      uint32_t next[4][4];
+      if (SPLIT == 0 && OVERLAP) {
+        alu_work(next, state, it + 1);
+        // ptxas sinks independent work past the wait unless something before the wait uses
+        // it: one shared store of the words' XOR per thread.
+        uint32_t folded = 0;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) folded ^= next[s][0] ^ next[s][1] ^ next[s][2] ^ next[s][3];
+        reinterpret_cast<volatile uint32_t*>(store_ring)[threadIdx.x] = folded;
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[i]);
+      if (SPLIT == 0 && OVERLAP) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[s][r] = next[s][r];
+        }
+      }
       if (!RS && SPLIT == 0) {
 #pragma unroll
         for (int s = 0; s < 4; ++s) alive ^= a[s][0] ^ a[s][1] ^ a[s][2] ^ a[s][3];

@@ -27,16 +27,17 @@ CSRC = (
     / "packages/attn-scores/src/flashinfer_attn_scores/paged_mqa_logits/csrc"
 )
 SOURCE = Path(__file__).resolve().parent / "wgmma_rate.cu"
-OPS = {"LOP3": 0, "PRMT": 1, "FFMA": 2, "IMAD": 3}
+OPS = {"LOP3": 0, "PRMT": 1, "FFMA": 2, "IMAD": 3, "FADD": 4, "HFMA2": 5, "FMNMX": 6}
 SPLITS = {"both": 0, "halves": 1, "no MMA": 2}
 
-# (N, RS, warpgroups, CUDA-core instructions per thread and unit, op, split[, epilogue, store])
+# (N, RS, warpgroups, CUDA-core instructions per thread and unit, op, split[, epilogue, store,
+# overlap])
 CONFIGS = [
     (64, False, 4, 0, "LOP3", "both"),
     (64, True, 4, 0, "LOP3", "both"),
     (64, True, 1, 0, "LOP3", "both"),
     *[(64, True, 4, 128, op, "no MMA") for op in OPS],
-    *[(64, True, 4, 128, op, "both") for op in OPS],
+    *[(64, True, 4, 128, op, "both") for op in ("LOP3", "PRMT", "FFMA", "IMAD")],
     *[(64, False, 4, 128, op, "both") for op in ("LOP3", "FFMA")],
     (64, True, 2, 0, "LOP3", "both"),
     (64, True, 2, 256, "LOP3", "no MMA"),
@@ -51,10 +52,20 @@ CONFIGS = [
     (64, False, 4, 192, "PRMT", "halves", True, True),
     (64, False, 4, 192, "LOP3", "halves", True, True),
     (64, False, 4, 0, "LOP3", "both", True, False),
+    # More instruction kinds, and the CUDA-core work issued while the MMAs are in flight.
+    *[(64, True, 4, 128, op, "both") for op in ("FADD", "HFMA2", "FMNMX")],
+    *[
+        (64, rs, 4, 128, op, "both", False, False, True)
+        for rs in (False, True)
+        for op in ("LOP3", "FFMA")
+    ],
+    (128, False, 4, 128, "FFMA", "both", False, False, True),
 ]
 
 
-def measure(n, rs, warpgroups, alu_ops, op, split, epilogue, store, iters) -> tuple[float, float]:
+def measure(
+    n, rs, warpgroups, alu_ops, op, split, epilogue, store, overlap, iters
+) -> tuple[float, float]:
     """Median cycles per unit of the MMA-issuing and of the CUDA-core-only warpgroups."""
     defines = {
         "TILE_N": n,
@@ -66,6 +77,7 @@ def measure(n, rs, warpgroups, alu_ops, op, split, epilogue, store, iters) -> tu
         "SPLIT": SPLITS[split],
         "EPI": int(epilogue),
         "STORE": int(store),
+        "OVERLAP": int(overlap),
     }
     kernel = load_kernel(KernelSpec.make("wgmma_rate", SOURCE, defines, include_dirs=(CSRC,)))
     sms = sm_count()
@@ -88,19 +100,21 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2000)
     args = parser.parse_args()
     print(
-        f"{'N':>4} {'form':>4} {'WGs':>3} {'split':>7} {'op':>5} {'ops':>4} {'epi':>3} {'st':>2}"
+        f"{'N':>4} {'form':>4} {'WGs':>3} {'split':>7} {'op':>5} {'ops':>4} {'epi':>3} {'st':>2} {'ov':>2}"
         f" {'MMA WG cyc/unit':>16} {'ALU WG cyc/unit':>16} {'FLOP/cyc/SM':>12} {'ALU instr/cyc/SM':>17}"
     )
     for n, rs, warpgroups, alu_ops, op, split, *extra in CONFIGS:
-        epilogue, store = extra or (False, False)
-        mma, alu = measure(n, rs, warpgroups, alu_ops, op, split, epilogue, store, args.iters)
+        epilogue, store, overlap = (*extra, False, False, False)[:3]
+        mma, alu = measure(
+            n, rs, warpgroups, alu_ops, op, split, epilogue, store, overlap, args.iters
+        )
         mma_wgs = {"both": warpgroups, "halves": warpgroups // 2, "no MMA": 0}[split]
         alu_wgs = warpgroups - mma_wgs if split != "both" else warpgroups
         flops = 2 * 64 * n * 128 * mma_wgs / mma if mma_wgs else 0.0
         alu_rate = 4 * alu_wgs * alu_ops / alu if alu_ops else 0.0
         print(
             f"{n:>4} {'RS' if rs else 'SS':>4} {warpgroups:>3} {split:>7} {op:>5} {alu_ops:>4}"
-            f" {'y' if epilogue else '-':>3} {'y' if store else '-':>2}"
+            f" {'y' if epilogue else '-':>3} {'y' if store else '-':>2} {'y' if overlap else '-':>2}"
             f" {mma:>16.1f} {alu:>16.1f} {flops:>12.0f} {alu_rate:>17.2f}"
         )
 
