@@ -98,12 +98,16 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument(
+        "--only", type=int, nargs="*", help="indices into CONFIGS (e.g. one config under ncu)"
+    )
     args = parser.parse_args()
     print(
         f"{'N':>4} {'form':>4} {'WGs':>3} {'split':>7} {'op':>5} {'ops':>4} {'epi':>3} {'st':>2} {'ov':>2}"
         f" {'MMA WG cyc/unit':>16} {'ALU WG cyc/unit':>16} {'FLOP/cyc/SM':>12} {'ALU instr/cyc/SM':>17}"
     )
-    for n, rs, warpgroups, alu_ops, op, split, *extra in CONFIGS:
+    chosen = [CONFIGS[i] for i in args.only] if args.only else CONFIGS
+    for n, rs, warpgroups, alu_ops, op, split, *extra in chosen:
         epilogue, store, overlap = (*extra, False, False, False)[:3]
         mma, alu = measure(
             n, rs, warpgroups, alu_ops, op, split, epilogue, store, overlap, args.iters
