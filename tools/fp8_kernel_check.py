@@ -424,6 +424,17 @@ def relu_pipe_experiments(copy_bw: float) -> None:
     variant_table(FP8, RELU_PIPE_SHAPES, RELU_PIPE_VARIANTS, copy_bw)
 
 
+# fp8 next_n 2 (N 128) with 3 consumer warpgroups (152 registers each, room for the unit's
+# weights in registers) against production's 4 (104 registers), twice each, interleaved.
+N2_CONSUMER_VARIANTS = [
+    ("4 consumers (production)", ()),
+    ("3 consumers", (("NUM_CONSUMERS", 3),)),
+    ("4 consumers, again", ()),
+    ("3 consumers, again", (("NUM_CONSUMERS", 3),)),
+]
+N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 32768)]
+
+
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
     ("production", ()),
@@ -1046,6 +1057,9 @@ def bench(fn, iters=50, calls_per_graph=1):
 SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4": fp4_experiments,
     "relu-pipes": relu_pipe_experiments,
+    "n2-consumers": lambda copy_bw: variant_table(
+        FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
+    ),
     "consumers": consumer_count_experiments,
     "data": kv_data_experiments,
     "data-n2": lambda copy_bw: kv_data_experiments(copy_bw, ISSUE_BOUND_SHAPE),
