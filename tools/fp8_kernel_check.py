@@ -402,16 +402,19 @@ def large_experiments(copy_bw: float) -> None:
     variant_table(FP8, EXPERIMENT_SHAPES, EXPERIMENTS, copy_bw)
 
 
+def interleaved_twice(first, second):
+    """A/B variants, each timed twice in the order first, second, first, second."""
+    again = [(f"{name}, again", knobs) for name, knobs in (first, second)]
+    return [first, second, *again]
+
+
 # tools/wgmma_rate.py measured FFMA/FADD work in any warp of the SM slowing FP8 WGMMAs far
 # more than LOP3-class work does. The ReLU as FMNMX (ALU pipe) against x + |x| (FMA pipe, the
-# float32 default since the eighth round, when fp8 next_n >= 2 was not timed): both twice,
-# interleaved, at the MMA-heavy fp8 shapes. Measured 2026-11-30: FMNMX 1-4 % slower.
-RELU_PIPE_VARIANTS = [
-    ("relu x + |x| (FMA pipe)", ()),
-    ("relu FMNMX (ALU pipe)", (("RELU_FMA", 0),)),
-    ("relu x + |x|, again", ()),
-    ("relu FMNMX, again", (("RELU_FMA", 0),)),
-]
+# float32 default since the eighth round, when fp8 next_n >= 2 was not timed), at the
+# MMA-heavy fp8 shapes. Measured 2026-11-30: FMNMX 1-4 % slower.
+RELU_PIPE_VARIANTS = interleaved_twice(
+    ("relu x + |x| (FMA pipe)", ()), ("relu FMNMX (ALU pipe)", (("RELU_FMA", 0),))
+)
 RELU_PIPE_SHAPES = [
     (2, 64, 128, 65536),
     (3, 64, 64, 32768),
@@ -419,19 +422,12 @@ RELU_PIPE_SHAPES = [
     (2, 128, 128, 32768),
 ]
 
-
-def relu_pipe_experiments(copy_bw: float) -> None:
-    variant_table(FP8, RELU_PIPE_SHAPES, RELU_PIPE_VARIANTS, copy_bw)
-
-
 # fp8 next_n 2 (N 128) with 3 consumer warpgroups (152 registers each, room for the unit's
-# weights in registers) against production's 4 (104 registers), twice each, interleaved.
-N2_CONSUMER_VARIANTS = [
-    ("4 consumers (production)", ()),
-    ("3 consumers", (("NUM_CONSUMERS", 3),)),
-    ("4 consumers, again", ()),
-    ("3 consumers, again", (("NUM_CONSUMERS", 3),)),
-]
+# weights in registers) against production's 4 (104 registers). Measured 2026-11-30: 3 are
+# 2.5-5 % slower.
+N2_CONSUMER_VARIANTS = interleaved_twice(
+    ("4 consumers (production)", ()), ("3 consumers", (("NUM_CONSUMERS", 3),))
+)
 N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 32768)]
 
 
@@ -1056,7 +1052,7 @@ def bench(fn, iters=50, calls_per_graph=1):
 # and "small" are the large-shape variant table and the small-batch one.
 SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4": fp4_experiments,
-    "relu-pipes": relu_pipe_experiments,
+    "relu-pipes": lambda copy_bw: variant_table(FP8, RELU_PIPE_SHAPES, RELU_PIPE_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),
