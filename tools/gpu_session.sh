@@ -7,6 +7,7 @@
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   EXPERIMENTS="large fp4" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+#   WGMMA_RATE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 # Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), EXPERIMENTS
 # ("large fp4 consumers data": variant tables of tools/fp8_kernel_check.py), PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
 # against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
@@ -56,6 +57,12 @@ for which in ${EXPERIMENTS:-}; do
   echo "experiments $which: exit $?"
   grep -v -E "^\s*$" "$OUT/experiments-$which.log" | tail -n 80
 done
+if [ "${WGMMA_RATE:-0}" = 1 ]; then
+  # The FP8 WGMMA rate beside CUDA-core work on one SM (tools/wgmma_rate.py); the whole table.
+  timeout 200 python tools/wgmma_rate.py > "$OUT/wgmma-rate.log" 2>&1
+  echo "wgmma_rate: exit $?"
+  cat "$OUT/wgmma-rate.log"
+fi
 if [ "${JIT_BENCH:-1}" = 1 ]; then
   timeout 120 python packages/jit/benchmarks/launch_overhead.py --json "$OUT/jit-launch.json" > "$OUT/jit-launch.log" 2>&1
   tail -n 15 "$OUT/jit-launch.log"
