@@ -430,6 +430,25 @@ N2_CONSUMER_VARIANTS = interleaved_twice(
 )
 N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 32768)]
 
+# Weights of the first G 8-column groups held in registers per request (WEIGHT_REGS=G, capped
+# at N / 8) instead of loaded per unit; "spills" where they do not fit.
+WEIGHT_REG_VARIANTS = [
+    ("production", ()),
+    ("weights in regs, G 8", (("WEIGHT_REGS", 8),)),
+    ("weights in regs, G 12", (("WEIGHT_REGS", 12),)),
+    ("weights in regs, all", (("WEIGHT_REGS", 32),)),
+]
+WEIGHT_REG_VARIANTS += [(f"{name}, again", knobs) for name, knobs in WEIGHT_REG_VARIANTS]
+WEIGHT_REG_SHAPES = [
+    (1, 64, 128, 65536),
+    (2, 64, 128, 65536),
+    (2, 64, 64, 16384),
+    (2, 128, 128, 32768),
+    (3, 64, 64, 32768),
+    (4, 64, 64, 32768),
+    (4, 128, 128, 32768),
+]
+
 
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
@@ -1053,6 +1072,7 @@ def bench(fn, iters=50, calls_per_graph=1):
 SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4": fp4_experiments,
     "relu-pipes": lambda copy_bw: variant_table(FP8, RELU_PIPE_SHAPES, RELU_PIPE_VARIANTS, copy_bw),
+    "weight-regs": lambda copy_bw: variant_table(FP8, WEIGHT_REG_SHAPES, WEIGHT_REG_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),

@@ -71,6 +71,15 @@ using AccReg = float;
 #endif
 using Mma = WgmmaFp8<kNHalf, !ACC_FP16>;
 
+// WEIGHT_REGS = G: the weights of the first G 8-column groups of N stay in registers (two per
+// thread and group) while a consumer works on one request, instead of being loaded from the
+// q slot (LDS.64) for every unit; float32 epilogue only. The weight loads were 40 % of the
+// shared-memory wavefronts at next_n 2 (ncu, tenth round). G is capped at N / 8.
+#ifndef WEIGHT_REGS
+#define WEIGHT_REGS 0
+#endif
+constexpr int kWeightRegGroups = EPI_DTYPE == 0 ? (WEIGHT_REGS < kN / 8 ? WEIGHT_REGS : kN / 8) : 0;
+
 struct SharedLayout {
   static constexpr int kKv = 0;
   static constexpr int kQ = kKv + NUM_STAGES * kKvTileBytes;
@@ -187,6 +196,8 @@ struct ConsumerMath {
   Out* out;
   long long out_stride;
   AccReg acc[kHalves][Mma::kRegs];
+  float2 weight_regs[kWeightRegGroups > 0 ? kWeightRegGroups : 1];
+  int weights_of = -1;  // the request whose weights weight_regs hold
 
   __device__ ConsumerMath(uint8_t* smem, Out* out_, long long out_stride_)
       : lane(threadIdx.x % 32),
@@ -199,6 +210,15 @@ struct ConsumerMath {
         bars(smem + SharedLayout::kBarriers),
         out(out_),
         out_stride(out_stride_) {}
+
+  // Keep request b's register-held weights (its q slot is held: between q_full and q_empty).
+  __device__ __forceinline__ void hold_weights(int slot, int b) {
+    if (kWeightRegGroups == 0 || b == weights_of) return;
+    weights_of = b;
+    const float* w = weight_slots + slot * kN;
+#pragma unroll
+    for (int j = 0; j < kWeightRegGroups; ++j) weight_regs[j] = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
+  }
 
   // Issue the MMAs of the unit in `stage` against q slot `slot`: one commit group per half of
   // the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf) of each chunk).
@@ -244,7 +264,8 @@ struct ConsumerMath {
 #pragma unroll
     for (int jl = 0; jl < kNHalf / 8; ++jl) {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
-      const float2 wf = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
+      const float2 wf =
+          j < kWeightRegGroups ? weight_regs[j < kWeightRegGroups ? j : 0] : *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
       const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -356,6 +377,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       return;
     }
     math.mma(stage, slot);
+    math.hold_weights(slot, unit.b);
     math.epilogue(stage, slot, unit.b, unit.u);
   });
 }
