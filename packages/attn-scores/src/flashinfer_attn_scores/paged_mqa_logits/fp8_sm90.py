@@ -41,6 +41,17 @@ def mma_halves_for(n: int) -> int:
     return 2 if n > 128 and (n // 2) % 8 == 0 else 1
 
 
+# 8-column groups of N whose weights a consumer keeps in registers per request (WEIGHT_REGS)
+# instead of loading them from shared memory for every unit: all of them where at most two
+# consumer warpgroups leave the room (216-224 registers per thread for N/2 accumulators and
+# N/4 weights), none under 3 or 4. Measured on the H200 (2026-11-30, tools/fp8_kernel_check.py
+# --experiments weight-regs, bitwise equal to loading them): next_n 4 151.8 -> 144.7 us (B 64,
+# L 32k, block 64) and 289 -> 272 us (B 128, L 32k, block 128); next_n 2 (4 consumers, room
+# for half the groups) 1 % and next_n 3 (3 consumers) nothing.
+def weight_register_groups(n: int, consumers: int) -> int:
+    return n // 8 if consumers <= 2 else 0
+
+
 MAX_STAGES = 12
 # Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
 SM90_SHARED_MEMORY_LIMIT = 232_448
@@ -185,6 +196,7 @@ class Fp8KernelConfig:
                 "NUM_CONSUMERS": self.consumers,
                 "NUM_PRODUCERS": self.pipeline.producers,
                 "MMA_HALVES": mma_halves_for(self.n),
+                "WEIGHT_REGS": weight_register_groups(self.n, self.consumers),
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "ACC_FP16": int(self.acc_dtype == torch.float16),

@@ -73,8 +73,8 @@ using Mma = WgmmaFp8<kNHalf, !ACC_FP16>;
 
 // WEIGHT_REGS = G: the weights of the first G 8-column groups of N stay in registers (two per
 // thread and group) while a consumer works on one request, instead of being loaded from the
-// q slot (LDS.64) for every unit; float32 epilogue only. The weight loads were 40 % of the
-// shared-memory wavefronts at next_n 2 (ncu, tenth round). G is capped at N / 8.
+// q slot (LDS.64) for every unit; float32 epilogue only, G capped at N / 8. The launcher
+// chooses G (fp8_sm90.weight_register_groups).
 #ifndef WEIGHT_REGS
 #define WEIGHT_REGS 0
 #endif
@@ -264,8 +264,9 @@ struct ConsumerMath {
 #pragma unroll
     for (int jl = 0; jl < kNHalf / 8; ++jl) {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
-      const float2 wf =
-          j < kWeightRegGroups ? weight_regs[j < kWeightRegGroups ? j : 0] : *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
+      // (The clamped index keeps the untaken side in bounds where the array is a stand-in.)
+      const float2 wf = j < kWeightRegGroups ? weight_regs[j < kWeightRegGroups ? j : 0]
+                                             : *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
       const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
