@@ -431,22 +431,23 @@ N2_CONSUMER_VARIANTS = interleaved_twice(
 N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 32768)]
 
 # Weights of the first G 8-column groups held in registers per request (WEIGHT_REGS=G, capped
-# at N / 8) instead of loaded per unit; "spills" where they do not fit.
+# at N / 8) instead of loaded per unit; "spills" where they do not fit. Production holds every
+# group where at most two consumer warpgroups run (next_n 4 at H 64), none elsewhere.
 WEIGHT_REG_VARIANTS = [
     ("production", ()),
+    ("weights loaded per unit", (("WEIGHT_REGS", 0),)),
     ("weights in regs, G 8", (("WEIGHT_REGS", 8),)),
     ("weights in regs, G 12", (("WEIGHT_REGS", 12),)),
-    ("weights in regs, all", (("WEIGHT_REGS", 32),)),
 ]
 WEIGHT_REG_VARIANTS += [(f"{name}, again", knobs) for name, knobs in WEIGHT_REG_VARIANTS]
 WEIGHT_REG_SHAPES = [
-    (1, 64, 128, 65536),
+    (4, 64, 1, 4096),
+    (4, 64, 8, 4096),
+    (4, 64, 8, 65536),
     (2, 64, 128, 65536),
-    (2, 64, 64, 16384),
-    (2, 128, 128, 32768),
-    (3, 64, 64, 32768),
     (4, 64, 64, 32768),
     (4, 128, 128, 32768),
+    (4, 128, 128, 65536),
 ]
 
 
@@ -1072,7 +1073,9 @@ def bench(fn, iters=50, calls_per_graph=1):
 SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4": fp4_experiments,
     "relu-pipes": lambda copy_bw: variant_table(FP8, RELU_PIPE_SHAPES, RELU_PIPE_VARIANTS, copy_bw),
-    "weight-regs": lambda copy_bw: variant_table(FP8, WEIGHT_REG_SHAPES, WEIGHT_REG_VARIANTS, copy_bw),
+    "weight-regs": lambda copy_bw: variant_table(
+        FP8, WEIGHT_REG_SHAPES, WEIGHT_REG_VARIANTS, copy_bw
+    ),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),
