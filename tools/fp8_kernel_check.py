@@ -948,6 +948,51 @@ def stamped_call(next_n, block_size, batch, avg):
     return case, stamps, call, FP8.config(block_size, next_n, ()).consumers
 
 
+PHASE_SHAPES = [
+    (1, 64, 128, 65536),
+    (2, 64, 128, 65536),
+    (2, 64, 64, 16384),
+    (3, 64, 64, 32768),
+    (4, 64, 64, 32768),
+]
+
+
+def phase_experiments(copy_bw: float, calls: int = 5) -> None:
+    """Where a consumer warpgroup's time goes (EXP_PHASES): clock64 cycles per unit it
+    processed, summed over all consumers of all CTAs, per phase: waiting between units (full
+    barrier, walk, q of a new request), issuing the MMAs, waiting for them, the rest of the
+    epilogue (32-bit sums: a consumer's run must stay under 2^32 cycles). Last call of `calls` in a stream; the kernel time is from `bench` without the
+    knob (production)."""
+    print(
+        "\nconsumer phases, cycles per unit and consumer warpgroup (EXP_PHASES; a unit's budget"
+        " at copy speed is its bytes / copy_bw x clock)\n"
+        "next_n bs     B      L  cons  time_us  wait  issue  mma_wait  epilogue  total  SM cycles/unit"
+    )
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    for next_n, block_size, batch, avg in PHASE_SHAPES:
+        case, _ = timing_case(next_n, block_size, batch, avg)
+        settle(torch.device("cuda"))
+        t = bench(fp8_call(case, None))
+        phases = torch.zeros(ctas, 32, dtype=torch.int64, device="cuda")
+        call = fp8_call(case, None, (("EXP_PHASES", 1),), schedule_rows_out=phases)
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        consumers = FP8.config(block_size, next_n, ()).consumers
+        p = phases.view(ctas, 4, 8)[:, :consumers, :5].double().cpu()
+        units = float(p[..., 4].sum())
+        per_unit = [float(p[..., i].sum()) / units for i in range(4)]
+        # Each consumer's phases add up to its whole run; the longest is about the kernel.
+        kernel_cycles = float(p[..., :4].sum(dim=2).max())
+        sm_cycles = kernel_cycles / (units / ctas)
+        print(
+            f"{next_n:6d} {block_size:2d} {batch:5d} {avg:6d} {consumers:5d} {t * 1e6:8.1f}"
+            + "".join(f" {x:6.0f}" for x in per_unit[:2])
+            + f" {per_unit[2]:9.0f} {per_unit[3]:9.0f} {sum(per_unit):6.0f} {sm_cycles:15.0f}"
+        )
+        del case
+
+
 # The small-batch target's shapes: where the time of a call alone goes.
 SMALL_TIMESTAMP_SHAPES = [
     (1, 64, 1, 4096),
@@ -1082,6 +1127,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
         FP8, WEIGHT_REG_SHAPES, WEIGHT_REG_VARIANTS, copy_bw
     ),
     "halves": lambda copy_bw: variant_table(FP8, HALVES_SHAPES, HALVES_VARIANTS, copy_bw),
+    "phases": phase_experiments,
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),

@@ -59,6 +59,14 @@ using Registers = RegisterSplit<kProducerRegs>;
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
+// EXP_PHASES=1: schedule_rows_out receives, per CTA and consumer warpgroup (8 64-bit slots each,
+// 32 per CTA), the SM cycles (32-bit clock, which keeps the registers below a spill) its first
+// thread spent per phase, summed over its units:
+// waiting (between units: the full barrier, the walk, a new request's q), issuing the MMAs,
+// waiting for them, the rest of the epilogue; then the unit count.
+#ifndef EXP_PHASES
+#define EXP_PHASES 0
+#endif
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
 static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "next_n * num_heads must be a multiple of 8 in [8, 256]");
@@ -247,12 +255,15 @@ struct ConsumerMath {
     }
   }
 
+  unsigned mma_done = 0;  // EXP_PHASES: clock() when the last MMA group completed
+
   // Wait for half h's MMA group (the later half may still run).
   template <int h>
   __device__ __forceinline__ void wait_half() {
     wgmma_wait<kHalves - 1 - h>();
 #pragma unroll
     for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
+    if (EXP_PHASES && h == kHalves - 1) mma_done = clock();
   }
 
   // Half h's share of the epilogue: w * relu(acc) summed per draft slot into `sums`.
@@ -370,17 +381,38 @@ struct ConsumerMath {
 };
 
 __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
-                                         uint8_t* smem) {
+                                         uint8_t* smem, long long* phases) {
   ConsumerMath math(smem, out, out_stride);
+  unsigned waiting = 0, issuing = 0, mma_waiting = 0, epilogue = 0, units = 0;
+  unsigned last_end = EXP_PHASES ? clock() : 0;
   run_consumer(consumer_index, walk, math.bars, [&](int stage, int slot, const UnitWalker& unit) {
     if (EXP_SKIP_MATH) {
       math.skip_math(stage, unit.b, unit.u);
       return;
     }
+    const unsigned start = EXP_PHASES ? clock() : 0;
     math.mma(stage, slot);
+    const unsigned issued = EXP_PHASES ? clock() : 0;
     math.hold_weights(slot, unit.b);
     math.epilogue(stage, slot, unit.b, unit.u);
+    if (EXP_PHASES) {
+      const unsigned end = clock();
+      waiting += start - last_end;
+      issuing += issued - start;
+      mma_waiting += math.mma_done - issued;
+      epilogue += end - math.mma_done;
+      ++units;
+      last_end = end;
+    }
   });
+  if (EXP_PHASES && threadIdx.x % 128 == 0) {
+    long long* mine = phases + 32 * blockIdx.x + 8 * consumer_index;
+    mine[0] = waiting;
+    mine[1] = issuing;
+    mine[2] = mma_waiting;
+    mine[3] = epilogue;
+    mine[4] = units;
+  }
 }
 
 }  // namespace
@@ -412,7 +444,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
   const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,
-                                  EXP_TIMESTAMPS ? nullptr : schedule_rows_out, bars.schedule_rows,
+                                  EXP_TIMESTAMPS || EXP_PHASES ? nullptr : schedule_rows_out, bars.schedule_rows,
                                   smem + SharedLayout::kKv);
   __syncthreads();
   if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[1] = globaltimer();
@@ -432,7 +464,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   } else {
     Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
-    consumer(warpgroup - 1, out, out_stride, walk, smem);
+    consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
     if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0) stamps[2 + warpgroup] = globaltimer();
   }
 }
