@@ -346,6 +346,23 @@ class KernelUnderTest:
     bytes_per_token: int  # KV bytes per token, outputs (4 B float32 per draft slot) aside
 
 
+# Seconds of back-to-back calls of a variant before it is timed (--preheat): the GPU then sits
+# at its power cap, as under a serving load, instead of at the boost clock of a short burst.
+PREHEAT_S = 0.0
+
+
+def preheat(call) -> str:
+    """Run `call` back to back for PREHEAT_S seconds; the SM clock and power after it."""
+    import time
+
+    began = time.perf_counter()
+    while time.perf_counter() - began < PREHEAT_S:
+        for _ in range(50):
+            call()
+        torch.cuda.synchronize()
+    return gpu_state() if PREHEAT_S > 0 else ""
+
+
 def variant_table(kernel: KernelUnderTest, shapes, variants, copy_bw: float) -> None:
     """Time every variant at every shape; variants that compute logits are compared bitwise
     with the first one (production) on the valid region."""
@@ -366,6 +383,7 @@ def variant_table(kernel: KernelUnderTest, shapes, variants, copy_bw: float) -> 
                 print(f"{name:24s} {label}   (spills or does not fit)")
                 continue
             case["storage"].fill_(float("nan"))
+            state = preheat(kernel.call(case, schedule, experiment))
             t = bench(kernel.call(case, schedule, experiment))
             nbytes = total * (kernel.bytes_per_token + 4 * next_n)
             check = ""
@@ -382,7 +400,7 @@ def variant_table(kernel: KernelUnderTest, shapes, variants, copy_bw: float) -> 
                     check = "bitwise = production" if same else "DIFFERS from production"
             print(
                 f"{name:24s} {label} {t * 1e6:8.1f} {nbytes / t / copy_bw:9.2f}"
-                f" {total / t / 1e6:10.0f}  {check}"
+                f" {total / t / 1e6:10.0f}  {check}" + (f"  [{state}]" if state else "")
             )
         del case
 
@@ -991,9 +1009,11 @@ def phase_experiments(copy_bw: float, calls: int = 5) -> None:
     for next_n, block_size, batch, avg in PHASE_SHAPES:
         case, _ = timing_case(next_n, block_size, batch, avg)
         settle(torch.device("cuda"))
+        preheat(fp8_call(case, None))
         t = bench(fp8_call(case, None))
         phases = torch.zeros(ctas, 32, dtype=torch.int64, device="cuda")
         call = fp8_call(case, None, (("EXP_PHASES", 1),), schedule_rows_out=phases)
+        preheat(call)
         for _ in range(calls):
             call()
         torch.cuda.synchronize()
@@ -1188,7 +1208,14 @@ if __name__ == "__main__":
         choices=["all", "large", "small", *SINGLE_EXPERIMENTS],
         help="only the variant tables (large shapes, small-batch schedule variants, or both)",
     )
+    parser.add_argument(
+        "--preheat",
+        type=float,
+        default=0.0,
+        help="seconds of back-to-back calls before each variant table row (power-capped clock)",
+    )
     args = parser.parse_args()
+    PREHEAT_S = args.preheat
     if args.profile:
         knobs = tuple(
             (name, int(value))
