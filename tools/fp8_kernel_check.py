@@ -985,50 +985,50 @@ def stamped_call(next_n, block_size, batch, avg):
     return case, stamps, call, FP8.config(block_size, next_n, ()).consumers
 
 
-PHASE_SHAPES = [
-    (1, 64, 128, 65536),
-    (2, 64, 128, 65536),
-    (2, 64, 64, 16384),
-    (3, 64, 64, 32768),
-    (4, 64, 64, 32768),
-]
+PHASE_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768)]
+PHASE_VARIANTS = [("production", ()), ("16 stages", (("NUM_STAGES", 16),))]
 
 
 def phase_experiments(copy_bw: float, calls: int = 5) -> None:
-    """Where a consumer warpgroup's time goes (EXP_PHASES): clock64 cycles per unit it
-    processed, summed over all consumers of all CTAs, per phase: waiting between units (full
-    barrier, walk, q of a new request), issuing the MMAs, waiting for them, the rest of the
-    epilogue (32-bit sums: a consumer's run must stay under 2^32 cycles). Last call of `calls` in a stream; the kernel time is from `bench` without the
-    knob (production)."""
+    """Where the roles' time goes (EXP_PHASES), in SM cycles per unit, summed over every CTA.
+    Consumer warpgroups: waiting between units (full barrier, walk, q of a new request),
+    issuing the MMAs, waiting for them, the rest of the epilogue. Producer warps: waiting for a
+    free stage, looking up the blocks and issuing the copies, entering new requests (q
+    staging). 32-bit sums: a role's run must stay under 2^32 cycles. Last call of `calls` in
+    a stream (after --preheat); the time is `bench` without the knob."""
     print(
-        "\nconsumer phases, cycles per unit and consumer warpgroup (EXP_PHASES; a unit's budget"
-        " at copy speed is its bytes / copy_bw x clock)\n"
-        "next_n bs     B      L  cons  time_us  wait  issue  mma_wait  epilogue  total  SM cycles/unit"
+        "\nrole phases, SM cycles per unit (EXP_PHASES)\n"
+        "variant      next_n bs     B      L  time_us | consumer: wait  issue  mma_wait  epilogue"
+        "  total | producer: empty_wait  issue  requests | SM cycles/unit"
     )
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     for next_n, block_size, batch, avg in PHASE_SHAPES:
         case, _ = timing_case(next_n, block_size, batch, avg)
-        settle(torch.device("cuda"))
-        preheat(fp8_call(case, None))
-        t = bench(fp8_call(case, None))
-        phases = torch.zeros(ctas, 32, dtype=torch.int64, device="cuda")
-        call = fp8_call(case, None, (("EXP_PHASES", 1),), schedule_rows_out=phases)
-        preheat(call)
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-        consumers = FP8.config(block_size, next_n, ()).consumers
-        p = phases.view(ctas, 4, 8)[:, :consumers, :5].double().cpu()
-        units = float(p[..., 4].sum())
-        per_unit = [float(p[..., i].sum()) / units for i in range(4)]
-        # Each consumer's phases add up to its whole run; the longest is about the kernel.
-        kernel_cycles = float(p[..., :4].sum(dim=2).max())
-        sm_cycles = kernel_cycles / (units / ctas)
-        print(
-            f"{next_n:6d} {block_size:2d} {batch:5d} {avg:6d} {consumers:5d} {t * 1e6:8.1f}"
-            + "".join(f" {x:6.0f}" for x in per_unit[:2])
-            + f" {per_unit[2]:9.0f} {per_unit[3]:9.0f} {sum(per_unit):6.0f} {sm_cycles:15.0f}"
-        )
+        for name, knobs in PHASE_VARIANTS:
+            settle(torch.device("cuda"))
+            preheat(fp8_call(case, None, knobs))
+            t = bench(fp8_call(case, None, knobs))
+            phases = torch.zeros(ctas, 64, dtype=torch.int64, device="cuda")
+            call = fp8_call(case, None, (*knobs, ("EXP_PHASES", 1)), schedule_rows_out=phases)
+            preheat(call)
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+            config = FP8.config(block_size, next_n, knobs)
+            p = phases.view(ctas, 8, 8).double().cpu()
+            cons = p[:, : config.consumers, :5]
+            prod = p[:, 4 : 4 + config.pipeline.producers, :4]
+            units = float(cons[..., 4].sum())
+            consumer = [float(cons[..., i].sum()) / units for i in range(4)]
+            producer = [float(prod[..., i].sum()) / float(prod[..., 3].sum()) for i in range(3)]
+            # Each consumer's phases add up to its whole run; the longest is about the kernel.
+            sm_cycles = float(cons[..., :4].sum(dim=2).max()) / (units / ctas)
+            print(
+                f"{name:12s} {next_n:6d} {block_size:2d} {batch:5d} {avg:6d} {t * 1e6:8.1f} |"
+                f" {consumer[0]:14.0f} {consumer[1]:6.0f} {consumer[2]:9.0f} {consumer[3]:9.0f}"
+                f" {sum(consumer):6.0f} | {producer[0]:20.0f} {producer[1]:6.0f} {producer[2]:9.0f}"
+                f" | {sm_cycles:6.0f}"
+            )
         del case
 
 

@@ -59,14 +59,11 @@ using Registers = RegisterSplit<kProducerRegs>;
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
-// EXP_PHASES=1: schedule_rows_out receives, per CTA and consumer warpgroup (8 64-bit slots each,
-// 32 per CTA), the SM cycles (32-bit clock, which keeps the registers below a spill) its first
+// EXP_PHASES=1: schedule_rows_out receives, per CTA (64 64-bit slots), per consumer warpgroup
+// (8 slots each, the first 32), the SM cycles (32-bit clock, which keeps the registers below a spill) its first
 // thread spent per phase, summed over its units:
 // waiting (between units: the full barrier, the walk, a new request's q), issuing the MMAs,
 // waiting for them, the rest of the epilogue; then the unit count.
-#ifndef EXP_PHASES
-#define EXP_PHASES 0
-#endif
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
 static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "next_n * num_heads must be a multiple of 8 in [8, 256]");
@@ -141,7 +138,8 @@ __device__ __forceinline__ __half2 acc_half2(const AccReg (&acc)[Mma::kRegs], in
 
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, long long kv_block_stride,
                                          const uint8_t* q, const float* weights, const int* block_tables,
-                                         long long block_table_stride, UnitWalker walk, uint8_t* smem) {
+                                         long long block_table_stride, UnitWalker walk, uint8_t* smem,
+                                         long long* phases) {
   const int lane = threadIdx.x % 32;
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
@@ -195,7 +193,8 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       bulk_load(scales + stage * kTile + s * kBoxRows, scale_src, kBoxRows * 4, &bars.full[stage]);
     }
   };
-  run_producer(walk, block_tables, block_table_stride, bars, stage_q, issue);
+  run_producer(walk, block_tables, block_table_stride, bars, stage_q, issue,
+               EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
 }
 
 // A consumer warpgroup's math: the MMAs of one unit, and the epilogue.
@@ -411,7 +410,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
   });
   if (EXP_PHASES && threadIdx.x % 128 == 0) {
-    long long* mine = phases + 32 * blockIdx.x + 8 * consumer_index;
+    long long* mine = phases + 64 * blockIdx.x + 8 * consumer_index;
     mine[0] = waiting;
     mine[1] = issuing;
     mine[2] = mma_waiting;
@@ -463,7 +462,8 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
-      producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, walk, smem);
+      producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, walk, smem,
+               reinterpret_cast<long long*>(schedule_rows_out));
       if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[2] = globaltimer();
     }
   } else {

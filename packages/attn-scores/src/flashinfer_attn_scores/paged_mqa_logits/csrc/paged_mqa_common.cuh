@@ -437,14 +437,23 @@ struct Barriers {
 // waits until its stage is free, looks up the physical block of each box (-1 past the
 // request's end), and lane 0 calls `issue(stage, walk, block_ids, boxes)`, which must arm
 // full[stage] for the bytes it copies.
+// EXP_PHASES=1 (measurement): `phases`, when not null, receives per producer warp (8 64-bit slots
+// each) its SM cycles waiting for free stages, looking up blocks and issuing, and in new
+// requests (q staging), then its unit count (32-bit sums, as the consumers' in the FP8 kernel).
+#ifndef EXP_PHASES
+#define EXP_PHASES 0
+#endif
 template <typename StageQ, typename IssueUnit>
 __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_tables, long long block_table_stride,
-                                             const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue) {
+                                             const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue,
+                                             long long* phases = nullptr) {
+  unsigned empty_wait = 0, issuing = 0, requests = 0, units = 0;
   const int lane = threadIdx.x % 32;
   const int producer_index = threadIdx.x / 32;
   int request_ordinal = -1;
   BlockTableWindow table;
   auto on_request = [&]() {
+    const unsigned entered = EXP_PHASES ? clock() : 0;
     ++request_ordinal;
     if (producer_index >= kFirstStagingWarp) {
       const int slot = request_ordinal & 1;
@@ -455,6 +464,7 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
     }
     table.reset(block_tables + static_cast<long long>(walk.b) * block_table_stride,
                 (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+    if (EXP_PHASES) requests += clock() - entered;
   };
   if (!walk.valid()) return;
   on_request();
@@ -462,7 +472,9 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   walk.advance(k, producer_index, on_request);
   for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
     const int stage = k % NUM_STAGES;
+    const unsigned before_wait = EXP_PHASES ? clock() : 0;
     if (k >= NUM_STAGES) mbar_wait(&bars.empty[stage], ((k / NUM_STAGES) - 1) & 1);
+    const unsigned stage_free = EXP_PHASES ? clock() : 0;
     int block_ids[kBoxesPerTile];
     int boxes = 0;
 #pragma unroll
@@ -476,6 +488,18 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
     }
     if (lane == 0) issue(stage, walk, block_ids, boxes);
     __syncwarp();
+    if (EXP_PHASES) {
+      empty_wait += stage_free - before_wait;
+      issuing += clock() - stage_free;
+      ++units;
+    }
+  }
+  if (EXP_PHASES && phases != nullptr && lane == 0) {
+    long long* mine = phases + 8 * producer_index;
+    mine[0] = empty_wait;
+    mine[1] = issuing;
+    mine[2] = requests;
+    mine[3] = units;
   }
 }
 
