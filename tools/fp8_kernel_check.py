@@ -493,18 +493,6 @@ ABS_PROBE_SHAPES = [
 ]
 
 
-# Producers that look up a unit's blocks before waiting for its stage (LOOKUP_FIRST).
-LOOKUP_VARIANTS = interleaved_twice(("production", ()), ("lookup first", (("LOOKUP_FIRST", 1),)))
-LOOKUP_SHAPES = [
-    (1, 64, 128, 65536),
-    (1, 32, 128, 16384),
-    (1, 64, 128, 4096),
-    (2, 64, 128, 65536),
-    (4, 64, 64, 32768),
-]
-FP4_LOOKUP_SHAPES = [(1, 64, 128, 65536), (2, 128, 128, 32768)]
-
-
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
     ("production", ()),
@@ -998,12 +986,7 @@ def stamped_call(next_n, block_size, batch, avg):
 
 
 PHASE_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768)]
-PHASE_VARIANTS = [
-    ("production", ()),
-    ("lookup first", (("LOOKUP_FIRST", 1),)),
-    ("production", ()),
-    ("lookup first", (("LOOKUP_FIRST", 1),)),
-]
+PHASE_VARIANTS = [("production", ()), ("16 stages", (("NUM_STAGES", 16),))]
 
 
 def phase_experiments(copy_bw: float, calls: int = 5) -> None:
@@ -1184,10 +1167,6 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     ),
     "halves": lambda copy_bw: variant_table(FP8, HALVES_SHAPES, HALVES_VARIANTS, copy_bw),
     "phases": phase_experiments,
-    "lookup-first": lambda copy_bw: (
-        variant_table(FP8, LOOKUP_SHAPES, LOOKUP_VARIANTS, copy_bw),
-        variant_table(FP4, FP4_LOOKUP_SHAPES, LOOKUP_VARIANTS, copy_bw),
-    ),
     "abs-probe": lambda copy_bw: variant_table(FP8, ABS_PROBE_SHAPES, ABS_PROBE_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw

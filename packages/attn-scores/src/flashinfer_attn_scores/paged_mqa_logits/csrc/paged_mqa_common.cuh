@@ -443,11 +443,6 @@ struct Barriers {
 #ifndef EXP_PHASES
 #define EXP_PHASES 0
 #endif
-// LOOKUP_FIRST=1: a producer looks up its unit's blocks before it waits for the free stage, so
-// only the copies' issue is left once the stage frees.
-#ifndef LOOKUP_FIRST
-#define LOOKUP_FIRST 0
-#endif
 template <typename StageQ, typename IssueUnit>
 __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_tables, long long block_table_stride,
                                              const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue,
@@ -477,10 +472,9 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   walk.advance(k, producer_index, on_request);
   for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
     const int stage = k % NUM_STAGES;
-    const unsigned looking_up = EXP_PHASES ? clock() : 0;
-    unsigned before_wait = looking_up;
-    if (!LOOKUP_FIRST && k >= NUM_STAGES) mbar_wait(&bars.empty[stage], ((k / NUM_STAGES) - 1) & 1);
-    unsigned stage_free = EXP_PHASES ? clock() : 0;
+    const unsigned before_wait = EXP_PHASES ? clock() : 0;
+    if (k >= NUM_STAGES) mbar_wait(&bars.empty[stage], ((k / NUM_STAGES) - 1) & 1);
+    const unsigned stage_free = EXP_PHASES ? clock() : 0;
     int block_ids[kBoxesPerTile];
     int boxes = 0;
 #pragma unroll
@@ -492,16 +486,11 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
         ++boxes;
       }
     }
-    if (LOOKUP_FIRST) {
-      before_wait = EXP_PHASES ? clock() : 0;
-      if (k >= NUM_STAGES) mbar_wait(&bars.empty[stage], ((k / NUM_STAGES) - 1) & 1);
-      stage_free = EXP_PHASES ? clock() : 0;
-    }
     if (lane == 0) issue(stage, walk, block_ids, boxes);
     __syncwarp();
-    if (EXP_PHASES) {  // the lookup counts as issuing, before or after the wait
+    if (EXP_PHASES) {
       empty_wait += stage_free - before_wait;
-      issuing += (clock() - stage_free) + (before_wait - looking_up);
+      issuing += clock() - stage_free;
       ++units;
     }
   }
