@@ -473,25 +473,6 @@ WEIGHT_REG_SHAPES = [
 HALVES_VARIANTS = interleaved_twice(("production", ()), ("one MMA group", (("MMA_HALVES", 1),)))
 HALVES_SHAPES = [(3, 64, 64, 32768), (4, 64, 64, 32768), (4, 128, 128, 32768), (4, 32, 128, 32768)]
 
-# Timing probe for an |x|-only epilogue (one FFMA per accumulator; wrong logits) with and
-# without 8 more MMA columns per commit group: what w*relu(x) = w*(|x| + x)/2 with the linear
-# part on the tensor cores could gain at most.
-ABS_PROBE_VARIANTS = [
-    ("production", ()),
-    ("|x| epilogue", (("EXP_ABS_EPILOGUE", 1),)),
-    ("|x| epilogue, N + 8", (("EXP_ABS_EPILOGUE", 1), ("EXP_EXTRA_N", 8))),
-    ("production, again", ()),
-    ("|x| epilogue, again", (("EXP_ABS_EPILOGUE", 1),)),
-    ("|x| epilogue, N + 8, again", (("EXP_ABS_EPILOGUE", 1), ("EXP_EXTRA_N", 8))),
-]
-ABS_PROBE_SHAPES = [
-    (1, 64, 128, 65536),
-    (2, 64, 128, 65536),
-    (2, 64, 64, 16384),
-    (3, 64, 64, 32768),
-    (4, 64, 64, 32768),
-]
-
 
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
@@ -1167,7 +1148,6 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     ),
     "halves": lambda copy_bw: variant_table(FP8, HALVES_SHAPES, HALVES_VARIANTS, copy_bw),
     "phases": phase_experiments,
-    "abs-probe": lambda copy_bw: variant_table(FP8, ABS_PROBE_SHAPES, ABS_PROBE_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),

@@ -74,12 +74,7 @@ using AccReg = uint32_t;  // packed half2
 #else
 using AccReg = float;
 #endif
-// EXP_EXTRA_N=E (timing probe): each MMA group computes E more columns (q-slot rows past its
-// half, whatever they hold) into accumulators the epilogue ignores.
-#ifndef EXP_EXTRA_N
-#define EXP_EXTRA_N 0
-#endif
-using Mma = WgmmaFp8<kNHalf + EXP_EXTRA_N, !ACC_FP16>;
+using Mma = WgmmaFp8<kNHalf, !ACC_FP16>;
 
 // WEIGHT_REGS = G: the weights of the first G 8-column groups of N stay in registers (two per
 // thread and group) while a consumer works on one request, instead of being loaded from the

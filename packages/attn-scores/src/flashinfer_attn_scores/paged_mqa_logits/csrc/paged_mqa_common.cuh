@@ -571,14 +571,7 @@ __device__ __forceinline__ Epi relu(Epi x) {
 // undoes it).
 constexpr bool kTwiceRelu = RELU_FORM == 1;
 constexpr float kHeadTermScale = kTwiceRelu ? 0.5f : 1.f;
-// EXP_ABS_EPILOGUE=1 (timing probe, wrong results): the head term is |x|, one FFMA with an
-// |x| operand per accumulator instead of FADD + FFMA.
-#ifndef EXP_ABS_EPILOGUE
-#define EXP_ABS_EPILOGUE 0
-#endif
-#if RELU_FORM == 1 && EXP_ABS_EPILOGUE
-__device__ __forceinline__ Epi head_term(Epi x) { return fabsf(x); }
-#elif RELU_FORM == 1
+#if RELU_FORM == 1
 __device__ __forceinline__ Epi head_term(Epi x) { return x + fabsf(x); }
 #else
 __device__ __forceinline__ Epi head_term(Epi x) { return relu(x); }
