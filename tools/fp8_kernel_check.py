@@ -420,16 +420,11 @@ def large_experiments(copy_bw: float) -> None:
     variant_table(FP8, EXPERIMENT_SHAPES, EXPERIMENTS, copy_bw)
 
 
-def interleaved_twice(first, second):
-    """A/B variants, each timed twice in the order first, second, first, second."""
-    again = [(f"{name}, again", knobs) for name, knobs in (first, second)]
-    return [first, second, *again]
+def interleaved_twice(*variants):
+    """A/B(/C...) variants, each timed twice: all of them in order, then all again."""
+    return [*variants, *((f"{name}, again", knobs) for name, knobs in variants)]
 
 
-# tools/wgmma_rate.py measured FFMA/FADD work in any warp of the SM slowing FP8 WGMMAs far
-# more than LOP3-class work does. The ReLU as FMNMX (ALU pipe) against x + |x| (FMA pipe, the
-# float32 default since the eighth round, when fp8 next_n >= 2 was not timed), at the
-# MMA-heavy fp8 shapes. Measured 2026-11-30: FMNMX 1-4 % slower.
 RELU_PIPE_VARIANTS = interleaved_twice(
     ("relu x + |x| (FMA pipe)", ()), ("relu FMNMX (ALU pipe)", (("RELU_FMA", 0),))
 )
@@ -451,13 +446,12 @@ N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 327
 # Weights of the first G 8-column groups held in registers per request (WEIGHT_REGS=G, capped
 # at N / 8) instead of loaded per unit; "spills" where they do not fit. Production holds every
 # group where at most two consumer warpgroups run (next_n 4 at H 64), none elsewhere.
-WEIGHT_REG_VARIANTS = [
+WEIGHT_REG_VARIANTS = interleaved_twice(
     ("production", ()),
     ("weights loaded per unit", (("WEIGHT_REGS", 0),)),
     ("weights in regs, G 8", (("WEIGHT_REGS", 8),)),
     ("weights in regs, G 12", (("WEIGHT_REGS", 12),)),
-]
-WEIGHT_REG_VARIANTS += [(f"{name}, again", knobs) for name, knobs in WEIGHT_REG_VARIANTS]
+)
 WEIGHT_REG_SHAPES = [
     (4, 64, 1, 4096),
     (4, 64, 8, 4096),
