@@ -59,11 +59,12 @@ using Registers = RegisterSplit<kProducerRegs>;
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
-// EXP_PHASES=1: schedule_rows_out receives, per CTA (64 64-bit slots), per consumer warpgroup
-// (8 slots each, the first 32), the SM cycles (32-bit clock, which keeps the registers below a spill) its first
-// thread spent per phase, summed over its units:
-// waiting (between units: the full barrier, the walk, a new request's q), issuing the MMAs,
-// waiting for them, the rest of the epilogue; then the unit count.
+// EXP_PHASES=1 (default in paged_mqa_common.cuh): schedule_rows_out receives 64 64-bit slots per
+// CTA. The first 32: per consumer warpgroup (8 slots each), the SM cycles its first thread
+// spent per phase, summed over its units: waiting (between units: the full barrier, the walk,
+// a new request's q), issuing the MMAs, waiting for them, the rest of the epilogue; then the
+// unit count. The last 32: the producer warps' (run_producer). 32-bit clock() sums: 64-bit
+// ones made next_n 4 spill.
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
 static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "next_n * num_heads must be a multiple of 8 in [8, 256]");
@@ -204,7 +205,8 @@ struct ConsumerMath {
   long long out_stride;
   AccReg acc[kHalves][Mma::kRegs];
   float2 weight_regs[kWeightRegGroups > 0 ? kWeightRegGroups : 1];
-  int weights_of = -1;  // the request whose weights weight_regs hold
+  int weights_of = -1;    // the request whose weights weight_regs hold
+  unsigned mma_done = 0;  // EXP_PHASES: clock() when the unit's last MMA group completed
 
   __device__ ConsumerMath(uint8_t* smem, Out* out_, long long out_stride_)
       : lane(threadIdx.x % 32),
@@ -253,8 +255,6 @@ struct ConsumerMath {
       wgmma_commit();
     }
   }
-
-  unsigned mma_done = 0;  // EXP_PHASES: clock() when the last MMA group completed
 
   // Wait for half h's MMA group (the later half may still run).
   template <int h>
