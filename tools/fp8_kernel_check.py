@@ -467,6 +467,22 @@ WEIGHT_REG_SHAPES = [
 HALVES_VARIANTS = interleaved_twice(("production", ()), ("one MMA group", (("MMA_HALVES", 1),)))
 HALVES_SHAPES = [(3, 64, 64, 32768), (4, 64, 64, 32768), (4, 128, 128, 32768), (4, 32, 128, 32768)]
 
+# next_n 2 with fewer consumer warpgroups and, in the registers that frees, every weight group
+# (2026-11-30, prepared, not yet run: 3 consumers alone were 2.5-5 % slower in the fifteenth
+# round, the weights in registers 5 % faster at next_n 4).
+N2_WEIGHT_VARIANTS = interleaved_twice(
+    ("4 consumers (production)", ()),
+    ("3 consumers", (("NUM_CONSUMERS", 3),)),
+    ("3 consumers, weights in regs", (("NUM_CONSUMERS", 3), ("WEIGHT_REGS", 16))),
+    ("2 consumers, weights in regs", (("NUM_CONSUMERS", 2), ("WEIGHT_REGS", 16))),
+)
+N2_WEIGHT_SHAPES = [
+    (2, 64, 128, 65536),
+    (2, 128, 128, 32768),
+    (2, 64, 64, 16384),
+    (2, 32, 64, 32768),
+]
+
 
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
@@ -1142,6 +1158,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     ),
     "halves": lambda copy_bw: variant_table(FP8, HALVES_SHAPES, HALVES_VARIANTS, copy_bw),
     "phases": phase_experiments,
+    "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),
