@@ -527,7 +527,7 @@ def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
-def fp4_call(case, schedule, experiment=()):
+def fp4_call(case, schedule, experiment=(), schedule_rows_out=None):
     from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
 
     return functools.partial(
@@ -544,6 +544,7 @@ def fp4_call(case, schedule, experiment=()):
         epi_dtype=torch.float32,
         is_kv_sf_interleaved=False,
         experiment=experiment,
+        schedule_rows_out=schedule_rows_out,
     )
 
 
@@ -980,32 +981,36 @@ PHASE_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768)]
 PHASE_VARIANTS = [("production", ()), ("16 stages", (("NUM_STAGES", 16),))]
 
 
-def phase_experiments(copy_bw: float, calls: int = 5) -> None:
+def phase_experiments(
+    copy_bw: float, kernel=None, shapes=PHASE_SHAPES, variants=PHASE_VARIANTS, calls: int = 5
+) -> None:
     """Where the roles' time goes (EXP_PHASES), in SM cycles per unit, summed over every CTA.
     Consumer warpgroups: waiting between units (full barrier, walk, q of a new request),
     issuing the MMAs, waiting for them, the rest of the epilogue. Producer warps: waiting for a
     free stage, looking up the blocks and issuing the copies, entering new requests (q
     staging). 32-bit sums: a role's run must stay under 2^32 cycles. Last call of `calls` in
-    a stream (after --preheat); the time is `bench` without the knob."""
+    a stream (after --preheat); the time is `bench` without the knob. For the MXFP4 kernel
+    (kernel=FP4) the consumers' "issue" phase also reads the stage and decodes it."""
+    kernel = kernel or FP8
     print(
-        "\nrole phases, SM cycles per unit (EXP_PHASES)\n"
+        f"\n{kernel.variant} role phases, SM cycles per unit (EXP_PHASES)\n"
         "variant      next_n bs     B      L  time_us | consumer: wait  issue  mma_wait  epilogue"
         "  total | producer: empty_wait  issue  requests | SM cycles/unit"
     )
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
-    for next_n, block_size, batch, avg in PHASE_SHAPES:
-        case, _ = timing_case(next_n, block_size, batch, avg)
-        for name, knobs in PHASE_VARIANTS:
+    for next_n, block_size, batch, avg in shapes:
+        case, _ = kernel.make_case(next_n, block_size, batch, avg)
+        for name, knobs in variants:
             settle(torch.device("cuda"))
-            preheat(fp8_call(case, None, knobs))
-            t = bench(fp8_call(case, None, knobs))
+            preheat(kernel.call(case, None, knobs))
+            t = bench(kernel.call(case, None, knobs))
             phases = torch.zeros(ctas, 64, dtype=torch.int64, device="cuda")
-            call = fp8_call(case, None, (*knobs, ("EXP_PHASES", 1)), schedule_rows_out=phases)
+            call = kernel.call(case, None, (*knobs, ("EXP_PHASES", 1)), schedule_rows_out=phases)
             preheat(call)
             for _ in range(calls):
                 call()
             torch.cuda.synchronize()
-            config = FP8.config(block_size, next_n, knobs)
+            config = kernel.config(block_size, next_n, knobs)
             p = phases.view(ctas, 8, 8).double().cpu()
             cons = p[:, : config.consumers, :5]
             prod = p[:, 4 : 4 + config.pipeline.producers, :4]
@@ -1158,6 +1163,12 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     ),
     "halves": lambda copy_bw: variant_table(FP8, HALVES_SHAPES, HALVES_VARIANTS, copy_bw),
     "phases": phase_experiments,
+    "fp4-phases": lambda copy_bw: phase_experiments(
+        copy_bw,
+        FP4,
+        [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768)],
+        [("production", ())],
+    ),
     "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw

@@ -50,6 +50,11 @@
 #ifndef EXP_SKIP_DECODE
 #define EXP_SKIP_DECODE 0
 #endif
+// EXP_PHASES=1 (default in paged_mqa_common.cuh): as in the FP8 kernel, schedule_rows_out
+// receives 64 64-bit slots per CTA: per consumer warpgroup (8 each, the first 32) the SM cycles
+// of its first thread per phase, summed over its units: waiting between units; reading the
+// stage, decoding and issuing the MMAs; waiting for them; the rest of the epilogue; then the
+// unit count. The last 32: the producer warps' (run_producer).
 
 #define NUM_HEADS 64
 #define HEAD_DIM 128
@@ -208,7 +213,7 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, long long kv_block_stride,
                                          const uint8_t* q, const uint32_t* q_sf, const float* weights,
                                          const int* block_tables, long long block_table_stride, UnitWalker walk,
-                                         uint8_t* smem) {
+                                         uint8_t* smem, long long* phases) {
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
   float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
@@ -240,7 +245,8 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       }
     }
   };
-  run_producer(walk, block_tables, block_table_stride, bars, stage_request_q, issue);
+  run_producer(walk, block_tables, block_table_stride, bars, stage_request_q, issue,
+               EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
 }
 
 // The scale word (four UE8M0 bytes) of row `row` of unit `u`.
@@ -255,7 +261,7 @@ __device__ __forceinline__ uint32_t token_scales(const uint8_t* stage_scales, in
 }
 
 __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
-                                         uint8_t* smem) {
+                                         uint8_t* smem, long long* phases) {
   const int warp_in_group = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   const int quad = lane % 4;                       // column pair of each 8-column group; KV group
@@ -269,6 +275,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   const uint8_t* scales = smem + SharedLayout::kScales;
   const Barriers bars(smem + SharedLayout::kBarriers);
   float acc[kHalves][Mma::kRegs];
+  unsigned issued = 0, mma_done = 0;  // EXP_PHASES: clock() after the MMA issue, after the last wait
   if (EXP_SKIP_MMA) {
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -330,6 +337,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
       wgmma_commit();
     }
+    if (EXP_PHASES) issued = clock();
 
     if (EXP_SKIP_EPILOGUE) {
       wgmma_wait<0>();
@@ -360,6 +368,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     for (int h = 0; h < kHalves; ++h) {
       if (h == kHalves - 1) {
         wgmma_wait<0>();
+        if (EXP_PHASES) mma_done = clock();
       } else {
         wgmma_wait<kHalves - 1>();
       }
@@ -401,7 +410,31 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
     }
   };
-  run_consumer(consumer_index, walk, bars, process);
+  if (!EXP_PHASES) {
+    run_consumer(consumer_index, walk, bars, process);
+    return;
+  }
+  unsigned waiting = 0, decoding = 0, mma_waiting = 0, epilogue = 0, units = 0;
+  unsigned last_end = clock();
+  run_consumer(consumer_index, walk, bars, [&](int stage, int slot, const UnitWalker& unit) {
+    const unsigned start = clock();
+    process(stage, slot, unit);
+    const unsigned end = clock();
+    waiting += start - last_end;
+    decoding += issued - start;
+    mma_waiting += mma_done - issued;
+    epilogue += end - mma_done;
+    ++units;
+    last_end = end;
+  });
+  if (threadIdx.x % 128 == 0) {
+    long long* mine = phases + 64 * blockIdx.x + 8 * consumer_index;
+    mine[0] = waiting;
+    mine[1] = decoding;
+    mine[2] = mma_waiting;
+    mine[3] = epilogue;
+    mine[4] = units;
+  }
 }
 
 }  // namespace
@@ -427,8 +460,9 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   pdl_wait();
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
-  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size, schedule_rows_out,
-                                  bars.schedule_rows, smem + SharedLayout::kKv);
+  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,
+                                  EXP_PHASES ? nullptr : schedule_rows_out, bars.schedule_rows,
+                                  smem + SharedLayout::kKv);
   __syncthreads();
 
   UnitWalker walk;
@@ -437,11 +471,12 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size);
-      producer(kv_map, kv_base, kv_block_stride, q, q_sf, weights, block_tables, block_table_stride, walk, smem);
+      producer(kv_map, kv_base, kv_block_stride, q, q_sf, weights, block_tables, block_table_stride, walk, smem,
+               reinterpret_cast<long long*>(schedule_rows_out));
     }
   } else {
     Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
-    consumer(warpgroup - 1, out, out_stride, walk, smem);
+    consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
   }
 }
