@@ -414,27 +414,13 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     run_consumer(consumer_index, walk, bars, process);
     return;
   }
-  unsigned waiting = 0, decoding = 0, mma_waiting = 0, epilogue = 0, units = 0;
-  unsigned last_end = clock();
+  ConsumerPhases timing;
   run_consumer(consumer_index, walk, bars, [&](int stage, int slot, const UnitWalker& unit) {
     const unsigned start = clock();
     process(stage, slot, unit);
-    const unsigned end = clock();
-    waiting += start - last_end;
-    decoding += issued - start;
-    mma_waiting += mma_done - issued;
-    epilogue += end - mma_done;
-    ++units;
-    last_end = end;
+    timing.unit(start, issued, mma_done, clock());
   });
-  if (threadIdx.x % 128 == 0) {
-    long long* mine = phases + 64 * blockIdx.x + 8 * consumer_index;
-    mine[0] = waiting;
-    mine[1] = decoding;
-    mine[2] = mma_waiting;
-    mine[3] = epilogue;
-    mine[4] = units;
-  }
+  timing.store(phases, consumer_index);
 }
 
 }  // namespace

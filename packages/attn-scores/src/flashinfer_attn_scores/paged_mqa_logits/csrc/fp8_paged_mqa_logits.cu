@@ -382,8 +382,7 @@ struct ConsumerMath {
 __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
                                          uint8_t* smem, long long* phases) {
   ConsumerMath math(smem, out, out_stride);
-  unsigned waiting = 0, issuing = 0, mma_waiting = 0, epilogue = 0, units = 0;
-  unsigned last_end = EXP_PHASES ? clock() : 0;
+  ConsumerPhases timing;
   run_consumer(consumer_index, walk, math.bars, [&](int stage, int slot, const UnitWalker& unit) {
     if (EXP_SKIP_MATH) {
       math.skip_math(stage, unit.b, unit.u);
@@ -394,24 +393,9 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const unsigned issued = EXP_PHASES ? clock() : 0;
     math.hold_weights(slot, unit.b);
     math.epilogue(stage, slot, unit.b, unit.u);
-    if (EXP_PHASES) {
-      const unsigned end = clock();
-      waiting += start - last_end;
-      issuing += issued - start;
-      mma_waiting += math.mma_done - issued;
-      epilogue += end - math.mma_done;
-      ++units;
-      last_end = end;
-    }
+    if (EXP_PHASES) timing.unit(start, issued, math.mma_done, clock());
   });
-  if (EXP_PHASES && threadIdx.x % 128 == 0) {
-    long long* mine = phases + 64 * blockIdx.x + 8 * consumer_index;
-    mine[0] = waiting;
-    mine[1] = issuing;
-    mine[2] = mma_waiting;
-    mine[3] = epilogue;
-    mine[4] = units;
-  }
+  if (EXP_PHASES) timing.store(phases, consumer_index);
 }
 
 }  // namespace

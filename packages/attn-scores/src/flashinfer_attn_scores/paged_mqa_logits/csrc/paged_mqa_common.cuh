@@ -503,6 +503,33 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   }
 }
 
+// EXP_PHASES: a consumer warpgroup's cycles per phase, summed over its units (32-bit clock()
+// sums: 64-bit ones made fp8 next_n 4 spill). `unit` takes the clock readings of one unit: its
+// start, after its MMAs were issued, after they completed, its end.
+struct ConsumerPhases {
+  unsigned waiting = 0, issuing = 0, mma_waiting = 0, epilogue = 0, units = 0;
+  unsigned last_end = EXP_PHASES ? clock() : 0;
+
+  __device__ __forceinline__ void unit(unsigned start, unsigned issued, unsigned mma_done, unsigned end) {
+    waiting += start - last_end;  // between units: the full barrier, the walk, a new request's q
+    issuing += issued - start;
+    mma_waiting += mma_done - issued;
+    epilogue += end - mma_done;
+    ++units;
+    last_end = end;
+  }
+  // Slots 8 * consumer_index .. + 4 of this CTA's 64 (written by the warpgroup's first thread).
+  __device__ __forceinline__ void store(long long* phases, int consumer_index) const {
+    if (threadIdx.x % 128 != 0) return;
+    long long* mine = phases + 64 * blockIdx.x + 8 * consumer_index;
+    mine[0] = waiting;
+    mine[1] = issuing;
+    mine[2] = mma_waiting;
+    mine[3] = epilogue;
+    mine[4] = units;
+  }
+};
+
 // Consumer warpgroups. Unit k goes to consumer k % NUM_CONSUMERS, which waits for full[stage]
 // and calls `process(stage, slot, walk)`; `process` must arrive on empty[stage] (one arrival
 // per warp) once it no longer reads the stage. Every consumer waits on q_full for every
