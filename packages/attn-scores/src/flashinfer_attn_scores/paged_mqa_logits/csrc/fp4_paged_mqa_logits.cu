@@ -50,11 +50,8 @@
 #ifndef EXP_SKIP_DECODE
 #define EXP_SKIP_DECODE 0
 #endif
-// EXP_PHASES=1 (default in paged_mqa_common.cuh): as in the FP8 kernel, schedule_rows_out
-// receives 64 64-bit slots per CTA: per consumer warpgroup (8 each, the first 32) the SM cycles
-// of its first thread per phase, summed over its units: waiting between units; reading the
-// stage, decoding and issuing the MMAs; waiting for them; the rest of the epilogue; then the
-// unit count. The last 32: the producer warps' (run_producer).
+// EXP_PHASES=1: as in the FP8 kernel (ConsumerPhases, run_producer); here a consumer's
+// "issuing" phase also reads the stage and decodes it.
 
 #define NUM_HEADS 64
 #define HEAD_DIM 128

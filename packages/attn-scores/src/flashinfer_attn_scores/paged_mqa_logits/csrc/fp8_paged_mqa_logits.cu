@@ -59,12 +59,8 @@ using Registers = RegisterSplit<kProducerRegs>;
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
-// EXP_PHASES=1 (default in paged_mqa_common.cuh): schedule_rows_out receives 64 64-bit slots per
-// CTA. The first 32: per consumer warpgroup (8 slots each), the SM cycles its first thread
-// spent per phase, summed over its units: waiting (between units: the full barrier, the walk,
-// a new request's q), issuing the MMAs, waiting for them, the rest of the epilogue; then the
-// unit count. The last 32: the producer warps' (run_producer). 32-bit clock() sums: 64-bit
-// ones made next_n 4 spill.
+// EXP_PHASES=1: schedule_rows_out receives 64 64-bit slots per CTA, the consumer warpgroups'
+// cycles per phase (ConsumerPhases) and then the producer warps' (run_producer).
 
 static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of 32");
 static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "next_n * num_heads must be a multiple of 8 in [8, 256]");

@@ -503,9 +503,10 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   }
 }
 
-// EXP_PHASES: a consumer warpgroup's cycles per phase, summed over its units (32-bit clock()
-// sums: 64-bit ones made fp8 next_n 4 spill). `unit` takes the clock readings of one unit: its
-// start, after its MMAs were issued, after they completed, its end.
+// EXP_PHASES: a consumer warpgroup's SM cycles per phase, summed over its units (32-bit clock()
+// sums: 64-bit ones made fp8 next_n 4 spill), stored in the first 32 of a CTA's 64 slots of
+// schedule_rows_out. `unit` takes the clock readings of one unit: its start, after its MMAs
+// were issued, after they completed, its end.
 struct ConsumerPhases {
   unsigned waiting = 0, issuing = 0, mma_waiting = 0, epilogue = 0, units = 0;
   unsigned last_end = EXP_PHASES ? clock() : 0;
