@@ -468,8 +468,7 @@ HALVES_VARIANTS = interleaved_twice(("production", ()), ("one MMA group", (("MMA
 HALVES_SHAPES = [(3, 64, 64, 32768), (4, 64, 64, 32768), (4, 128, 128, 32768), (4, 32, 128, 32768)]
 
 # next_n 2 with fewer consumer warpgroups and, in the registers that frees, every weight group
-# (2026-11-30, prepared, not yet run: 3 consumers alone were 2.5-5 % slower in the fifteenth
-# round, the weights in registers 5 % faster at next_n 4).
+# (measured 2026-11-30, seventeenth round: none faster than production, in bursts or at the cap).
 N2_WEIGHT_VARIANTS = interleaved_twice(
     ("4 consumers (production)", ()),
     ("3 consumers", (("NUM_CONSUMERS", 3),)),
@@ -481,6 +480,22 @@ N2_WEIGHT_SHAPES = [
     (2, 128, 128, 32768),
     (2, 64, 64, 16384),
     (2, 32, 64, 32768),
+]
+
+# Where the power goes at the 700 W cap (run with --preheat): each row prints the SM clock the
+# variant settles at. A variant that drops a stage and runs at a higher clock frees that much
+# power; the production row's clock is what the whole kernel leaves.
+POWER_VARIANTS = interleaved_twice(
+    ("production", ()),
+    ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("no MMA", (("EXP_SKIP_MMA", 1),)),
+    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
+    ("relu on the ALU pipe", (("RELU_FMA", 0),)),
+)
+POWER_SHAPES = [
+    (1, 64, 128, 65536),
+    (2, 64, 128, 65536),
+    (4, 64, 64, 32768),
 ]
 
 
@@ -1170,6 +1185,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
         [("production", ())],
     ),
     "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
+    "power": lambda copy_bw: variant_table(FP8, POWER_SHAPES, POWER_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),
