@@ -442,6 +442,26 @@ def test_an_empty_pool_with_empty_requests(variant):
     assert got.shape == (2, 64) and torch.isnan(out).all()
 
 
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_empty_requests_and_max_seq_len_zero(variant):
+    """Every request empty and max_seq_len 0 over a pool that has blocks: the kernel runs,
+    returns a [rows, 0] view and writes nothing (found by tools/random_cases.py's seeds)."""
+    if variant == "fp8":
+        case = make_fp8_case(
+            [0, 0, 0], next_n=2, num_heads=64, head_dim=128, max_seq_len=0, spare_blocks=5
+        ).to("cuda")
+        args, call, output_dtype = list(case.fp8_args()), fa.fp8_paged_mqa_logits, torch.float32
+    else:
+        case = make_fp4_case([0, 0, 0], next_n=2, max_seq_len=0, spare_blocks=5).to("cuda")
+        args, call, output_dtype = list(case.fp4_args()), fa.fp4_paged_mqa_logits, torch.bfloat16
+    out = poisoned_out(case.rows, 0, output_dtype)
+    got = call(*args, out=out)
+    fresh = call(*args)
+    torch.cuda.synchronize()
+    assert got.shape == (6, 0) and fresh.shape == (6, 0)
+    assert torch.isnan(out).all(), "an empty call wrote into out"
+
+
 def test_empty_batch_on_gpu():
     case = fp8_case(32, 1, seed=7, lens=[], max_seq_len=100)
     got = fa.fp8_paged_mqa_logits(*case.fp8_args())
