@@ -498,6 +498,27 @@ POWER_SHAPES = [
     (4, 64, 64, 32768),
 ]
 
+# Pipeline depth: production's 12 stages against 16 and 20 (a multiple of the 4 producer warps
+# and the consumer count; next_n 3's three consumers need 12 or 24), three interleaved rounds,
+# large and mid-size shapes.
+STAGE_VARIANTS = [
+    (f"{name}{', again' * r}", knobs)
+    for r in range(3)
+    for name, knobs in (
+        ("12 stages (production)", ()),
+        ("16 stages", (("NUM_STAGES", 16),)),
+        ("20 stages", (("NUM_STAGES", 20),)),
+    )
+]
+STAGE_SHAPES = [
+    (1, 64, 128, 65536),
+    (2, 64, 128, 65536),
+    (1, 32, 128, 32768),
+    (1, 64, 64, 4096),
+    (2, 64, 128, 16384),
+    (2, 128, 128, 32768),
+    (4, 64, 64, 32768),
+]
 
 # The MXFP4 kernel's variants (same idea; "no decode" feeds the packed bytes to the MMA).
 FP4_EXPERIMENTS = [
@@ -1186,6 +1207,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     ),
     "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
     "power": lambda copy_bw: variant_table(FP8, POWER_SHAPES, POWER_VARIANTS, copy_bw),
+    "stages": lambda copy_bw: variant_table(FP8, STAGE_SHAPES, STAGE_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),
