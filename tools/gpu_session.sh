@@ -8,7 +8,7 @@
 #   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   EXPERIMENTS="large fp4" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   WGMMA_RATE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
-#   RANDOM_CASES="3000 2000" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+#   RANDOM_CASES="3000 2000 3000" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 # Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), EXPERIMENTS
 # ("large fp4 consumers data": variant tables of tools/fp8_kernel_check.py), PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
 # against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
@@ -51,11 +51,13 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
   grep "^FAIL" "$OUT/fp8-check.log" | cut -c1-200 | head
 fi
 if [ -n "${RANDOM_CASES:-}" ]; then
-  # RANDOM_CASES ("3000 2000"): that many fp8 and fp4 seeded random calls (tools/random_cases.py).
-  read -r fp8_seeds fp4_seeds <<< "$RANDOM_CASES"
-  python tools/random_cases.py --fp8 "$fp8_seeds" --fp4 "${fp4_seeds:-0}" 2>&1 | tr '\r' '\n' \
+  # RANDOM_CASES ("3000 2000 3000"): that many fp8 and fp4 seeded random calls and random
+  # schedule comparisons (tools/random_cases.py).
+  read -r fp8_seeds fp4_seeds schedule_seeds <<< "$RANDOM_CASES"
+  python tools/random_cases.py --fp8 "$fp8_seeds" --fp4 "${fp4_seeds:-0}" \
+    --schedules "${schedule_seeds:-0}" 2>&1 | tr '\r' '\n' \
     | grep -v "kernel/s\]\|s/kernel\]" > "$OUT/random-cases.log"
-  grep -E "^(FAIL|random cases|[0-9]+ kernel)" "$OUT/random-cases.log" | head -30
+  grep -E "^(FAIL|random cases|schedules|[0-9]+ kernel)" "$OUT/random-cases.log" | head -30
 fi
 for which in ${EXPERIMENTS:-}; do
   # EXPERIMENTS ("large fp4 consumers small timestamps"): the variant tables of tools/fp8_kernel_check.py

@@ -7,12 +7,16 @@ mix, block size, next_n, head shape and dtypes, strided views, a given or derive
 `out=` or not) and checks it against the same independent float64 expectation with the same
 tolerance. The suite runs 32 fp8 and 20 fp4 seeds; this widens the search. Every kernel
 configuration the seeds need is compiled first, in parallel (`flashinfer_jit.precompile`).
-Prints one line per failing seed (enough to rerun it: the variant and the seed) and a summary.
+`--schedules N` also compares the schedule helper on CUDA with its CPU version, bit for bit,
+for N random length vectors (batch 1..20000, zeros, huge lengths, negative entries, strided
+views, the device's SM count or another). Prints one line per failing seed (enough to rerun
+it) and a summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 import traceback
@@ -25,6 +29,7 @@ sys.path.insert(0, str(ROOT / "packages/attn-scores/tests/paged_mqa_logits"))
 
 from flashinfer_attn_scores.paged_mqa_logits import launcher  # noqa: E402
 from flashinfer_attn_scores.paged_mqa_logits.api import PagedMqaLogitsConfig  # noqa: E402
+from flashinfer_schedule import compute_paged_mqa_logits_schedule  # noqa: E402
 from test_gpu_random_cases import check_random_call, draw_call  # noqa: E402
 
 FP4_NUM_HEADS, FP4_HEAD_DIM = 64, 128
@@ -59,10 +64,45 @@ def kernel_config(variant: str, call: dict) -> PagedMqaLogitsConfig:
     )
 
 
+def random_lengths(rng: random.Random) -> torch.Tensor:
+    """A length vector of a random batch size and mix."""
+    batch = rng.choice(
+        [1, 2, 31, 32, 33, 127, 128, 129, rng.randint(1, 300), rng.randint(1, 20000)]
+    )
+    typical = rng.choice([1, 64, 4096, 70000])
+    lens = [rng.randint(0, typical) for _ in range(batch)]
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        lens[rng.randrange(batch)] = rng.choice([0, -5, rng.randint(1, 5_000_000)])
+    if rng.random() < 0.2:
+        lens = [0 if rng.random() < 0.5 else x for x in lens]
+    return torch.tensor(lens, dtype=torch.int32)
+
+
+def check_schedule(seed: int, device_sms: int) -> None:
+    """CUDA schedule == CPU schedule, bit for bit, for one random length vector."""
+    rng = random.Random(seed)
+    lens = random_lengths(rng)
+    variant = rng.choice(["fp8", "fp4"])
+    next_n = rng.randint(1, 4)
+    num_sms = rng.choice([device_sms, device_sms, 1, rng.randint(1, 400)])
+    strided = rng.random() < 0.3
+    on_gpu = lens.repeat_interleave(2).cuda()[::2] if strided else lens.cuda()
+    got = compute_paged_mqa_logits_schedule(on_gpu, next_n=next_n, variant=variant, num_sms=num_sms)
+    expected = compute_paged_mqa_logits_schedule(
+        lens, next_n=next_n, variant=variant, num_sms=num_sms
+    )
+    if not torch.equal(got.cpu(), expected):
+        rows = (got.cpu() != expected).any(dim=1).nonzero().flatten().tolist()
+        raise AssertionError(
+            f"batch {lens.numel()}, {variant} next_n {next_n}, {num_sms} SMs: rows {rows[:5]} differ"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fp8", type=int, default=400, help="fp8 seeds to run")
     parser.add_argument("--fp4", type=int, default=300, help="fp4 seeds to run")
+    parser.add_argument("--schedules", type=int, default=0, help="random schedule comparisons")
     parser.add_argument("--first-seed", type=int, default=100000)
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -87,12 +127,24 @@ def main() -> int:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
             print(failures[-1], flush=True)
+    device_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    schedule_failures = 0
+    for seed in range(args.first_seed, args.first_seed + args.schedules):
+        try:
+            check_schedule(seed, device_sms)
+        except Exception as exc:  # every failure is reported; none stops the run
+            schedule_failures += 1
+            print(f"FAIL schedule seed {seed}: {str(exc)[:300]}", flush=True)
+    if args.schedules:
+        print(
+            f"schedules: {args.schedules - schedule_failures} of {args.schedules} equal to the CPU's"
+        )
     passed = len(runs) - len(failures)
     print(
         f"random cases: {passed} of {len(runs)} passed ({args.fp8} fp8, {args.fp4} fp4, seeds from"
         f" {args.first_seed}) in {time.perf_counter() - began:.0f} s"
     )
-    return 0 if not failures else 1
+    return 0 if not failures and not schedule_failures else 1
 
 
 if __name__ == "__main__":
