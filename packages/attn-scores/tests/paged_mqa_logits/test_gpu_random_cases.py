@@ -26,6 +26,10 @@ pytestmark = pytest.mark.gpu
 FP8_HEAD_SHAPES = [(64, 128), (64, 128), (32, 128), (16, 64), (8, 32), (64, 64), (4, 160)]
 
 
+# Per element, as a fraction of sum_h |w_h| sum_d |q_hd k_d| * scale: the FP8 tensor cores'
+# accumulation error (see assert_rows_close).
+ACCUMULATION_ERROR = {torch.float32: 2.0**-12, torch.float16: 2.0**-10}
+
 # fp4 (output_dtype, epi_dtype)
 FP4_DTYPES = [
     (torch.bfloat16, torch.float32),
@@ -197,8 +201,25 @@ def check_random_call(variant: str, seed: int) -> None:
         case.seq_lens,
         case.max_seq_len,
     )
+    # The accumulation term: this generator draws heads as few as 4 and rows of one valid
+    # position, where a logit can be a small remainder of large products (see
+    # assert_rows_close). The float32 entry is 3x the largest such error in seven calls
+    # diagnosed on the H200 (2**-13.6 of sum |q_d k_d|); a float16 accumulator also rounds
+    # each partial sum (2**-12.2 seen; its entry 4.6x that).
+    dot_magnitude = expected_logits(
+        case.q64.abs(),
+        case.k64.abs(),
+        case.token_scale64,
+        case.weights.abs(),
+        case.block_tables,
+        case.seq_lens,
+        case.max_seq_len,
+    )
+    acc_dtype = call["dtypes"][2] if variant == "fp8" else torch.float32
     mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
-    assert_rows_close(got, expected, mask, tol, magnitude)
+    assert_rows_close(
+        got, expected, mask, tol, magnitude, dot_magnitude, ACCUMULATION_ERROR[acc_dtype]
+    )
     if out is not None:
         written = out.cpu()
         assert torch.isnan(written[case.rows :]).all(), "a row past batch_size*next_n was written"
