@@ -39,28 +39,20 @@ def kernel_config(variant: str, call: dict) -> PagedMqaLogitsConfig:
     """The kernel specialisation `call` launches (what precompile would build for it)."""
     if variant == "fp8":
         output_dtype, epi_dtype, acc_dtype = call["dtypes"]
-        return PagedMqaLogitsConfig(
-            "fp8",
-            call["block_size"],
-            call["next_n"],
-            call["num_heads"],
-            call["head_dim"],
-            output_dtype,
-            epi_dtype,
-            acc_dtype,
-            False,
-        )
-    output_dtype, epi_dtype = call["dtypes"]
+        heads, head_dim, interleaved = call["num_heads"], call["head_dim"], False
+    else:
+        (output_dtype, epi_dtype), acc_dtype = call["dtypes"], torch.float32
+        heads, head_dim, interleaved = FP4_NUM_HEADS, FP4_HEAD_DIM, call["interleaved"]
     return PagedMqaLogitsConfig(
-        "fp4",
-        call["block_size"],
-        call["next_n"],
-        FP4_NUM_HEADS,
-        FP4_HEAD_DIM,
-        output_dtype,
-        epi_dtype,
-        torch.float32,
-        call["interleaved"],
+        variant=variant,
+        block_size=call["block_size"],
+        next_n=call["next_n"],
+        num_heads=heads,
+        head_dim=head_dim,
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
+        is_kv_sf_interleaved=interleaved,
     )
 
 
