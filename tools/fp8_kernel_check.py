@@ -429,12 +429,12 @@ def large_experiments(copy_bw: float) -> None:
     variant_table(FP8, EXPERIMENT_SHAPES, EXPERIMENTS, copy_bw)
 
 
-def interleaved_twice(*variants):
-    """A/B(/C...) variants, each timed twice: all of them in order, then all again."""
-    return [*variants, *((f"{name}, again", knobs) for name, knobs in variants)]
+def interleaved(*variants, rounds: int = 2):
+    """A/B(/C...) variants, each timed `rounds` times: all of them in order, then all again."""
+    return [(f"{name}{', again' * r}", knobs) for r in range(rounds) for name, knobs in variants]
 
 
-RELU_PIPE_VARIANTS = interleaved_twice(
+RELU_PIPE_VARIANTS = interleaved(
     ("relu x + |x| (FMA pipe)", ()), ("relu FMNMX (ALU pipe)", (("RELU_FMA", 0),))
 )
 RELU_PIPE_SHAPES = [
@@ -447,7 +447,7 @@ RELU_PIPE_SHAPES = [
 # fp8 next_n 2 (N 128) with 3 consumer warpgroups (152 registers each, room for the unit's
 # weights in registers) against production's 4 (104 registers). Measured 2026-11-30: 3 are
 # 2.5-5 % slower.
-N2_CONSUMER_VARIANTS = interleaved_twice(
+N2_CONSUMER_VARIANTS = interleaved(
     ("4 consumers (production)", ()), ("3 consumers", (("NUM_CONSUMERS", 3),))
 )
 N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 32768)]
@@ -455,7 +455,7 @@ N2_CONSUMER_SHAPES = [(2, 64, 128, 65536), (2, 128, 128, 32768), (2, 32, 64, 327
 # Weights of the first G 8-column groups held in registers per request (WEIGHT_REGS=G, capped
 # at N / 8) instead of loaded per unit; "spills" where they do not fit. Production holds every
 # group where at most two consumer warpgroups run (next_n 4 at H 64), none elsewhere.
-WEIGHT_REG_VARIANTS = interleaved_twice(
+WEIGHT_REG_VARIANTS = interleaved(
     ("production", ()),
     ("weights loaded per unit", (("WEIGHT_REGS", 0),)),
     ("weights in regs, G 8", (("WEIGHT_REGS", 8),)),
@@ -473,12 +473,12 @@ WEIGHT_REG_SHAPES = [
 
 # One MMA commit group instead of two at N > 128, now that next_n 4 holds its weights in
 # registers (two groups read the KV tile twice from shared memory).
-HALVES_VARIANTS = interleaved_twice(("production", ()), ("one MMA group", (("MMA_HALVES", 1),)))
+HALVES_VARIANTS = interleaved(("production", ()), ("one MMA group", (("MMA_HALVES", 1),)))
 HALVES_SHAPES = [(3, 64, 64, 32768), (4, 64, 64, 32768), (4, 128, 128, 32768), (4, 32, 128, 32768)]
 
 # next_n 2 with fewer consumer warpgroups and, in the registers that frees, every weight group
 # (measured 2026-11-30, seventeenth round: none faster than production, in bursts or at the cap).
-N2_WEIGHT_VARIANTS = interleaved_twice(
+N2_WEIGHT_VARIANTS = interleaved(
     ("4 consumers (production)", ()),
     ("3 consumers", (("NUM_CONSUMERS", 3),)),
     ("3 consumers, weights in regs", (("NUM_CONSUMERS", 3), ("WEIGHT_REGS", 16))),
@@ -494,7 +494,7 @@ N2_WEIGHT_SHAPES = [
 # Where the power goes at the 700 W cap (run with --preheat): each row prints the SM clock the
 # variant settles at. A variant that drops a stage and runs at a higher clock frees that much
 # power; the production row's clock is what the whole kernel leaves.
-POWER_VARIANTS = interleaved_twice(
+POWER_VARIANTS = interleaved(
     ("production", ()),
     ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
     ("no MMA", (("EXP_SKIP_MMA", 1),)),
@@ -510,15 +510,12 @@ POWER_SHAPES = [
 # Pipeline depth: production's 12 stages against 16 and 20 (a multiple of the 4 producer warps
 # and the consumer count; next_n 3's three consumers need 12 or 24), three interleaved rounds,
 # large and mid-size shapes.
-STAGE_VARIANTS = [
-    (f"{name}{', again' * r}", knobs)
-    for r in range(3)
-    for name, knobs in (
-        ("12 stages (production)", ()),
-        ("16 stages", (("NUM_STAGES", 16),)),
-        ("20 stages", (("NUM_STAGES", 20),)),
-    )
-]
+STAGE_VARIANTS = interleaved(
+    ("12 stages (production)", ()),
+    ("16 stages", (("NUM_STAGES", 16),)),
+    ("20 stages", (("NUM_STAGES", 20),)),
+    rounds=3,
+)
 STAGE_SHAPES = [
     (1, 64, 128, 65536),
     (2, 64, 128, 65536),
