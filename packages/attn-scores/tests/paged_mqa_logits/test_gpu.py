@@ -337,6 +337,41 @@ def test_deterministic(variant):
     assert torch.equal(first[mask], second[mask])
 
 
+@pytest.mark.parametrize(("variant", "next_n"), [("fp8", 1), ("fp8", 4), ("fp4", 2)])
+def test_batch_invariant(variant, next_n):
+    """A request's logits do not depend on the batch around it: bitwise the same alone
+    (B = 1, another schedule and CTA) and inside the batch in reversed order."""
+    case = (fp8_case if variant == "fp8" else fp4_case)(64, next_n, seed=11)
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    per_request_q = (case.q,) if variant == "fp8" else (case.q, case.q_sf)
+
+    def call(order):
+        index = torch.tensor(order, device="cuda")
+        rows = (index[:, None] * next_n + torch.arange(next_n, device="cuda")).flatten()
+        qs = tuple(t[index] for t in per_request_q)
+        return op(
+            *qs,
+            case.kv_fused,
+            case.weights[rows],
+            case.block_tables[index],
+            case.seq_lens[index],
+            case.max_seq_len,
+        ).clone()
+
+    batch = len(EDGE_LENGTHS)
+    whole = call(list(range(batch)))
+    reversed_rows = call(list(range(batch - 1, -1, -1)))
+    mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    for b in range(batch):
+        rows = slice(b * next_n, (b + 1) * next_n)
+        alone = call([b])
+        back = slice((batch - 1 - b) * next_n, (batch - b) * next_n)
+        assert torch.equal(alone[mask[rows]], whole[rows][mask[rows]]), f"request {b} alone"
+        assert torch.equal(reversed_rows[back][mask[rows]], whole[rows][mask[rows]]), (
+            f"request {b} in the reversed batch"
+        )
+
+
 def test_given_schedule_equals_internal_schedule():
     case = fp8_case(128, 3, seed=6)
     schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=3, variant="fp8")
