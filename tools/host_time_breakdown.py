@@ -61,6 +61,69 @@ class Recorder:
         setattr(self.target, self.name, self.original)
 
 
+class NativeLaunch:
+    """`cuLaunchKernel(Ex)` called through ctypes with a launch configuration built once, to
+    compare against the cuda-bindings call (which converts every argument per call)."""
+
+    def __init__(self, function, grid, block, smem, stream, programmatic: bool) -> None:
+        import ctypes
+
+        from cuda.bindings import driver as drv
+        from flashinfer_jit.kernel import _dim3
+
+        name = "cuLaunchKernelEx" if programmatic else "cuLaunchKernel"
+        err, address, _ = drv.cuGetProcAddress(name.encode(), 12080, 0)
+        assert not int(err), err
+        self.function = int(function)
+        if programmatic:
+            prototype = ctypes.CFUNCTYPE(
+                ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+            )
+            self.call = prototype(int(address))
+            # CUlaunchAttribute: id, 4 bytes padding, a 64-byte value union.
+            self.attribute = (ctypes.c_ubyte * 72)()
+            ctypes.c_int.from_buffer(
+                self.attribute, 0
+            ).value = 6  # PROGRAMMATIC_STREAM_SERIALIZATION
+            ctypes.c_int.from_buffer(self.attribute, 8).value = 1
+            # CUlaunchConfig: 7 unsigned (grid, block, shared memory), stream, attrs, numAttrs.
+            self.config = (ctypes.c_ubyte * 56)()
+            dims = (ctypes.c_uint * 7).from_buffer(self.config, 0)
+            for i, value in enumerate((*_dim3(grid, "grid"), *_dim3(block, "block"), smem)):
+                dims[i] = value
+            ctypes.c_uint64.from_buffer(self.config, 32).value = int(stream)
+            ctypes.c_uint64.from_buffer(self.config, 40).value = ctypes.addressof(self.attribute)
+            ctypes.c_uint.from_buffer(self.config, 48).value = 1
+            config_address = ctypes.addressof(self.config)
+            self.launch = lambda params: self.call(config_address, self.function, params, 0)
+        else:
+            u = ctypes.c_uint
+            prototype = ctypes.CFUNCTYPE(
+                ctypes.c_int,
+                ctypes.c_void_p,
+                u,
+                u,
+                u,
+                u,
+                u,
+                u,
+                u,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+            )
+            self.call = prototype(int(address))
+            stream = int(stream)
+            self.launch = lambda params: self.call(
+                self.function, grid, 1, 1, block, 1, 1, smem, stream, params, 0
+            )
+
+    def __call__(self, params: int) -> None:
+        err = self.launch(params)
+        if err:
+            raise RuntimeError(f"native launch failed: {err}")
+
+
 def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, float]]:
     from flashinfer_attn_scores.paged_mqa_logits import api
     from flashinfer_jit import kernel as jit_kernel
@@ -98,6 +161,9 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
         raw(handle, grid, 1, 1, block, 1, 1, smem, stream, params, 0)
 
     one = torch.zeros(1, device=device)
+    config = kernel._configs[next(iter(kernel._configs))] if kernel._configs else None
+    native = NativeLaunch(handle, grid, block, smem, stream, programmatic=config is not None)
+    meta = tuple(t for t in (*tensors, out) if isinstance(t, torch.Tensor))
     rows += [
         ("  signature (api._signature)", per_call_us(lambda: api._signature(*key_args), calls)),
         ("  remembered-call lookup", per_call_us(lambda: api._eager_call(key), calls)),
@@ -109,6 +175,42 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
         ),
         ("        argument packing", per_call_us(lambda: packer.pack(pack_args), calls)),
         ("        bare cuLaunchKernel", per_call_us(bare_launch, calls)),
+        (
+            "        bare cuLaunchKernelEx (cuda-bindings)",
+            per_call_us(lambda: kernel._cuLaunchKernelEx(config, handle, params, 0), calls)
+            if config is not None
+            else float("nan"),
+        ),
+        (
+            "        native launch (ctypes, prebuilt config)",
+            per_call_us(lambda: native(params), calls),
+        ),
+        (
+            f"  metadata: dtype of {len(meta)} tensors",
+            per_call_us(lambda: [t.dtype for t in meta], calls),
+        ),
+        (
+            f"  metadata: device of {len(meta)}",
+            per_call_us(lambda: [t.device for t in meta], calls),
+        ),
+        (
+            f"  metadata: get_device() of {len(meta)}",
+            per_call_us(lambda: [t.get_device() for t in meta], calls),
+        ),
+        (f"  metadata: shape of {len(meta)}", per_call_us(lambda: [t.shape for t in meta], calls)),
+        (
+            f"  metadata: stride() of {len(meta)}",
+            per_call_us(lambda: [t.stride() for t in meta], calls),
+        ),
+        (
+            f"  metadata: data_ptr() of {len(meta)}",
+            per_call_us(lambda: [t.data_ptr() for t in meta], calls),
+        ),
+        (
+            "  output view (as_strided)",
+            per_call_us(lambda: out.as_strided((1, 4096), (out.stride(0), 1)), calls),
+        ),
+        ("  empty list comprehension over them", per_call_us(lambda: [t for t in meta], calls)),
         ("torch add_ (1 element)", per_call_us(lambda: one.add_(1), calls)),
     ]
     del buffer
