@@ -5,10 +5,12 @@
 On the host-time benchmark's problem (B = 1, L = 4096, next_n = 1, block 64, `out=` given,
 `schedule_meta=None`; see tools/bench/host_time.py) it times, per call, the public function
 and then each layer under it with the layers above removed: the signature and remembered-call
-lookup of `api.py`, the remembered call, the prepared launch of the launcher, `Kernel.launch`
-with ready arguments, argument packing alone, a bare `cuLaunchKernel` of pre-packed
-arguments, and a one-element `torch.add_` as the reference point of this host. Each figure is
-the median over 5 loops of back-to-back calls (the GPU synchronised between loops only).
+lookup of `api.py`, the remembered call, the prepared launch of the launcher, the prepared jit
+launch with ready arguments (and `Kernel.launch`, the unprepared path, for comparison),
+argument packing alone, a bare `cuLaunchKernel(Ex)` of pre-packed arguments through
+cuda-bindings and through ctypes, the metadata reads of the call's tensors, the output view,
+and a one-element `torch.add_` as the reference point of this host. Each figure is the median
+over 5 loops of back-to-back calls (the GPU synchronised between loops only).
 """
 
 from __future__ import annotations
@@ -48,11 +50,20 @@ class Recorder:
         self.target, self.name = target, name
         self.original = getattr(target, name)
         self.seen: tuple = ()
+        self.result_seen: tuple = ()  # the arguments of the first call of what it returned
 
     def __enter__(self) -> Recorder:
         def record(*args, **kwargs):
             self.seen = (args, kwargs)
-            return self.original(*args, **kwargs)
+            result = self.original(*args, **kwargs)
+            if not callable(result):
+                return result
+
+            def record_result(*result_args):
+                self.result_seen = self.result_seen or result_args
+                return result(*result_args)
+
+            return record_result
 
         setattr(self.target, self.name, record)
         return self
@@ -132,28 +143,28 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     call()
     rows = [("public function (warm)", per_call_us(call, calls))]
 
-    # Capture each layer's arguments from real calls. The prepared launch binds
-    # `Kernel.launch` when it is built, so the remembered call is rebuilt around the recorder
+    # Capture each layer's arguments from real calls. The remembered call holds the launch
+    # `Kernel.prepare_launch` returned when it was built, so it is rebuilt around the recorder
     # and then once more without it.
     with Recorder(api, "_signature") as signature:
         call()
     key_args, _ = signature.seen
     key = api._signature(*key_args)
     api._EAGER_CALLS.pop(key)
-    with Recorder(jit_kernel.Kernel, "launch") as launch:
+    with Recorder(jit_kernel.Kernel, "prepare_launch") as prepared:
         call()
-    (kernel, *launch_args), launch_kwargs = launch.seen
+    (kernel, grid, block), options = prepared.seen
+    pack_args = prepared.result_seen
     api._EAGER_CALLS.pop(key)
     call()
     eager = api._EAGER_CALLS[key]
     tensors = key_args[1]
     out = key_args[3][1]
-    packer = kernel._packer
-    pack_args = tuple(launch_args[2:])
+    launch = kernel.prepare_launch(grid, block, **options)
+    packer = kernel._unchecked_packer() if options.get("devices_checked") else kernel._packer
     buffer, params = packer.pack(pack_args)
-    grid, block = launch_args[0], launch_args[1]
     stream = torch.cuda.current_stream(device).cuda_stream
-    smem = launch_kwargs["shared_mem"]
+    smem = options["shared_mem"]
     raw = kernel._cuLaunchKernel
     handle = kernel._launch_handle
 
@@ -169,9 +180,19 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
         ("  remembered-call lookup", per_call_us(lambda: api._eager_call(key), calls)),
         ("  remembered call", per_call_us(lambda: eager(tensors, None, out), calls)),
         ("    prepared launch (run)", per_call_us(lambda: eager._run(*tensors, out, None), calls)),
+        ("      prepared jit launch", per_call_us(lambda: launch(*pack_args), calls)),
         (
-            "      Kernel.launch",
-            per_call_us(lambda: kernel.launch(*launch_args, **launch_kwargs), calls),
+            "      Kernel.launch (the unprepared path)",
+            per_call_us(
+                lambda: kernel.launch(
+                    grid,
+                    block,
+                    *pack_args,
+                    shared_mem=smem,
+                    programmatic=options.get("programmatic", False),
+                ),
+                calls,
+            ),
         ),
         ("        argument packing", per_call_us(lambda: packer.pack(pack_args), calls)),
         ("        bare cuLaunchKernel", per_call_us(bare_launch, calls)),

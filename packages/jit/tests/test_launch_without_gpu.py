@@ -366,3 +366,101 @@ def test_tensor_map_encoded_on_a_thread_without_a_context_retries_in_the_primary
         ("cuCtxSetCurrent", 0),
     ]
     assert tensor_map.raw == bytes(range(128))
+
+
+# Kernel.prepare_launch: the same driver calls as `launch`, with the checks done once.
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"shared_mem": 100 * 1024},
+        {"programmatic": True, "shared_mem": 1024},
+        {"cluster": 2, "programmatic": True},
+        {"cluster": (2, 1, 1)},
+    ],
+)
+def test_prepared_launch_makes_the_calls_launch_makes(kernel, fake_driver, options):
+    args = _args(3)
+    kernel.launch(8, 64, *args, **options)
+    direct = [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+    fake_driver.calls.clear()
+    launch = kernel.prepare_launch(8, 64, **options)
+    for _ in range(2):
+        launch(*args)
+    prepared = [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+    assert prepared == direct * 2
+    assert fake_driver.launched_params == [_expected_bytes(args)] * 3
+
+
+def test_prepared_launch_reads_the_current_stream_per_call(kernel, fake_driver):
+    current = {"stream": STREAM}
+    kernel._raw_stream = lambda index: current["stream"]
+    launch = kernel.prepare_launch(4, 64, programmatic=True)
+    plain = kernel.prepare_launch(4, 64)
+    for stream in (STREAM, 0xDEF000, STREAM):
+        current["stream"] = stream
+        launch(*_args())
+        plain(*_args())
+    assert [(c[0], c[5]) for c in fake_driver.calls] == [
+        ("cuLaunchKernelEx", STREAM),
+        ("cuLaunchKernel", STREAM),
+        ("cuLaunchKernelEx", 0xDEF000),
+        ("cuLaunchKernel", 0xDEF000),
+        ("cuLaunchKernelEx", STREAM),
+        ("cuLaunchKernel", STREAM),
+    ]
+
+
+def test_prepared_launch_checks_its_geometry_when_prepared(kernel, fake_driver):
+    with pytest.raises(ValueError, match="positive int"):
+        kernel.prepare_launch(0, 64)
+    with pytest.raises(ValueError, match="positive int"):
+        kernel.prepare_launch(1, (32, 0))
+    with pytest.raises(ValueError, match="not a multiple of cluster"):
+        kernel.prepare_launch(9, 64, cluster=2)
+    with pytest.raises(ValueError, match=r"allows at most 231424 per block"):
+        kernel.prepare_launch(1, 64, shared_mem=232448)
+    with pytest.raises(ValueError, match="non-negative int"):
+        kernel.prepare_launch(1, 64, shared_mem=-1)
+    kernel.prepare_launch(1, 64, shared_mem=100 * 1024)
+    raises = [c for c in fake_driver.calls if c[0] == "cuKernelSetAttribute"]
+    assert [c[2] for c in raises] == [100 * 1024]  # raised when prepared, not per launch
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+
+
+def test_prepared_launch_checks_devices_unless_the_caller_did(fake_driver, cache_dir):
+    compiled = compile_kernel(SCALE_ADD, "sm_90a", cache_dir=cache_dir)
+    on_gpu0 = kernel_module.Kernel(compiled, 0)
+    on_gpu0._raw_stream = lambda index: STREAM
+    args = _args()  # CPU tensors: get_device() is -1, not 0
+    with pytest.raises(ValueError, match="runs on cuda:0 but got a tensor on cpu"):
+        on_gpu0.prepare_launch(1, 32)(*args)
+    with pytest.raises(ValueError, match="runs on cuda:0 but got a tensor on cpu"):
+        on_gpu0.launch(1, 32, *args)
+    fake_driver.calls.clear()
+    on_gpu0.prepare_launch(1, 32, devices_checked=True)(*args)
+    assert [c[0] for c in fake_driver.calls] == ["cuLaunchKernel"]
+    assert fake_driver.launched_params[-1] == _expected_bytes(args)
+
+
+def test_prepared_launch_on_the_default_stream_of_another_device(kernel, fake_driver):
+    kernel._raw_stream = lambda index: 0
+    kernel._current_device = lambda: kernel.device_index + 1  # PyTorch is on another GPU
+    fake_driver.current_context = OTHER_CONTEXT
+    kernel.prepare_launch(1, 32)(*_args())
+    assert fake_driver.calls == [
+        ("cuCtxSetCurrent", OUR_CONTEXT),
+        ("cuLaunchKernel", KERNEL_HANDLE, (1, 1, 1), (32, 1, 1), 0, 0, OUR_CONTEXT),
+        ("cuCtxSetCurrent", OTHER_CONTEXT),
+    ]
+
+
+def test_prepared_launch_errors_name_the_launch(kernel, fake_driver):
+    fake_driver.launch_result = 701
+    launch = kernel.prepare_launch(4, 1024, programmatic=True)
+    with pytest.raises(KernelLaunchError, match="CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES") as info:
+        launch(*_args())
+    assert "grid=(4, 1, 1) block=(1024, 1, 1)" in str(info.value)
+    assert "programmatic=True" in str(info.value)

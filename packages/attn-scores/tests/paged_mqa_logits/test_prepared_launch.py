@@ -18,9 +18,18 @@ class RecordingKernel:
         self.launches: list[tuple] = []
         self.programmatic: list[bool] = []
 
-    def launch(self, grid, block, *args, shared_mem=0, programmatic=False):
-        self.launches.append((grid, block, args, shared_mem))
-        self.programmatic.append(programmatic)
+        self.devices_checked: list[bool] = []
+
+    def prepare_launch(
+        self, grid, block, *, shared_mem=0, programmatic=False, devices_checked=False
+    ):
+        self.devices_checked.append(devices_checked)
+
+        def launch(*args):
+            self.launches.append((grid, block, args, shared_mem))
+            self.programmatic.append(programmatic)
+
+        return launch
 
 
 @pytest.fixture
@@ -56,6 +65,7 @@ def test_fp8_prepared_launch_passes_the_kernel_signature_in_order(recorded):
     run(case.q, case.kv_fused, case.weights, tables, case.seq_lens, out, None)
     config = fp8_sm90.fp8_config(64, 128, 64, 2, torch.float32, torch.float32, torch.float32)
     assert specs == [config.spec]
+    assert kernel.devices_checked == [False]  # by default the jit launch checks devices
     grid, block, args, shared_mem = kernel.launches[0]
     assert (grid, block, shared_mem) == (
         DEFAULT_CPU_NUM_SMS,

@@ -61,12 +61,22 @@ class ArgumentPacker:
         params: `(offset, size)` of each kernel parameter, in bytes.
         device_index: Device the kernel runs on; tensors must live there.
         label: Kernel label for error messages.
+        check_devices: Check that every tensor lives on `device_index` (skip only where the
+            caller has checked it, see `Kernel.prepare_launch`).
     """
 
-    def __init__(self, params: Sequence[tuple[int, int]], device_index: int, label: str) -> None:
+    def __init__(
+        self,
+        params: Sequence[tuple[int, int]],
+        device_index: int,
+        label: str,
+        *,
+        check_devices: bool = True,
+    ) -> None:
         self.params = tuple((int(o), int(s)) for o, s in params)
         self.device_index = device_index
         self.label = label
+        self.check_devices = check_devices
         self._plans: dict[tuple[type, ...], Callable[[tuple], Any]] = {}
         self._last: Callable[[tuple], Any] | None = None
 
@@ -131,7 +141,8 @@ class ArgumentPacker:
             if category == "tensor":
                 code, got = "Q", 8
                 values.append(f"a{index}.data_ptr()")
-                device_checks.append(f"a{index}")
+                if self.check_devices:
+                    device_checks.append(f"a{index}")
             elif category == "scalar":
                 code, got = kind.format, kind.size
                 values.append(f"a{index}.value")

@@ -9,7 +9,9 @@ the current PyTorch stream.
 
 Launch cost is kept low by caching, per kernel, a packing plan for each distinct tuple of
 argument types (see `flashinfer_jit.arguments`), so a launch does one type-tuple lookup, one
-`struct.pack_into` and the driver call.
+`struct.pack_into` and the driver call. `Kernel.prepare_launch` fixes the geometry and options
+of a launch that repeats (an op's launch for one argument signature) and keeps the driver's
+launch configuration per stream, so a repeated launch does no checking of them either.
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class Kernel:
         self._smem_cap = info.max_shared_memory_per_block_optin - self._static_smem
         self._non_portable_cluster = False
         self._packer = ArgumentPacker(self._params, device_index, self.spec.label)
+        self._packer_without_device_checks: ArgumentPacker | None = None
         self._configs: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self._cuLaunchKernel = drv.cuLaunchKernel
@@ -243,6 +246,92 @@ class Kernel:
             else:
                 self._launch_failed(err, launch)
         del buffer
+
+    def prepare_launch(
+        self,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        *,
+        shared_mem: int = 0,
+        cluster: int | tuple[int, ...] | None = None,
+        programmatic: bool = False,
+        devices_checked: bool = False,
+    ) -> Callable[..., None]:
+        """Fix everything of a launch but its arguments and stream; return `launch(*args)`.
+
+        `launch(*args)` does what `launch(grid, block, *args, ...)` does with these options,
+        including the current-stream lookup at call time (CUDA-graph capture works), for
+        less host time: the geometry is checked and the shared-memory limit raised here, once,
+        and the driver's launch configuration is kept per stream.
+
+        Args:
+            grid, block, shared_mem, cluster, programmatic: As for `launch`.
+            devices_checked: The caller guarantees that every tensor argument lives on this
+                kernel's device (for example because it validated them and keys the prepared
+                launch on their devices), so the per-call device check is skipped. A tensor
+                on another device would then be read through a foreign address: leave this
+                False unless that guarantee holds.
+
+        Raises:
+            ValueError: Bad grid, block, cluster or `shared_mem` (here, not per call).
+        """
+        gx, gy, gz = _dim3(grid, "grid")
+        bx, by, bz = _dim3(block, "block")
+        if type(shared_mem) is not int or shared_mem < 0 or shared_mem > self._smem_limit:
+            self._raise_shared_memory_limit(shared_mem)
+        if cluster is not None:
+            self._launch_config((gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, 0))
+        pack = (self._unchecked_packer() if devices_checked else self._packer).pack
+        raw_stream, current_device = self._raw_stream, self._current_device
+        index, function = self.device_index, self._launch_handle
+        launch_plain, launch_ex = self._cuLaunchKernel, self._cuLaunchKernelEx
+        extended = cluster is not None or programmatic
+        fixed = (gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic)
+        configs: dict[int, Any] = {}  # stream handle -> the driver's launch configuration
+
+        def launch(*args: Any) -> None:
+            handle = raw_stream(index)
+            buffer, params = pack(args)  # `buffer` must stay referenced until launched
+            if handle <= 2 and current_device() != index:
+                # A default stream of a device that is not current: `launch` finds the context.
+                self.launch(
+                    grid,
+                    block,
+                    *args,
+                    shared_mem=shared_mem,
+                    cluster=cluster,
+                    programmatic=programmatic,
+                )
+                return
+            if extended:
+                config = configs.get(handle)
+                if config is None:
+                    if len(configs) > 256:  # streams seen in serving are few; bound memory
+                        configs.clear()
+                    config = configs[handle] = self._launch_config((*fixed, handle))
+                (err,) = launch_ex(config, function, params, 0)
+            else:
+                (err,) = launch_plain(
+                    function, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0
+                )
+            if err:
+                if handle <= 2 and int(err) == CUDA_ERROR_INVALID_CONTEXT:
+                    with context_of(index):  # a thread where no context was current
+                        self._launch((*fixed, handle), params)
+                else:
+                    self._launch_failed(err, (*fixed, handle))
+            del buffer
+
+        return launch
+
+    def _unchecked_packer(self) -> ArgumentPacker:
+        packer = self._packer_without_device_checks
+        if packer is None:
+            packer = ArgumentPacker(
+                self._params, self.device_index, self.spec.label, check_devices=False
+            )
+            self._packer_without_device_checks = packer
+        return packer
 
     def _refuse_launch_beside_a_capture(self) -> None:
         """Raise if the calling thread is capturing a CUDA graph on another device's stream.

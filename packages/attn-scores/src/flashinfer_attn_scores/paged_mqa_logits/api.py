@@ -549,6 +549,8 @@ def fp8_paged_mqa_logits(
             output_dtype=output_dtype,
             epi_dtype=epi_dtype,
             acc_dtype=acc_dtype,
+            # Validated on q's device, and every tensor's device is in the signature key.
+            devices_checked=True,
         )
 
     def compute(storage: torch.Tensor) -> None:
@@ -794,6 +796,8 @@ def fp4_paged_mqa_logits(
             epi_dtype=epi_dtype,
             is_kv_sf_interleaved=is_kv_sf_interleaved,
             sf_vec_size=sf_vec_size,
+            # Validated on q's device, and every tensor's device is in the signature key.
+            devices_checked=True,
         )
 
     def compute(storage: torch.Tensor) -> None:

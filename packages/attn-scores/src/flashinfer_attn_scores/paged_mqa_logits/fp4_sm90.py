@@ -187,6 +187,7 @@ def prepare(
     sf_vec_size: int = 32,
     experiment: tuple[tuple[str, int], ...] = (),
     schedule_rows_out: torch.Tensor | None = None,
+    devices_checked: bool = False,
 ):
     """The launch of every call whose arguments match these in dtype, device, shape and
     strides: returns `run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage,
@@ -221,6 +222,7 @@ def prepare(
         schedule_meta,
         schedule_rows_out,
         _kv_tensor_map,
+        devices_checked,
     )
 
     block_stride = i64(kv_block_stride(kv_fused))

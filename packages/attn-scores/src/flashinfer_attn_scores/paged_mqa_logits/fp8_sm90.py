@@ -434,6 +434,7 @@ def launch_parts(
     schedule_meta: torch.Tensor | None,
     schedule_rows_out: torch.Tensor | None,
     make_kv_map,
+    devices_checked: bool,
 ) -> tuple:
     """What a prepared launch fixes, shared by both kernels (their launch arguments differ only
     in the q operands): `(launch_kernel, pool_map, table_stride, lens_stride, no_schedule,
@@ -444,12 +445,12 @@ def launch_parts(
 
     kernel = load_kernel(config.spec, q.device)
     grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
-    launch_kernel = functools.partial(
-        kernel.launch,
+    launch_kernel = kernel.prepare_launch(
         grid,
         config.threads,
         shared_mem=config.shared_memory_bytes(config.stages),
         programmatic=programmatic_launch_enabled(),
+        devices_checked=devices_checked,
     )
     return (
         launch_kernel,
@@ -477,6 +478,7 @@ def prepare(
     acc_dtype: torch.dtype,
     experiment: tuple[tuple[str, int], ...] = (),
     schedule_rows_out: torch.Tensor | None = None,
+    devices_checked: bool = False,
 ):
     """The launch of every call whose arguments match these in dtype, device, shape and
     strides (their data may differ): returns `run(q, kv_fused, weights, block_tables,
@@ -518,6 +520,7 @@ def prepare(
         schedule_meta,
         schedule_rows_out,
         lambda pool: _kv_tensor_map(pool, config),
+        devices_checked,
     )
 
     block_stride = i64(kv_block_stride(kv_fused))
