@@ -105,6 +105,39 @@ def test_cuda_graph_capture_then_replay_with_new_inputs():
         torch.testing.assert_close(out, _scale_add_reference(a, b, 0.5), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("programmatic", [False, True])
+def test_prepared_launch_follows_the_current_stream_and_graph_capture(programmatic):
+    """One prepared launch used on the default stream, a side stream and inside a capture."""
+    gen = _generator(12)
+    n = 5003
+    a = torch.randn(n, device="cuda", generator=gen)
+    b = torch.randn(n, device="cuda", generator=gen)
+    out = torch.full((n,), float("nan"), device="cuda")
+    launch = load_kernel(SCALE_ADD).prepare_launch(
+        _blocks(n, 128), 128, programmatic=programmatic, devices_checked=True
+    )
+    launch(out, a, b, f32(2.0), i32(n))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, _scale_add_reference(a, b, 2.0), rtol=1e-6, atol=1e-6)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(out, b, a, f32(-3.0), i32(n))
+    side.synchronize()
+    torch.testing.assert_close(out, _scale_add_reference(b, a, -3.0), rtol=1e-6, atol=1e-6)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(out, a, b, f32(0.25), i32(n))
+    for seed in (13, 14):
+        a.copy_(torch.randn(n, device="cuda", generator=_generator(seed)))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, _scale_add_reference(a, b, 0.25), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("kib", [100, 200])
 def test_more_than_48_kib_of_dynamic_shared_memory(kib):
     gen = _generator(3)

@@ -265,7 +265,11 @@ class Kernel:
         and the driver's launch configuration is kept per stream.
 
         Args:
-            grid, block, shared_mem, cluster, programmatic: As for `launch`.
+            grid: As for `launch`.
+            block: As for `launch`.
+            shared_mem: As for `launch`.
+            cluster: As for `launch`.
+            programmatic: As for `launch`.
             devices_checked: The caller guarantees that every tensor argument lives on this
                 kernel's device (for example because it validated them and keys the prepared
                 launch on their devices), so the per-call device check is skipped. A tensor
