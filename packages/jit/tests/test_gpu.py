@@ -37,6 +37,13 @@ def _scale_add_reference(a, b, alpha):
     return (a.double() * alpha + b.double() + OFFSET).float()
 
 
+def _scale_add_operands(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random `a`, `b` and a NaN-poisoned `out` of n floats for SCALE_ADD."""
+    a = torch.randn(n, device="cuda", generator=gen)
+    b = torch.randn(n, device="cuda", generator=gen)
+    return a, b, torch.full((n,), float("nan"), device="cuda")
+
+
 def _blocks(n: int, threads: int) -> int:
     return (n + threads - 1) // threads
 
@@ -67,9 +74,7 @@ def test_load_kernel_returns_the_same_object_for_every_spelling_of_the_device():
 def test_launch_on_a_non_default_stream(explicit):
     gen = _generator(1)
     n = 100_003
-    a = torch.randn(n, device="cuda", generator=gen)
-    b = torch.randn(n, device="cuda", generator=gen)
-    out = torch.full((n,), float("nan"), device="cuda")
+    a, b, out = _scale_add_operands(n, gen)
     alpha = -1.75
     kernel = load_kernel(SCALE_ADD)
     side = torch.cuda.Stream()
@@ -86,9 +91,7 @@ def test_launch_on_a_non_default_stream(explicit):
 def test_cuda_graph_capture_then_replay_with_new_inputs():
     gen = _generator(2)
     n = 4099
-    a = torch.randn(n, device="cuda", generator=gen)
-    b = torch.randn(n, device="cuda", generator=gen)
-    out = torch.full((n,), float("nan"), device="cuda")
+    a, b, out = _scale_add_operands(n, gen)
     kernel = load_kernel(SCALE_ADD)
     kernel.launch(_blocks(n, 128), 128, out, a, b, f32(0.5), i32(n))  # warm outside capture
     torch.cuda.synchronize()
@@ -110,9 +113,7 @@ def test_prepared_launch_follows_the_current_stream_and_graph_capture(programmat
     """One prepared launch used on the default stream, a side stream and inside a capture."""
     gen = _generator(12)
     n = 5003
-    a = torch.randn(n, device="cuda", generator=gen)
-    b = torch.randn(n, device="cuda", generator=gen)
-    out = torch.full((n,), float("nan"), device="cuda")
+    a, b, out = _scale_add_operands(n, gen)
     launch = load_kernel(SCALE_ADD).prepare_launch(
         _blocks(n, 128), 128, programmatic=programmatic, devices_checked=True
     )
@@ -272,9 +273,7 @@ def test_default_stream_launch_from_a_fresh_thread():
     # A new thread has no current CUDA context; the legacy default stream needs one.
     gen = _generator(6)
     n = 3000
-    a = torch.randn(n, device="cuda", generator=gen)
-    b = torch.randn(n, device="cuda", generator=gen)
-    out = torch.full((n,), float("nan"), device="cuda")
+    a, b, out = _scale_add_operands(n, gen)
     kernel = load_kernel(SCALE_ADD)
     torch.cuda.synchronize()
 
