@@ -14,7 +14,8 @@ Figures:
                      configuration from the warm disk cache (hash sources, read cubin, load
                      module), plus the first launch and synchronise for scale_add.
   launch overhead    Host time per launch of an empty 6-argument kernel, median over chunks of
-                     200 launches (GPU synchronised between chunks, not inside), compared with
+                     200 launches (GPU synchronised between chunks, not inside), by
+                     `Kernel.launch` and by a prepared launch (`Kernel.prepare_launch`), compared with
                      a raw cuda.bindings cuLaunchKernel of pre-packed arguments, cuda.core's
                      launch() and a tiny torch op.
 """
@@ -124,6 +125,21 @@ def measure_launch_overhead() -> dict[str, float | str]:
     )
     results["Kernel.launch, cluster=(1,1,1)"] = per_launch_us(
         lambda: kernel.launch(1, 32, *args, cluster=1), sync
+    )
+    prepared = kernel.prepare_launch(1, 32)
+    results["prepared launch (Kernel.prepare_launch), current stream"] = per_launch_us(
+        lambda: prepared(*args), sync
+    )
+    prepared_unchecked = kernel.prepare_launch(1, 32, devices_checked=True)
+    results["prepared launch, devices_checked=True"] = per_launch_us(
+        lambda: prepared_unchecked(*args), sync
+    )
+    results["Kernel.launch, programmatic=True (PDL)"] = per_launch_us(
+        lambda: kernel.launch(1, 32, *args, programmatic=True), sync
+    )
+    prepared_pdl = kernel.prepare_launch(1, 32, programmatic=True)
+    results["prepared launch, programmatic=True (PDL)"] = per_launch_us(
+        lambda: prepared_pdl(*args), sync
     )
 
     # Baseline: the driver call alone, arguments packed once beforehand.
