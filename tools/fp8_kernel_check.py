@@ -507,6 +507,11 @@ POWER_SHAPES = [
     (4, 64, 64, 32768),
 ]
 
+# The load path alone against the whole kernel at fp8 next_n 1 (>= 4M tokens, every block
+# size), for comparison with tools/read_rate.py's copy-engine rates in the same session.
+LOAD_PATH_VARIANTS = interleaved(("production", ()), ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)))
+LOAD_PATH_SHAPES = [(1, 32, 128, 65536), (1, 64, 128, 65536), (1, 128, 128, 65536)]
+
 # Pipeline depth: production's 12 stages against 16 and 20 (a multiple of the 4 producer warps
 # and the consumer count; next_n 3's three consumers need 12 or 24), three interleaved rounds,
 # large and mid-size shapes.
@@ -1214,6 +1219,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
     "power": lambda copy_bw: variant_table(FP8, POWER_SHAPES, POWER_VARIANTS, copy_bw),
     "stages": lambda copy_bw: variant_table(FP8, STAGE_SHAPES, STAGE_VARIANTS, copy_bw),
+    "load-path": lambda copy_bw: variant_table(FP8, LOAD_PATH_SHAPES, LOAD_PATH_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
     ),
