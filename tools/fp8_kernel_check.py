@@ -508,9 +508,23 @@ POWER_SHAPES = [
 ]
 
 # The load path alone against the whole kernel at fp8 next_n 1 (>= 4M tokens, every block
-# size), for comparison with tools/read_rate.py's copy-engine rates in the same session.
-LOAD_PATH_VARIANTS = interleaved(("production", ()), ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)))
-LOAD_PATH_SHAPES = [(1, 32, 128, 65536), (1, 64, 128, 65536), (1, 128, 128, 65536)]
+# size; next_n 2 and a mid-size shape besides), for comparison with tools/read_rate.py's rates
+# in the same session.
+# With EXP_STORES the logits are computed but not stored (1), or stored into 512 columns that
+# stay in L2 (2): what the output stores cost at DRAM.
+LOAD_PATH_VARIANTS = interleaved(
+    ("production", ()),
+    ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("no stores", (("EXP_STORES", 1),)),
+    ("stores into L2", (("EXP_STORES", 2),)),
+)
+LOAD_PATH_SHAPES = [
+    (1, 32, 128, 65536),
+    (1, 64, 128, 65536),
+    (1, 128, 128, 65536),
+    (2, 64, 128, 65536),
+    (1, 64, 64, 16384),
+]
 
 # Pipeline depth: production's 12 stages against 16 and 20 (a multiple of the 4 producer warps
 # and the consumer count; next_n 3's three consumers need 12 or 24), three interleaved rounds,

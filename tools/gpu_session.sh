@@ -9,6 +9,7 @@
 #   EXPERIMENTS="large fp4" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   WGMMA_RATE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   RANDOM_CASES="3000 2000 3000" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+#   READ_RATE="paths hop writes write-volume epochs" EXPERIMENTS=load-path SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 # Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), EXPERIMENTS
 # ("large fp4 consumers data": variant tables of tools/fp8_kernel_check.py), PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
 # against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
@@ -72,6 +73,18 @@ if [ "${WGMMA_RATE:-0}" = 1 ]; then
   timeout 200 python tools/wgmma_rate.py > "$OUT/wgmma-rate.log" 2>&1
   echo "wgmma_rate: exit $?"
   cat "$OUT/wgmma-rate.log"
+fi
+if [ -n "${READ_RATE:-}" ]; then
+  # READ_RATE ("paths hop writes write-volume epochs"): the read rate of a paged gather by load
+  # path and with output stores (tools/read_rate.py); one log per variant set.
+  for set in $READ_RATE; do
+    pages=""
+    [ "$set" != paths ] && pages="--page-bytes 8448"
+    # shellcheck disable=SC2086  # $pages is empty or two words on purpose
+    timeout 200 python tools/read_rate.py --set "$set" $pages > "$OUT/read-rate-$set.log" 2>&1
+    echo "read_rate --set $set: exit $?"
+    cat "$OUT/read-rate-$set.log"
+  done
 fi
 if [ "${JIT_BENCH:-1}" = 1 ]; then
   timeout 120 python packages/jit/benchmarks/launch_overhead.py --json "$OUT/jit-launch.json" > "$OUT/jit-launch.log" 2>&1

@@ -63,10 +63,16 @@ struct alignas(64) TensorMap {
 #ifndef WRITE_EVERY
 #define WRITE_EVERY 1
 #endif
+#ifndef OUT_RING
+#define OUT_RING 2
+#endif
+#ifndef EPOCH_NS
+#define EPOCH_NS 10000
+#endif
 #ifndef OUT_CHUNK
 #define OUT_CHUNK 16
 #endif
-constexpr int kThreads = MODE == 0 ? 256 : 32 * PRODUCERS + 128 * CONSUMERS + (WRITES == 8 ? 32 : 0);
+constexpr int kThreads = MODE == 0 ? 256 : 32 * PRODUCERS + 128 * CONSUMERS + (WRITES >= 8 ? 32 : 0);
 constexpr int kWriterWarp = PRODUCERS + 4 * CONSUMERS;
 static_assert(PAGE_BYTES % 16 == 0, "pages are whole 16-byte vectors");
 static_assert(CONSUMERS == 0 || PRODUCERS == 4, "the consumer warpgroups follow one warpgroup of 4 producer warps");
@@ -255,8 +261,10 @@ __device__ void copy_pages(const uint8_t* pool, long long page_stride, PageSourc
 //   5 as 3, and the page copies carry an L2 evict_first policy;
 //   6 as 1, but into a 128 KB ring (page k's floats at k % 512): the stores stay in L2;
 //   7 64 halfs instead of floats, 16 lanes per warp storing one each (whole 32-byte sectors);
-//   8 every page's floats go to a shared-memory chunk of OUT_CHUNK pages (two, used in turn),
-//     and a writer warp stores each full chunk with one bulk copy (OUT_CHUNK * 256 bytes).
+//   8 every page's floats go to a shared-memory chunk of OUT_CHUNK pages (OUT_RING of them,
+//     used in turn), and a writer warp stores each full chunk with one bulk copy;
+//   9 as 8, but the writer waits for the next multiple of EPOCH_NS on the global timer and
+//     then stores every full chunk: all SMs write in bursts at the same instants.
 __device__ __forceinline__ void store_outputs(float* out_page, const float* scales, int row0, int lane,
                                               float* stage_out) {
   const float v0 = scales[row0 % 32], v1 = scales[(row0 + 8) % 32];
@@ -318,24 +326,49 @@ __device__ __forceinline__ long long output_index(int begin, int k) {
 // WRITES == 8: the staged output chunks and their barriers (full: one arrival per consumer
 // warp and page, 4 * OUT_CHUNK; empty: the writer's, once the bulk copy has read the chunk).
 struct OutChunks {
-  float floats[2 * OUT_CHUNK * 64];
-  uint64_t full[2], empty[2];
+  float floats[OUT_RING * OUT_CHUNK * 64];
+  uint64_t full[OUT_RING], empty[OUT_RING];
 };
+
+// Spin until the global nanosecond timer enters the next multiple of EPOCH_NS: every SM's
+// writer flushes at the same instants (WRITES == 9).
+__device__ __forceinline__ void wait_for_epoch() {
+  const uint64_t next = (globaltimer() / EPOCH_NS + 1) * EPOCH_NS;
+  while (globaltimer() < next) {
+  }
+}
+
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  return done != 0;
+}
 
 __device__ void write_chunks(int count, int begin, OutChunks* chunks, float* out) {
   const int lane = threadIdx.x % 32;
   const int chunks_total = (count + OUT_CHUNK - 1) / OUT_CHUNK;
-  for (int chunk = 0; chunk < chunks_total; ++chunk) {
-    const int buffer = chunk % 2;
-    mbar_wait(&chunks->full[buffer], (chunk / 2) & 1);
+  for (int chunk = 0; chunk < chunks_total;) {
+    mbar_wait(&chunks->full[chunk % OUT_RING], (chunk / OUT_RING) & 1);
+    if (WRITES == 9) wait_for_epoch();
+    // This chunk, and (WRITES == 9) every later one already full, one bulk copy each.
+    const int first = chunk;
+    do {
+      const int buffer = chunk % OUT_RING;
+      if (lane == 0) {
+        const int pages = min(OUT_CHUNK, count - chunk * OUT_CHUNK);
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                     ::"l"(out + (begin + chunk * OUT_CHUNK) * 64LL),
+                     "r"(smem_addr(chunks->floats + buffer * OUT_CHUNK * 64)), "r"(pages * 256) : "memory");
+      }
+      ++chunk;
+    } while (WRITES == 9 && chunk < chunks_total && chunk - first < OUT_RING &&
+             mbar_test(&chunks->full[chunk % OUT_RING], (chunk / OUT_RING) & 1));
     if (lane == 0) {
-      const int pages = min(OUT_CHUNK, count - chunk * OUT_CHUNK);
-      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                   ::"l"(out + (begin + chunk * OUT_CHUNK) * 64LL), "r"(smem_addr(chunks->floats + buffer * OUT_CHUNK * 64)),
-                   "r"(pages * 256) : "memory");
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-      mbar_arrive(&chunks->empty[buffer]);
+      for (int c = first; c < chunk; ++c) mbar_arrive(&chunks->empty[c % OUT_RING]);
     }
     __syncwarp();
   }
@@ -357,9 +390,9 @@ __device__ void consume_pages(int count, int begin, int stages, const uint8_t* s
     mbar_wait(&full[slot], (j / per_warp) & 1);
     if (threadIdx.x % 128 == 0) acc ^= *reinterpret_cast<const uint32_t*>(page);
     const float* scales = reinterpret_cast<const float*>(page + kValueBytes);
-    if (WRITES == 8) {
-      const int chunk = k / OUT_CHUNK, buffer = chunk % 2;
-      if (chunk >= 2) mbar_wait(&chunks->empty[buffer], ((chunk / 2) - 1) & 1);
+    if (WRITES >= 8) {
+      const int chunk = k / OUT_CHUNK, buffer = chunk % OUT_RING;
+      if (chunk >= OUT_RING) mbar_wait(&chunks->empty[buffer], ((chunk / OUT_RING) - 1) & 1);
       float* staged = chunks->floats + (buffer * OUT_CHUNK + k % OUT_CHUNK) * 64;
       if (lane % 4 == 0) {
         staged[row0] = scales[row0 % 32];
@@ -375,12 +408,12 @@ __device__ void consume_pages(int count, int begin, int stages, const uint8_t* s
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[slot]);
   }
-  if (WRITES == 8) {  // the last chunk's missing pages: arrivals without data
+  if (WRITES >= 8) {  // the last chunk's missing pages: arrivals without data
     const int chunks_total = (count + OUT_CHUNK - 1) / OUT_CHUNK;
     for (int k = count + (consumer - count % CONSUMERS + CONSUMERS) % CONSUMERS; k < chunks_total * OUT_CHUNK;
          k += CONSUMERS) {
-      const int chunk = k / OUT_CHUNK, buffer = chunk % 2;
-      if (chunk >= 2) mbar_wait(&chunks->empty[buffer], ((chunk / 2) - 1) & 1);
+      const int chunk = k / OUT_CHUNK, buffer = chunk % OUT_RING;
+      if (chunk >= OUT_RING) mbar_wait(&chunks->empty[buffer], ((chunk / OUT_RING) - 1) & 1);
       if (lane == 0) mbar_arrive(&chunks->full[buffer]);
     }
   }
@@ -411,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, MODE == 0 ? MIN_CTAS : 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4);
     }
-    for (int b = 0; b < 2 && WRITES == 8; ++b) {
+    for (int b = 0; b < OUT_RING && WRITES >= 8; ++b) {
       mbar_init(&chunks->full[b], 4 * OUT_CHUNK);
       mbar_init(&chunks->empty[b], 1);
     }
@@ -419,7 +452,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, MODE == 0 ? MIN_CTAS : 1)
   }
   __syncthreads();
   if (MODE == 2 && threadIdx.x == 0) prefetch_tensor_map(&map);
-  if (WRITES == 8 && threadIdx.x / 32 == kWriterWarp) {
+  if (WRITES >= 8 && threadIdx.x / 32 == kWriterWarp) {
     write_chunks(end - begin, begin, chunks, out);
   } else if (threadIdx.x < 32 * PRODUCERS) {
     copy_pages(pool, page_stride, source, stages, first_bytes, &map, slots, full, empty, sink);

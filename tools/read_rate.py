@@ -105,6 +105,8 @@ def run_variant(
     consumers=0,
     writes=0,
     out_chunk=16,
+    out_ring=2,
+    epoch_ns=10000,
     write_every=1,
     out_order=0,
     sequential=False,
@@ -125,13 +127,15 @@ def run_variant(
             "WRITES": writes,
             "OUT_CHUNK": out_chunk,
             "WRITE_EVERY": write_every,
+            "OUT_RING": out_ring,
+            "EPOCH_NS": epoch_ns,
             "OUT_ORDER": out_order,
         }
     kernel = load_kernel(KernelSpec.make("read_rate", SOURCE, defines, include_dirs=(CSRC,)))
-    threads = 256 if mode == "ldg" else 32 * producers + 128 * consumers + 32 * (writes == 8)
+    threads = 256 if mode == "ldg" else 32 * producers + 128 * consumers + 32 * (writes >= 8)
     grid = sm_count() * ctas_per_sm
     slot_bytes = -(-page_bytes // 1024) * 1024 if mode == "tma" else page_bytes
-    staged = 2 * out_chunk * 256 + 32 if writes == 8 else 64 * 16
+    staged = out_ring * (out_chunk * 256 + 16) if writes >= 8 else 64 * 16
     shared = 0 if mode == "ldg" else stages * slot_bytes + 16 * stages + 1024 + 16 + staged
     tensor_map = make_tensor_map(
         pool.data.data_ptr(),
@@ -262,7 +266,23 @@ def write_volume_variants(page_bytes: int):
     ]
 
 
+def epoch_variants(page_bytes: int):
+    """Output stores staged in shared memory and written by all SMs at the same instants."""
+    base = {"producers": 4, "stages": 12, "consumers": 4}
+    rows = [
+        {"writes": 0},
+        {"writes": 1},
+        {"writes": 8, "out_chunk": 16, "out_ring": 8},
+        {"writes": 9, "out_chunk": 16, "out_ring": 8, "epoch_ns": 5000},
+        {"writes": 9, "out_chunk": 16, "out_ring": 8, "epoch_ns": 10000},
+        {"writes": 9, "out_chunk": 16, "out_ring": 16, "epoch_ns": 20000},
+        {"writes": 9, "out_chunk": 8, "out_ring": 16, "epoch_ns": 2000},
+    ]
+    return [("tma", base | row) for _ in range(2) for row in rows]
+
+
 VARIANT_SETS = {
+    "epochs": epoch_variants,
     "write-volume": write_volume_variants,
     "paths": path_variants,
     "hop": hop_variants,

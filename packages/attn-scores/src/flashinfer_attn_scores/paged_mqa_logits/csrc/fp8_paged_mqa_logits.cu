@@ -333,7 +333,7 @@ struct ConsumerMath {
     const float scale0 = scales[stage * kTile + row0];
     const float scale1 = scales[stage * kTile + row0 + 8];
     const long long column = static_cast<long long>(u) * kTile + row0;
-    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + column;
+    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + (EXP_STORES == 2 ? column % 512 : column);
     const float* w = weight_slots + slot * kN;
     SlotSums sums;
     sums.clear();
@@ -361,6 +361,7 @@ struct ConsumerMath {
         v0 = t == s ? sums.partial[s][0] : v0;
         v1 = t == s ? sums.partial[s][1] : v1;
       }
+      if (EXP_STORES == 1 && out_stride > 0) continue;  // always taken at run time
       out_request[t * out_stride] = to_out(to_float(v0) * kHeadTermScale * scale0);
       out_request[t * out_stride + 8] = to_out(to_float(v1) * kHeadTermScale * scale1);
     }

@@ -67,6 +67,12 @@ constexpr int kN = NEXT_N * NUM_HEADS;
 #ifndef EXP_SKIP_EPILOGUE
 #define EXP_SKIP_EPILOGUE 0
 #endif
+// EXP_STORES (FP8 kernel, measurement): 1 computes everything but stores no logit (the store
+// sits behind a run-time condition that never holds); 2 stores every logit into the first 512
+// columns of its row, so the stores stay in L2 and never reach DRAM during the call.
+#ifndef EXP_STORES
+#define EXP_STORES 0
+#endif
 // MMA_HALVES = 2: a unit's N columns are two MMA commit groups of N / 2, so the epilogue of
 // the first half runs while the tensor cores compute the second (no more accumulator
 // registers than one group of N). 1: one group.
