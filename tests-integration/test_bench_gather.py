@@ -105,6 +105,41 @@ def test_kernel_compiles_for_sm90a_without_spills_and_batches_its_loads(
     assert in_flight >= gather.LOADS_PER_LANE + 1
 
 
+@pytest.mark.parametrize(("op", "block_size"), [*GEOMETRIES, ("fp4", 32)])
+def test_copies_kernel_compiles_for_sm90a_and_its_ring_fits_shared_memory(
+    op: str, block_size: int, tmp_path: Path
+) -> None:
+    from flashinfer_jit import compile_kernel
+
+    gather = _bench().gather
+    geometry = gather.geometry_for(op, block_size, 128)
+    compiled = compile_kernel(gather.copies_spec(geometry), "sm_90a", cache_dir=tmp_path / "cache")
+    assert compiled.entry_name == "paged_gather_copies_xor"
+    assert not compiled.spills, compiled.log
+    assert compiled.resources.stack_frame_bytes == 0
+    stages = gather.copies_stages(geometry)
+    assert stages % 4 == 0 and 4 <= stages <= 64
+    # H100/H200: 227 KB of shared memory per block (the static part is 32 bytes).
+    assert stages * (geometry.block_bytes + 20) + 32 <= 227 * 1024
+    assert stages * geometry.block_bytes <= gather.COPIES_SLOT_BUDGET
+
+
+def test_block_list_pairs_each_block_with_its_valid_tokens_in_request_order() -> None:
+    gather = _bench().gather
+    table = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [9, 10, 11, 12]], dtype=torch.int32)
+    # 130 tokens: 64 + 64 + 2; 0: nothing (and no table read); -3 counts as 0; 64: one block.
+    lens = torch.tensor([[130, 0], [0, 0], [64, 0]], dtype=torch.int32)[:, 0]
+    got = gather.block_list(table, lens, 64)
+    assert got.dtype == torch.int32 and got.is_contiguous()
+    assert got.tolist() == [[5, 64], [6, 64], [7, 2], [9, 64]]
+    assert gather.block_list(table, torch.tensor([0, -3, 0], dtype=torch.int32), 64).shape == (0, 2)
+    assert gather.block_list(table[:2], torch.tensor([1, 33], dtype=torch.int32), 32).tolist() == [
+        [5, 1],
+        [1, 32],
+        [2, 1],
+    ]
+
+
 def _xor_reduce(words: torch.Tensor) -> int:
     """XOR of all int32 words, by halving (torch has no XOR reduction)."""
     words = words.flatten().to(torch.int32)
@@ -134,6 +169,7 @@ def _expected_xor(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["loads", "copies"])
 @pytest.mark.parametrize(
     ("op", "block_size", "lens"),
     [
@@ -145,7 +181,7 @@ def _expected_xor(
         ("fp8", 64, [0, 1, 65, 200] * 650),  # 2600 requests: three chunks of up to 1024
     ],
 )
-def test_gather_xor_equals_torch_xor_of_the_same_bytes(op, block_size, lens) -> None:
+def test_gather_xor_equals_torch_xor_of_the_same_bytes(kind, op, block_size, lens) -> None:
     gather = _bench().gather
     device = torch.device("cuda")
     geometry = gather.geometry_for(op, block_size, 128)
@@ -171,7 +207,7 @@ def test_gather_xor_equals_torch_xor_of_the_same_bytes(op, block_size, lens) -> 
     table = storage[:, :width]
     lens_storage = torch.tensor([[n, 7] for n in lens], dtype=torch.int32)
 
-    runner = gather.PagedGather(geometry, device)
+    runner = gather.PagedGather(geometry, device, kind)
     # Slice after the copy: .to() of a strided view would make it contiguous.
     table_dev = storage.to(device)[:, :width]
     assert table_dev.stride(0) == width + 5
@@ -241,3 +277,32 @@ def test_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.MonkeyPatch
         runner.launcher(pool, table[:2], lens)
     with pytest.raises(ValueError, match="seq_lens: expected a 1-D int32"):
         runner.launcher(pool, table, lens.long())
+
+
+def test_copies_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flashinfer_jit
+
+    gather = _bench().gather
+    launches = []
+
+    class RecordingKernel:
+        def launch(self, grid, block, *args, shared_mem=0):
+            launches.append((grid, block, args, shared_mem))
+
+    monkeypatch.setattr(flashinfer_jit, "load_kernel", lambda spec, device: RecordingKernel())
+    monkeypatch.setattr(flashinfer_jit, "sm_count", lambda device: 132)
+    geometry = gather.geometry_for("fp8", 64, 128)
+    runner = gather.PagedGather(geometry, torch.device("cpu"), "copies")
+    assert runner.grid == 132 and runner.out.shape == (132,)
+
+    pool = torch.zeros(10, 64, 1, 132, dtype=torch.uint8)
+    table = torch.tensor([[3, 4], [7, 8]], dtype=torch.int32)
+    lens = torch.tensor([65, 10], dtype=torch.int32)
+    assert runner.launcher(pool, table, lens)() is runner.out
+    grid, block, args, shared_mem = launches[0]
+    assert (grid, block) == (132, 256)
+    assert shared_mem == gather.copies_stages(geometry) * (64 * 132 + 20)
+    assert args[0] is pool and args[1].value == 64 * 132 and args[4] is runner.out
+    assert args[2].tolist() == [[3, 64], [4, 1], [7, 10]] and args[3].value == 3
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        gather.PagedGather(geometry, torch.device("cpu"), "ldg")

@@ -1,11 +1,19 @@
-"""The paged-gather ceiling: a read-only CUDA kernel over an op call's own pages.
+"""The paged-gather ceiling: read-only CUDA kernels over an op call's own pages.
 
-`csrc/paged_gather.cu` reads, for the same `kv_fused`, `block_tables` and `seq_lens` as an
-op call, the KV cache bytes that call must read (each request's valid tokens' values and their
-scales, the scale slice of a request's last block rounded up to a 16-byte vector) and XORs
-them into a few words, so nothing it loads can be optimised away. Its bandwidth, bytes read
-over time, is what a paged op could at best reach on that case; the benchmark reports each op
-row as a fraction of it next to the fraction of the copy bandwidth.
+Two kernels read, for the same `kv_fused`, `block_tables` and `seq_lens` as an op call, the KV
+cache bytes that call must read (each request's valid tokens' values and their scales, the
+scale slice of a request's last block rounded up to a 16-byte vector) and XOR them into a few
+words, so nothing they load can be optimised away:
+
+- `loads` (`csrc/paged_gather.cu`): 16-byte loads from every warp of two 256-thread CTAs per SM,
+  blocks dealt round-robin, each warp walking the block tables itself;
+- `copies` (`csrc/paged_gather_copies.cu`): cp.async.bulk copies into a ring of shared-memory
+  slots, 4 producer warps per SM over a contiguous range of a block list built beforehand, as
+  the logits kernels' producers read (the faster of the two on large problems, 2026-11-30).
+
+The benchmark times both on each case and keeps the faster as the ceiling: its bandwidth,
+bytes read over time, is what a paged op could at best reach on that case, and each op row is
+reported as a fraction of it next to the fraction of the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -22,6 +30,13 @@ from .timing import Timing
 
 SOURCE = Path(__file__).resolve().with_name("csrc") / "paged_gather.cu"
 KERNEL_NAME = "paged_gather_xor"
+COPIES_SOURCE = SOURCE.with_name("paged_gather_copies.cu")
+COPIES_KERNEL_NAME = "paged_gather_copies_xor"
+COPIES_THREADS = 256  # 4 producer warps and 4 consumer warps
+# Shared memory for the copy ring's slots: as many whole blocks as fit, a multiple of the 4
+# producer warps, 4 to 64 of them (fp4 block 32: 64 x 2176 bytes).
+COPIES_SLOT_BUDGET = 192 * 1024
+KINDS = ("loads", "copies")
 THREADS = 256
 LOADS_PER_LANE = 16
 MIN_CTAS_PER_SM = 2
@@ -80,11 +95,13 @@ class GatherCeiling:
         bytes_read: KV bytes one call reads (`GatherGeometry.bytes_read`).
         timing: Per-call time over CUDA-graph replays of the case's rotation sets.
         grid: CTAs launched (SMs x resident CTAs per SM).
+        kernel: Which gather kernel this is (`KINDS`): the faster one on the case.
     """
 
     bytes_read: int
     timing: Timing
     grid: int
+    kernel: str = "loads"
 
     @property
     def bytes_per_s(self) -> float:
@@ -121,22 +138,75 @@ def gather_spec(geometry: GatherGeometry):
     )
 
 
+def copies_stages(geometry: GatherGeometry) -> int:
+    """Ring slots of the `copies` kernel for one block geometry."""
+    return max(4, min(64, COPIES_SLOT_BUDGET // geometry.block_bytes // 4 * 4))
+
+
+@functools.cache
+def copies_spec(geometry: GatherGeometry):
+    """The `flashinfer_jit.KernelSpec` of the `copies` gather kernel for one block geometry."""
+    from flashinfer_jit import KernelSpec
+
+    return KernelSpec.make(
+        COPIES_KERNEL_NAME,
+        COPIES_SOURCE,
+        {
+            "BLOCK_SIZE": geometry.block_size,
+            "VALUE_BYTES": geometry.value_bytes,
+            "SCALE_BYTES": geometry.scale_bytes,
+            "STAGES": copies_stages(geometry),
+        },
+        label=(
+            f"paged_gather_copies[bs={geometry.block_size}, value={geometry.value_bytes} B, "
+            f"scale={geometry.scale_bytes} B]"
+        ),
+    )
+
+
+def block_list(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The blocks a call reads, in request order: `[n, 2]` int32 (physical id, valid tokens)."""
+    lengths = seq_lens.clamp(min=0).long()
+    counts = (lengths + block_size - 1) // block_size
+    total = int(counts.sum())
+    request = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=lengths.device), counts, output_size=total
+    )
+    first = torch.cumsum(counts, 0) - counts
+    index = torch.arange(total, device=lengths.device) - first[request]
+    ids = block_tables[request, index]
+    tokens = torch.clamp(lengths[request] - index * block_size, max=block_size)
+    return torch.stack([ids.to(torch.int32), tokens.to(torch.int32)], dim=1).contiguous()
+
+
 class PagedGather:
-    """The gather kernel loaded on one device, with its grid and its small XOR output.
+    """One gather kernel loaded on one device, with its grid and its small XOR output.
 
     Args:
         geometry: Block geometry of the pools it will read.
         device: A CUDA device.
+        kind: `"loads"` or `"copies"` (see the module docstring).
     """
 
-    def __init__(self, geometry: GatherGeometry, device: torch.device) -> None:
+    def __init__(self, geometry: GatherGeometry, device: torch.device, kind: str = "loads") -> None:
         from flashinfer_jit import load_kernel, sm_count
 
+        if kind not in KINDS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
         self.geometry = geometry
-        self.kernel = load_kernel(gather_spec(geometry), device)
-        per_sm = max(1, self.kernel.max_active_blocks_per_sm(THREADS))
-        # Every SM gets as many CTAs as fit at once: one wave, persistent over the blocks.
-        self.grid = sm_count(device) * per_sm
+        self.kind = kind
+        if kind == "loads":
+            self.kernel = load_kernel(gather_spec(geometry), device)
+            per_sm = max(1, self.kernel.max_active_blocks_per_sm(THREADS))
+            # Every SM gets as many CTAs as fit at once: one wave, persistent over the blocks.
+            self.grid = sm_count(device) * per_sm
+            self.threads, self.shared_mem = THREADS, 0
+        else:
+            self.kernel = load_kernel(copies_spec(geometry), device)
+            self.grid = sm_count(device)
+            stages = copies_stages(geometry)
+            # The slots, then full[], empty[] (8 bytes each) and the tokens of each slot.
+            self.threads, self.shared_mem = COPIES_THREADS, stages * (geometry.block_bytes + 20)
         self.out = torch.zeros(self.grid, dtype=torch.int32, device=device)
 
     def _check(
@@ -178,6 +248,23 @@ class PagedGather:
         from flashinfer_jit import i32, i64
 
         self._check(kv_fused, block_tables, seq_lens)
+        if self.kind == "copies":
+            blocks = block_list(block_tables, seq_lens, self.geometry.block_size)
+            copies_args = (
+                kv_fused,
+                i64(kv_fused.stride(0)),
+                blocks,
+                i32(blocks.shape[0]),
+                self.out,
+            )
+
+            def launch_copies() -> torch.Tensor:
+                self.kernel.launch(
+                    self.grid, self.threads, *copies_args, shared_mem=self.shared_mem
+                )
+                return self.out
+
+            return launch_copies
         args = (
             kv_fused,
             i64(kv_fused.stride(0)),

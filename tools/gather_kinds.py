@@ -1,0 +1,60 @@
+"""The benchmark's two paged-gather ceiling kernels on the same cases, twice each, interleaved.
+
+    PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src:tools \\
+        python tools/gather_kinds.py
+
+`tools/bench` times both kernels (`bench.gather.KINDS`) on every case and keeps the faster as
+the case's read-only ceiling. This prints both, as fractions of a copy measured in the same
+run, on large, mid-size and small fp8 / fp4 cases at next_n 1 (the cases the benchmark builds:
+lengths 0.7-1.3 of L, shuffled blocks in a pool well beyond L2, rotation sets).
+"""
+
+from __future__ import annotations
+
+import torch
+from bench.cli import GATHER_BUDGET_S, GATHER_MIN_SAMPLES
+from bench.data import build_case
+from bench.gather import KINDS, GatherCeiling, PagedGather, geometry_for
+from bench.shapes import IndexerShape
+from bench.timing import copy_bandwidth, time_graph_replays
+
+# (op, B, L, block size)
+CASES = [
+    *[("fp8", 128, 65536, bs) for bs in (32, 64, 128)],
+    *[("fp4", 128, 65536, bs) for bs in (32, 64, 128)],
+    ("fp8", 128, 4096, 64),
+    ("fp8", 64, 16384, 64),
+    ("fp8", 1, 4096, 64),
+    ("fp8", 8, 65536, 32),
+]
+
+
+def main() -> None:
+    device = torch.device("cuda")
+    copy = copy_bandwidth(device, 1 << 30)
+    print(f"copy {copy / 1e9:.0f} GB/s (read + written); per kernel: us per call, of copy")
+    for op, batch, avg_len, block_size in CASES:
+        case = build_case(IndexerShape(op, batch, avg_len, 1, block_size), device)
+        geometry = geometry_for(op, block_size, 128)
+        cells = []
+        for _ in range(2):
+            for kind in KINDS:
+                gather = PagedGather(geometry, device, kind)
+                calls = [
+                    gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens)
+                    for inputs in case.sets
+                ]
+                timing = time_graph_replays(
+                    calls, min_samples=GATHER_MIN_SAMPLES, budget_s=GATHER_BUDGET_S
+                )
+                ceiling = GatherCeiling(
+                    geometry.bytes_read(case.seq_lens), timing, gather.grid, kind
+                )
+                cells.append(f"{kind} {timing.median_us:7.1f} {ceiling.bytes_per_s / copy:5.3f}")
+        print(f"{op} B {batch:3d} L {avg_len:5d} block {block_size:3d}: " + " | ".join(cells))
+        del case
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
