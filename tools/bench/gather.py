@@ -146,6 +146,7 @@ def copies_stages(geometry: GatherGeometry) -> int:
 @functools.cache
 def copies_spec(geometry: GatherGeometry):
     """The `flashinfer_jit.KernelSpec` of the `copies` gather kernel for one block geometry."""
+    from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
     from flashinfer_jit import KernelSpec
 
     return KernelSpec.make(
@@ -157,6 +158,7 @@ def copies_spec(geometry: GatherGeometry):
             "SCALE_BYTES": geometry.scale_bytes,
             "STAGES": copies_stages(geometry),
         },
+        include_dirs=(Path(fp8_sm90.__file__).with_name("csrc"),),
         label=(
             f"paged_gather_copies[bs={geometry.block_size}, value={geometry.value_bytes} B, "
             f"scale={geometry.scale_bytes} B]"

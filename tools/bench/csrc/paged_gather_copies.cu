@@ -14,13 +14,10 @@
 //
 // Defines: BLOCK_SIZE, VALUE_BYTES, SCALE_BYTES (per token), STAGES (a multiple of 4).
 
-#include <cuda/std/cstdint>
+// mbarriers and bulk copies: the logits kernels' own wrappers (sm90_primitives.cuh).
+#include "sm90_primitives.cuh"
 
-using cuda::std::int32_t;
-using cuda::std::int64_t;
-using cuda::std::uint32_t;
-using cuda::std::uint64_t;
-using cuda::std::uint8_t;
+using namespace fi_sm90;
 
 static_assert(VALUE_BYTES % 16 == 0, "a token's values must be whole 16-byte vectors");
 static_assert(BLOCK_SIZE * VALUE_BYTES % 16 == 0 && BLOCK_SIZE * SCALE_BYTES % 16 == 0,
@@ -34,43 +31,6 @@ constexpr int kThreads = 32 * 2 * kProducers;
 constexpr int kValueRegion = BLOCK_SIZE * VALUE_BYTES;
 constexpr int kSlotBytes = kValueRegion + BLOCK_SIZE * SCALE_BYTES;
 constexpr unsigned kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
 
 __device__ __forceinline__ int scale_bytes_read(int tokens) { return (tokens * SCALE_BYTES + 15) / 16 * 16; }
 
@@ -94,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 1);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_barrier_init();
   }
   __syncthreads();
 
