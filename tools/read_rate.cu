@@ -21,12 +21,15 @@
 //     BOX_ROWS) of them, and the rest (the scales) as one bulk copy: the FP8 producers' copies.
 //
 // Checks that the reads happened: LDG XORs every word it reads into sink[thread]; BULK and TMA
-// XOR the first word of every page (read from its slot once the copy has landed).
+// XOR the first word of every page (read from its slot once the copy has landed; by the
+// consumers when there are any).
 //
-// CONSUMERS > 0 adds the consumer hop of the logits kernels (see consume_pages).
+// CONSUMERS > 0 adds the consumer hop of the logits kernels (see consume_pages), and WRITES
+// their output stores in one of several forms (see store_outputs and write_chunks).
 //
 // Defines: MODE, PAGE_BYTES, STEP (LDG: pages per warp in flight), MIN_CTAS (LDG launch
-// bounds), PRODUCERS, BOX_ROWS, CHUNK (pages per claim, dynamic only), CONSUMERS, WRITES.
+// bounds), PRODUCERS, BOX_ROWS, CHUNK (pages per claim, dynamic only), CONSUMERS, WRITES,
+// WRITE_EVERY, OUT_ORDER, OUT_CHUNK, OUT_RING, EPOCH_NS.
 #include <cuda_fp16.h>
 
 #include "sm90_primitives.cuh"
