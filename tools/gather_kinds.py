@@ -12,11 +12,11 @@ lengths 0.7-1.3 of L, shuffled blocks in a pool well beyond L2, rotation sets).
 from __future__ import annotations
 
 import torch
-from bench.cli import GATHER_BUDGET_S, GATHER_MIN_SAMPLES
+from bench.cli import time_gather
 from bench.data import build_case
-from bench.gather import KINDS, GatherCeiling, PagedGather, geometry_for
+from bench.gather import KINDS
 from bench.shapes import IndexerShape
-from bench.timing import copy_bandwidth, time_graph_replays
+from bench.timing import copy_bandwidth
 
 # (op, B, L, block size)
 CASES = [
@@ -35,22 +35,13 @@ def main() -> None:
     print(f"copy {copy / 1e9:.0f} GB/s (read + written); per kernel: us per call, of copy")
     for op, batch, avg_len, block_size in CASES:
         case = build_case(IndexerShape(op, batch, avg_len, 1, block_size), device)
-        geometry = geometry_for(op, block_size, 128)
         cells = []
         for _ in range(2):
             for kind in KINDS:
-                gather = PagedGather(geometry, device, kind)
-                calls = [
-                    gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens)
-                    for inputs in case.sets
-                ]
-                timing = time_graph_replays(
-                    calls, min_samples=GATHER_MIN_SAMPLES, budget_s=GATHER_BUDGET_S
+                ceiling = time_gather(case, kind, device)
+                cells.append(
+                    f"{kind} {ceiling.timing.median_us:7.1f} {ceiling.bytes_per_s / copy:5.3f}"
                 )
-                ceiling = GatherCeiling(
-                    geometry.bytes_read(case.seq_lens), timing, gather.grid, kind
-                )
-                cells.append(f"{kind} {timing.median_us:7.1f} {ceiling.bytes_per_s / copy:5.3f}")
         print(f"{op} B {batch:3d} L {avg_len:5d} block {block_size:3d}: " + " | ".join(cells))
         del case
         torch.cuda.empty_cache()

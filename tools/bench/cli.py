@@ -164,24 +164,25 @@ def measure_ceilings(device: torch.device) -> dict[str, float | None]:
     return ceilings
 
 
-def measure_gather(case: CaseData, device: torch.device) -> GatherCeiling:
-    """Time both read-only gather kernels on the case's own pool, tables and lengths, replaying
-    every rotation set like the op, so their pages come from HBM too; the faster is the
-    ceiling."""
+def time_gather(case: CaseData, kind: str, device: torch.device) -> GatherCeiling:
+    """Time one read-only gather kernel (`bench.gather.KINDS`) on the case's own pool, tables
+    and lengths, replaying every rotation set like the op, so its pages come from HBM too."""
     shape = case.shape
     geometry = geometry_for(shape.op, shape.block_size, shape.head_dim)
-    best = None
-    for kind in KINDS:
-        gather = PagedGather(geometry, device, kind)
-        calls = [
-            gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens)
-            for inputs in case.sets
-        ]
-        timing = time_graph_replays(calls, min_samples=GATHER_MIN_SAMPLES, budget_s=GATHER_BUDGET_S)
-        ceiling = GatherCeiling(geometry.bytes_read(case.seq_lens), timing, gather.grid, kind)
-        if best is None or ceiling.timing.median_us < best.timing.median_us:
-            best = ceiling
-    return best
+    gather = PagedGather(geometry, device, kind)
+    calls = [
+        gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens) for inputs in case.sets
+    ]
+    timing = time_graph_replays(calls, min_samples=GATHER_MIN_SAMPLES, budget_s=GATHER_BUDGET_S)
+    return GatherCeiling(geometry.bytes_read(case.seq_lens), timing, gather.grid, kind)
+
+
+def measure_gather(case: CaseData, device: torch.device) -> GatherCeiling:
+    """The case's gather ceiling: the faster of the two gather kernels."""
+    return min(
+        (time_gather(case, kind, device) for kind in KINDS),
+        key=lambda ceiling: ceiling.timing.median_us,
+    )
 
 
 def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) -> CaseResult:
