@@ -104,6 +104,18 @@ __device__ __forceinline__ int max_byte(uint32_t word) {
   return max(max(b0, b1), max(b2, b3));
 }
 
+// Two unsigned 16-bit lanes at once (native on SM90: one VIMNMX).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t min_u16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // Eight E2M1 nibbles (element i in bits [4i, 4i+4)) -> eight E4M3 bytes via the group's
 // 8-entry magnitude table `lut` (byte c = E4M3 of code c's value times 2^(6 - d), bit 7 clear).
 // lo gets elements 0..3, hi elements 4..7 (byte i = element i). prmt picks each magnitude with
@@ -152,6 +164,23 @@ __device__ __forceinline__ void build_lut(uint8_t* lut) {
 
 __device__ __forceinline__ uint2 lut_for(const uint2* luts, int max_exponent, int exponent) {
   return luts[min(max_exponent - exponent, kLutLevels - 1)];
+}
+
+// A consumer thread decodes group `quad` of two rows (tokens); the quad's four lanes hold the
+// four groups. Returns the rows' largest exponents M (row 0 in bits 0-15, row 1 in 16-31)
+// and sets both rows' tables for M - e. The maxima come from the quad's lanes (two shuffles)
+// rather than from each scale word's four bytes: 7 integer-pipe instructions for both rows
+// instead of about 24.
+__device__ __forceinline__ uint32_t row_tables(uint32_t sf0, uint32_t sf1, uint32_t exponent_selector,
+                                               const uint2* luts, uint2& lut0, uint2& lut1) {
+  const uint32_t exponents = prmt(sf0, sf1, exponent_selector) & 0x00ff00ffu;
+  uint32_t maxima = max_u16x2(exponents, __shfl_xor_sync(0xffffffffu, exponents, 1));
+  maxima = max_u16x2(maxima, __shfl_xor_sync(0xffffffffu, maxima, 2));
+  // M >= e in each half, so one 32-bit subtraction subtracts both halves.
+  const uint32_t levels = min_u16x2(maxima - exponents, (kLutLevels - 1) * 0x00010001u);
+  lut0 = luts[levels & 0xffffu];
+  lut1 = luts[levels >> 16];
+  return maxima;
 }
 
 // Decode request b's q (kN rows of 64 packed bytes + one scale word) into a q slot, and write
@@ -263,6 +292,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   const int lane = threadIdx.x % 32;
   const int quad = lane % 4;                       // column pair of each 8-column group; KV group
   const int row0 = 16 * warp_in_group + lane / 4;  // this thread's rows: row0 and row0 + 8
+  // prmt selector: byte `quad` (group quad's exponent) of each row's scale word into bytes 0 and 2.
+  const uint32_t exponent_selector = quad | (4 + quad) << 8;
   const uint8_t* kv_tiles = smem + SharedLayout::kKv;
   const uint8_t* q_slots = smem + SharedLayout::kQ;
   const float* weight_slots = reinterpret_cast<const float*>(smem + SharedLayout::kWeights);
@@ -290,16 +321,16 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, unit.u, row0 + 8);
     __syncwarp();
     if (lane == 0) mbar_arrive(&bars.empty[stage]);
-    const long long column = static_cast<long long>(unit.u) * kTile + row0;
+    // After the quad's reduction this lane holds row row0 + 8 * (quad & 1).
+    const long long column = static_cast<long long>(unit.u) * kTile + row0 + 8 * (quad & 1);
     Out* out_request = out + static_cast<long long>(unit.b) * NEXT_N * out_stride + column;
     if (EXP_SKIP_MATH) {
       if (quad == 0) out_request[0] = to_out(__uint_as_float(packed0.x ^ packed1.y ^ sf0 ^ sf1));
       return;
     }
 
-    const int max0 = max_byte(sf0), max1 = max_byte(sf1);
-    const uint2 lut0 = lut_for(luts, max0, (sf0 >> (8 * quad)) & 0xff);
-    const uint2 lut1 = lut_for(luts, max1, (sf1 >> (8 * quad)) & 0xff);
+    uint2 lut0, lut1;
+    const uint32_t maxima = row_tables(sf0, sf1, exponent_selector, luts, lut0, lut1);
     const uint32_t words0[4] = {packed0.x, packed0.y, packed0.z, packed0.w};
     const uint32_t words1[4] = {packed1.x, packed1.y, packed1.z, packed1.w};
     uint32_t a[4][4];
@@ -354,6 +385,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     sums.clear();
 #if EPI_DTYPE != 0
     const float* head_scale = head_scale_slots + slot * kN;
+    const int max0 = maxima & 0xffffu, max1 = maxima >> 16;
     float token_scale[NEXT_N][2];
 #pragma unroll
     for (int t = 0; t < NEXT_N; ++t) {
@@ -393,16 +425,19 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
         }
       }
     }
-    sums.reduce_quad();
-#pragma unroll
-    for (int t = 0; t < NEXT_N; ++t) {
-      if ((t & 3) == quad) {
+    sums.reduce_quad(quad);
 #if EPI_DTYPE == 0
-        out_request[t * out_stride] = to_out(scale_by_pow2(sums.partial[t][0], max0 + q_exp[t] - 266 - kTwiceRelu));
-        out_request[t * out_stride + 8] = to_out(scale_by_pow2(sums.partial[t][1], max1 + q_exp[t] - 266 - kTwiceRelu));
+    const int row_max = quad & 1 ? maxima >> 16 : maxima & 0xffffu;  // M of this lane's row
+#endif
+    Out* slot_out = out_request + (quad >> 1) * out_stride;  // slot 2k + (quad >> 1), k = 0
+#pragma unroll
+    for (int k = 0; k < SlotSums::kLaneSums; ++k, slot_out += 2 * out_stride) {
+      if (SlotSums::stores(k, quad)) {
+#if EPI_DTYPE == 0
+        const int t = 2 * k + (quad >> 1);
+        *slot_out = to_out(scale_by_pow2(sums.lane_sums[k], row_max + q_exp[t] - 266 - kTwiceRelu));
 #else
-        out_request[t * out_stride] = to_out(to_float(sums.partial[t][0]));
-        out_request[t * out_stride + 8] = to_out(to_float(sums.partial[t][1]));
+        *slot_out = to_out(to_float(sums.lane_sums[k]));
 #endif
       }
     }

@@ -330,9 +330,10 @@ struct ConsumerMath {
   // scale. The stage goes back to the producer once the last group has read it. No
   // lane-dependent branch before that: ptxas serializes wgmmas in flight across one.
   __device__ __forceinline__ void epilogue(int stage, int slot, int b, int u) {
-    const float scale0 = scales[stage * kTile + row0];
-    const float scale1 = scales[stage * kTile + row0 + 8];
-    const long long column = static_cast<long long>(u) * kTile + row0;
+    // After the quad's reduction this lane holds row row0 + 8 * (quad & 1): one token scale.
+    const int row = row0 + 8 * (quad & 1);
+    const float scale = scales[stage * kTile + row];
+    const long long column = static_cast<long long>(u) * kTile + row;
     Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + (EXP_STORES == 2 ? column % 512 : column);
     const float* w = weight_slots + slot * kN;
     SlotSums sums;
@@ -345,25 +346,16 @@ struct ConsumerMath {
     __syncwarp();
     if (lane == 0) mbar_arrive(&bars.empty[stage]);
     if (EXP_SKIP_EPILOGUE) {
-      if (quad == 0) out_request[0] = to_out(to_float(to_epi(acc[0][0])) * scale0);
+      if (quad == 0) out_request[0] = to_out(to_float(to_epi(acc[0][0])) * scale);
       return;
     }
     add_half<kHalves - 1>(w, sums);
-    sums.reduce_quad();
-    // Lane `quad` stores draft slots quad, quad + 4, ...; where NEXT_N is not a multiple of 4
-    // the spare lanes store the last slot again (same value, same address).
+    sums.reduce_quad(quad);
+    Out* slot_out = out_request + (quad >> 1) * out_stride;  // slot 2k + (quad >> 1), k = 0
 #pragma unroll
-    for (int first = 0; first < NEXT_N; first += 4) {
-      const int t = min(first + quad, NEXT_N - 1);
-      Epi v0 = sums.partial[first][0], v1 = sums.partial[first][1];
-#pragma unroll
-      for (int s = first + 1; s < first + 4 && s < NEXT_N; ++s) {
-        v0 = t == s ? sums.partial[s][0] : v0;
-        v1 = t == s ? sums.partial[s][1] : v1;
-      }
+    for (int k = 0; k < SlotSums::kLaneSums; ++k, slot_out += 2 * out_stride) {
       if (EXP_STORES == 1 && out_stride > 0) continue;  // always taken at run time
-      out_request[t * out_stride] = to_out(to_float(v0) * kHeadTermScale * scale0);
-      out_request[t * out_stride + 8] = to_out(to_float(v1) * kHeadTermScale * scale1);
+      if (SlotSums::stores(k, quad)) *slot_out = to_out(to_float(sums.lane_sums[k]) * kHeadTermScale * scale);
     }
   }
 

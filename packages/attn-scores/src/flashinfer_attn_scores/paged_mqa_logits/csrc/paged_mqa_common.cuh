@@ -677,17 +677,42 @@ struct SlotSums {
       add(j, i, quad, w0 * head_term(x0) + w1 * head_term(x1));
     }
   }
-  // Sum over the quad; afterwards every lane of the quad holds the row sums.
-  __device__ __forceinline__ void reduce_quad() {
-#pragma unroll
-    for (int t = 0; t < NEXT_N; ++t) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
+  // Sum over the quad, spreading the 2 * NEXT_N totals over its lanes. Afterwards lane `quad`
+  // holds, in lane_sums[k], the total of row quad & 1 for draft slot 2k + (quad >> 1), and
+  // stores it where stores(k, quad). (An odd NEXT_N's last slot is held by both lane pairs;
+  // lanes 0 and 1 store it.)
+  //
+  // Each butterfly step sends the half a lane gives away and adds the half it keeps, so a
+  // step costs one shuffle per kept value instead of one per value (NEXT_N = 4: 6 shuffles
+  // and adds instead of 16). Every total is still ((l0 + l1) + (l2 + l3)) over the quad's
+  // lanes, as in a plain butterfly, so the results are bitwise the same.
+  static constexpr int kLaneSums = (NEXT_N + 1) / 2;
+  Epi lane_sums[kLaneSums];
+
+  __device__ __forceinline__ static bool stores(int k, int quad) { return 2 * k + 1 < NEXT_N || quad < 2; }
+
+  __device__ __forceinline__ void reduce_quad(int quad) {
+    const bool odd_lane = quad & 1, high_pair = quad & 2;
+    // Slot by slot (not step by step), so that few sums are in flight at large NEXT_N.
+    auto keep_row = [&](int t) {
 #if RELU_FORM == 2
-        partial[t][i] = fmaf(twice[t][i], 0.5f, partial[t][i]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) partial[t][i] = fmaf(twice[t][i], 0.5f, partial[t][i]);
 #endif
-        partial[t][i] += shfl_xor(partial[t][i], 1);
-        partial[t][i] += shfl_xor(partial[t][i], 2);
+      const Epi keep = odd_lane ? partial[t][1] : partial[t][0];
+      const Epi give = odd_lane ? partial[t][0] : partial[t][1];
+      return keep + shfl_xor(give, 1);
+    };
+#pragma unroll
+    for (int k = 0; k < kLaneSums; ++k) {
+      const Epi even_slot = keep_row(2 * k);
+      if (2 * k + 1 < NEXT_N) {
+        const Epi odd_slot = keep_row(2 * k + 1);
+        const Epi keep = high_pair ? odd_slot : even_slot;
+        const Epi give = high_pair ? even_slot : odd_slot;
+        lane_sums[k] = keep + shfl_xor(give, 2);
+      } else {
+        lane_sums[k] = even_slot + shfl_xor(even_slot, 2);
       }
     }
   }
