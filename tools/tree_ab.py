@@ -1,0 +1,123 @@
+"""A/B of the logits kernels of two source trees on one GPU: time and bitwise output.
+
+    python tools/tree_ab.py OLD_ROOT NEW_ROOT [--rounds 2] [--shapes fp4:1:64:128:65536,...]
+
+OLD_ROOT and NEW_ROOT are checkouts of this repository (for example `git archive HEAD
+packages | tar -x -C old`). For every round and tree, a child process imports the packages
+from that tree's `packages/*/src`, builds each case from a fixed seed (so both trees see the
+same bytes), times it (median of CUDA-graph replays of 4 back-to-back calls, pages from a pool
+larger than L2) and hashes the valid region of its output. The trees alternate, so drift of
+the GPU clock or of the machine shows up as a difference between rounds of one tree. The
+table printed last gives each tree's time per round, new / old of the best rounds, and
+whether the outputs of the two trees are bitwise equal.
+
+A shape is `op:next_n:block_size:batch:avg_len` with op fp8 or fp4 (float32 output and
+epilogue; the fp4 case's scales are in [120, 134)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_SHAPES = (
+    "fp4:1:64:128:65536",
+    "fp4:1:32:128:32768",
+    "fp4:2:64:128:65536",
+    "fp4:4:64:64:32768",
+    "fp8:1:64:128:65536",
+    "fp8:2:64:128:65536",
+    "fp8:4:64:64:32768",
+)
+_PACKAGES = ("layouts", "jit", "schedule", "attn-scores")
+
+
+def _child(shapes: list[str]) -> None:
+    import fp8_kernel_check as check
+    import torch
+    from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+
+    for shape in shapes:
+        op, *numbers = shape.split(":")
+        next_n, block_size, batch, avg_len = (int(x) for x in numbers)
+        torch.manual_seed(1234)
+        make_case, make_call = (
+            (check.fp4_timing_case, check.fp4_call)
+            if op == "fp4"
+            else (check.timing_case, check.fp8_call)
+        )
+        case, tokens = make_case(next_n, block_size, batch, avg_len)
+        call = make_call(case, None)
+        seconds = check.bench(call, iters=20, calls_per_graph=4)
+        call()
+        torch.cuda.synchronize()
+        storage = case["storage"]
+        mask = valid_mask(case["seq_lens"].cpu(), next_n, storage.shape[1])
+        valid = storage.cpu()[mask]
+        digest = hashlib.sha256(valid.view(torch.int32).numpy().tobytes()).hexdigest()[:16]
+        nans = int(torch.isnan(valid).sum())
+        print(
+            json.dumps(dict(shape=shape, us=seconds * 1e6, tokens=tokens, hash=digest, nans=nans))
+        )
+        sys.stdout.flush()
+        del case, call, storage
+
+
+def _run_tree(root: Path, shapes: list[str]) -> list[dict]:
+    env = dict(os.environ)
+    paths = [str(root / "packages" / p / "src") for p in _PACKAGES] + [str(root / "tools")]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", *shapes]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"the child for {root} failed with exit status {done.returncode}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old", type=Path)
+    parser.add_argument("new", type=Path)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
+    args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    results: dict[str, list[list[dict]]] = {"old": [], "new": []}
+    for round_index in range(args.rounds):
+        for name, root in (("old", args.old), ("new", args.new)):
+            rows = _run_tree(root, shapes)
+            results[name].append(rows)
+            for row in rows:
+                print(
+                    f"round {round_index + 1} {name}: {row['shape']} {row['us']:.1f} us", flush=True
+                )
+    print()
+    print("| shape | old us (rounds) | new us (rounds) | new / old (best) | outputs |")
+    print("|---|---|---|---|---|")
+    for i, shape in enumerate(shapes):
+        old = [rows[i] for rows in results["old"]]
+        new = [rows[i] for rows in results["new"]]
+        old_us = [r["us"] for r in old]
+        new_us = [r["us"] for r in new]
+        hashes = {r["hash"] for r in old + new}
+        nans = sum(r["nans"] for r in old + new)
+        verdict = "bitwise equal" if len(hashes) == 1 else f"DIFFER ({len(hashes)} hashes)"
+        if nans:
+            verdict += f", {nans} NaN"
+        print(
+            f"| {shape} | {' / '.join(f'{t:.1f}' for t in old_us)} | "
+            f"{' / '.join(f'{t:.1f}' for t in new_us)} | {min(new_us) / min(old_us):.3f} | {verdict} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
