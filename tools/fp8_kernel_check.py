@@ -561,6 +561,23 @@ FP4_EXPERIMENTS = [
     ("2 producer warps", (("NUM_PRODUCERS", 2),)),
 ]
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
+# fp4 pipeline depth. Unit k goes to producer warp k % 4 and consumer k % C, so with 16 stages
+# and 4 consumers each consumer has 4 stages of 4.3 KB in flight; the consumers' waits for full
+# stages (EXP_PHASES, 2026-11-30: 434 of 1922 cycles per unit at next_n 1) suggest too few.
+# A count that is not a multiple of both role counts fails to compile and is skipped.
+FP4_STAGE_VARIANTS = interleaved(
+    ("production", ()),
+    ("24 stages", (("NUM_STAGES", 24),)),
+    ("32 stages", (("NUM_STAGES", 32),)),
+    ("5 consumers, 20 stages", (("NUM_CONSUMERS", 5), ("NUM_STAGES", 20))),
+    ("5 consumers, 40 stages", (("NUM_CONSUMERS", 5), ("NUM_STAGES", 40))),
+)
+FP4_STAGE_SHAPES = [
+    (1, 64, 128, 65536),
+    (1, 32, 128, 32768),
+    (2, 64, 128, 65536),
+    (4, 64, 64, 32768),
+]
 
 
 def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
@@ -1233,6 +1250,7 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
     "power": lambda copy_bw: variant_table(FP8, POWER_SHAPES, POWER_VARIANTS, copy_bw),
     "stages": lambda copy_bw: variant_table(FP8, STAGE_SHAPES, STAGE_VARIANTS, copy_bw),
+    "fp4-stages": lambda copy_bw: variant_table(FP4, FP4_STAGE_SHAPES, FP4_STAGE_VARIANTS, copy_bw),
     "load-path": lambda copy_bw: variant_table(FP8, LOAD_PATH_SHAPES, LOAD_PATH_VARIANTS, copy_bw),
     "n2-consumers": lambda copy_bw: variant_table(
         FP8, N2_CONSUMER_SHAPES, N2_CONSUMER_VARIANTS, copy_bw
