@@ -330,7 +330,9 @@ struct UnitWalker {
     len = b < batch_size && (b < end_b || end_u > 0) ? seq_lens[b * seq_lens_stride] : 0;
     units = units_of(len);
   }
-  __device__ bool valid() const { return (b < end_b || (b == end_b && u < end_u)) && u < units; }
+  // Bitwise rather than short-circuit operators: predicate logic instead of branches in every
+  // role's loop condition.
+  __device__ bool valid() const { return ((b < end_b) | ((b == end_b) & (u < end_u))) & (u < units); }
   __device__ void next() {
     if (++u < units) return;
     u = 0;
@@ -343,7 +345,7 @@ struct UnitWalker {
   // enters a new request, so every role sees every request (the q-slot protocol relies on
   // it) while units inside a request are skipped in one step instead of one by one.
   template <typename OnRequest>
-  __device__ void advance(int& k, int steps, OnRequest&& on_request) {
+  __device__ void advance(unsigned& k, int steps, OnRequest&& on_request) {
     if (steps < units - u) {  // the common case: the step stays inside the request
       u += steps;
       k += steps;
@@ -474,7 +476,7 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   };
   if (!walk.valid()) return;
   on_request();
-  int k = 0;
+  unsigned k = 0;  // unsigned: k % NUM_STAGES and k / NUM_STAGES without sign fix-ups
   walk.advance(k, producer_index, on_request);
   for (; walk.valid(); walk.advance(k, NUM_PRODUCERS, on_request)) {
     const int stage = k % NUM_STAGES;
@@ -557,7 +559,7 @@ __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& wal
   };
   if (!walk.valid()) return;
   on_request();
-  int k = 0;
+  unsigned k = 0;  // unsigned: k % NUM_STAGES and k / NUM_STAGES without sign fix-ups
   walk.advance(k, consumer_index, on_request);
   for (; walk.valid(); walk.advance(k, NUM_CONSUMERS, on_request)) {
     const int stage = k % NUM_STAGES;
