@@ -1,6 +1,7 @@
 """A/B of the logits kernels of two source trees on one GPU: time and bitwise output.
 
     python tools/tree_ab.py OLD_ROOT NEW_ROOT [--rounds 2] [--preheat S] [--shapes fp4:1:64:128:65536,...]
+    python tools/tree_ab.py OLD_ROOT NEW_ROOT --single [--shapes fp8:1:64:1:4096,...]
 
 OLD_ROOT and NEW_ROOT are checkouts of this repository (for example `git archive HEAD
 packages | tar -x -C old`). For every round and tree, a child process imports the packages
@@ -15,6 +16,12 @@ whether the outputs of the two trees are bitwise equal.
 
 A shape is `op:next_n:block_size:batch:avg_len` with op fp8 or fp4 (float32 output and
 epilogue; the fp4 case's scales are in [120, 134)).
+
+`--single` times the small-batch target's way instead: the benchmark's case of that shape
+(`tools/bench`, default dtypes, its rotation sets with their own pages, block tables and
+lengths), one call per CUDA-graph replay (`bench.timing.time_single_replays`), once going
+round all the sets (everything cold) and once replaying the first set only (L2-warm); the
+hash covers the first set's valid region.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+SINGLE_SHAPES = (
+    "fp8:1:64:1:4096",
+    "fp8:1:64:8:16384",
+    "fp8:2:64:1:4096",
+    "fp4:1:64:1:4096",
+)
 DEFAULT_SHAPES = (
     "fp4:1:64:128:65536",
     "fp4:1:32:128:32768",
@@ -71,11 +84,49 @@ def _child(preheat_s: float, shapes: list[str]) -> None:
         del case, call, storage
 
 
+def _child_single(shapes: list[str]) -> None:
+    import torch
+    from bench.data import build_case
+    from bench.ops import op_call
+    from bench.shapes import IndexerShape
+    from bench.timing import SINGLE_REPLAY_WINDOW, settle, time_single_replays
+    from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+
+    device = torch.device("cuda")
+    for shape_text in shapes:
+        op, *numbers = shape_text.split(":")
+        next_n, block_size, batch, avg_len = (int(x) for x in numbers)
+        case = build_case(IndexerShape(op, batch, avg_len, next_n, block_size), device)
+        calls = [op_call(case, inputs) for inputs in case.sets]
+        settle(device)
+        cold = time_single_replays(calls)
+        warm = time_single_replays([calls[0]] * SINGLE_REPLAY_WINDOW)
+        out = case.sets[0].out
+        out.fill_(float("nan"))
+        calls[0]()
+        torch.cuda.synchronize()
+        valid = out.float().cpu()[valid_mask(case.sets[0].seq_lens.cpu(), next_n, out.shape[1])]
+        digest = hashlib.sha256(valid.view(torch.int32).numpy().tobytes()).hexdigest()[:16]
+        row = dict(
+            shape=shape_text,
+            us=cold.median_us,
+            warm_us=warm.median_us,
+            tokens=sum(case.seq_lens),
+            hash=digest,
+            nans=int(torch.isnan(valid).sum()),
+            state="",
+        )
+        print(json.dumps(row))
+        sys.stdout.flush()
+        del case, calls, out
+
+
 def _run_tree(root: Path, preheat_s: float, shapes: list[str]) -> list[dict]:
     env = dict(os.environ)
     paths = [str(root / "packages" / p / "src") for p in _PACKAGES] + [str(root / "tools")]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(preheat_s), *shapes]
+    mode = ["--child-single"] if preheat_s < 0 else ["--child", str(preheat_s)]
+    command = [sys.executable, str(Path(__file__).resolve()), *mode, *shapes]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.stderr.write(done.stderr)
@@ -87,25 +138,37 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(float(sys.argv[2]), sys.argv[3:])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-single":
+        _child_single(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--preheat", type=float, default=0.0, metavar="S")
-    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
+    parser.add_argument("--single", action="store_true", help="one call per graph replay")
+    parser.add_argument("--shapes", default=None)
     args = parser.parse_args()
-    shapes = args.shapes.split(",")
+    shapes = (args.shapes or ",".join(SINGLE_SHAPES if args.single else DEFAULT_SHAPES)).split(",")
+    preheat = -1.0 if args.single else args.preheat  # a negative preheat selects the single child
     results: dict[str, list[list[dict]]] = {"old": [], "new": []}
     for round_index in range(args.rounds):
         for name, root in (("old", args.old), ("new", args.new)):
-            rows = _run_tree(root, args.preheat, shapes)
+            rows = _run_tree(root, preheat, shapes)
             results[name].append(rows)
             for row in rows:
                 state = f" [{row['state']}]" if row["state"] else ""
-                print(f"round {round_index + 1} {name}: {row['shape']} {row['us']:.1f} us{state}")
+                warm = f", L2-warm {row['warm_us']:.2f} us" if "warm_us" in row else ""
+                print(
+                    f"round {round_index + 1} {name}: {row['shape']} {row['us']:.2f} us{warm}{state}"
+                )
     print()
-    print("| shape | old us (rounds) | new us (rounds) | new / old (best) | outputs |")
-    print("|---|---|---|---|---|")
+    single = args.single
+    warm_header = " old L2-warm us | new L2-warm us | warm new / old |" if single else ""
+    print(
+        f"| shape | old us (rounds) | new us (rounds) | new / old (best) |{warm_header} outputs |"
+    )
+    print("|---|---|---|---|" + ("---|---|---|" if single else "") + "---|")
     for i, shape in enumerate(shapes):
         old = [rows[i] for rows in results["old"]]
         new = [rows[i] for rows in results["new"]]
@@ -116,9 +179,17 @@ def main() -> None:
         verdict = "bitwise equal" if len(hashes) == 1 else f"DIFFER ({len(hashes)} hashes)"
         if nans:
             verdict += f", {nans} NaN"
+        warm = ""
+        if single:
+            old_warm = [r["warm_us"] for r in old]
+            new_warm = [r["warm_us"] for r in new]
+            warm = (
+                f" {' / '.join(f'{t:.2f}' for t in old_warm)} | "
+                f"{' / '.join(f'{t:.2f}' for t in new_warm)} | {min(new_warm) / min(old_warm):.3f} |"
+            )
         print(
-            f"| {shape} | {' / '.join(f'{t:.1f}' for t in old_us)} | "
-            f"{' / '.join(f'{t:.1f}' for t in new_us)} | {min(new_us) / min(old_us):.3f} | {verdict} |"
+            f"| {shape} | {' / '.join(f'{t:.2f}' for t in old_us)} | "
+            f"{' / '.join(f'{t:.2f}' for t in new_us)} | {min(new_us) / min(old_us):.3f} |{warm} {verdict} |"
         )
 
 
