@@ -369,8 +369,10 @@ struct UnitWalker {
   // valid() holds.
   __device__ int request_end() const { return b < end_b ? units : min(end_u, units); }
   // Calls body(k) for the current unit and every `steps`-th one after it. Inside a request
-  // the step is one compare against request_end(), not advance() and valid(): about five
-  // instructions less per unit in every role's loop. Entering a request goes through
+  // the step is one compare against request_end() instead of advance() and valid(); with the
+  // request fixed for the inner loop, ptxas also keeps what depends only on the q slot (the
+  // WGMMA B descriptors) across its units. The fp4 consumer's unit path (block 64, next_n 1)
+  // went from about 270 to about 250 SASS instructions. Entering a request goes through
   // advance(), so on_request() still runs for every request.
   template <typename OnRequest, typename Body>
   __device__ __forceinline__ void for_each(unsigned& k, int steps, OnRequest&& on_request, Body&& body) {
@@ -386,7 +388,6 @@ struct UnitWalker {
     }
   }
 };
-
 
 // A producer warp's window of 32 block-table entries (one per lane) of the current request,
 // with the next 32 loaded one batch ahead so a sequential walk never waits on a table read.
