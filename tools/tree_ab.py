@@ -121,12 +121,11 @@ def _child_single(shapes: list[str]) -> None:
         del case, calls, out
 
 
-def _run_tree(root: Path, preheat_s: float, shapes: list[str]) -> list[dict]:
+def _run_tree(root: Path, child_args: list[str], shapes: list[str]) -> list[dict]:
     env = dict(os.environ)
     paths = [str(root / "packages" / p / "src") for p in _PACKAGES] + [str(root / "tools")]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    mode = ["--child-single"] if preheat_s < 0 else ["--child", str(preheat_s)]
-    command = [sys.executable, str(Path(__file__).resolve()), *mode, *shapes]
+    command = [sys.executable, str(Path(__file__).resolve()), *child_args, *shapes]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.stderr.write(done.stderr)
@@ -150,11 +149,11 @@ def main() -> None:
     parser.add_argument("--shapes", default=None)
     args = parser.parse_args()
     shapes = (args.shapes or ",".join(SINGLE_SHAPES if args.single else DEFAULT_SHAPES)).split(",")
-    preheat = -1.0 if args.single else args.preheat  # a negative preheat selects the single child
+    child_args = ["--child-single"] if args.single else ["--child", str(args.preheat)]
     results: dict[str, list[list[dict]]] = {"old": [], "new": []}
     for round_index in range(args.rounds):
         for name, root in (("old", args.old), ("new", args.new)):
-            rows = _run_tree(root, preheat, shapes)
+            rows = _run_tree(root, child_args, shapes)
             results[name].append(rows)
             for row in rows:
                 state = f" [{row['state']}]" if row["state"] else ""
