@@ -345,6 +345,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
 
     // One commit group per half of the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf)).
+    // Inside a request ptxas keeps the slot's B descriptors in registers across units; at
+    // next_n 3 (96 accumulators in 144 registers) that spills, so there the slot goes through
+    // an empty asm and the descriptors are rebuilt per unit.
+    if (NEXT_N == 3) asm volatile("" : "+r"(slot));
     const uint8_t* b_tile = q_slots + slot * kQSlotBytes;
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
