@@ -292,8 +292,15 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
 
 
 def fp4_calls(device: torch.device) -> list[Call]:
-    # (block size, next_n, interleaved scales, requests): the last one reuses q slots in a CTA.
-    specs = [(32, 1, False, 1), (128, 4, False, 1), (128, 2, True, 1), (64, 2, False, 65)]
+    # (block size, next_n, interleaved scales, requests): the last two reuse q slots in a CTA
+    # (next_n 1 runs five consumer warpgroups, next_n 2 three).
+    specs = [
+        (32, 1, False, 1),
+        (128, 4, False, 1),
+        (128, 2, True, 1),
+        (64, 1, False, 65),
+        (64, 2, False, 65),
+    ]
     return [
         build_call(
             f"fp4 bs={bs} next_n={n}{' interleaved' if inter else ''} out=bfloat16"

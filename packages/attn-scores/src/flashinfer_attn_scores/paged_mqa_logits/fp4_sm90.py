@@ -32,18 +32,20 @@ from .fp8_sm90 import (
 NUM_HEADS = 64
 HEAD_DIM = 128
 ROW_BYTES = HEAD_DIM // 2  # packed E2M1 bytes per token
-MAX_STAGES = 16  # a stage is only 4 KiB of packed KV
+MAX_STAGES = 16  # a stage is only 4 KiB of packed KV; 4 per consumer warpgroup where there are 5
 _LUT_LEVELS = 32
 
 
 def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
-    room for. next_n 2 (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k,
+    room for. next_n 1 (N = 64) with 5 instead of 4 (80 registers each, 20 stages): 248-251 ->
+    240-242 us at B 128, L 64k, block 64 and 136-140 -> 128-130 us at B 128, L 32k, block 32
+    (H200, 2026-11-30, `--experiments fp4-stages`, two rounds, outputs bitwise equal). next_n 2 (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k,
     block 64, 2026-11-29); with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at
     B 128, L 64k and 163 -> 147 us at B 64, L 32k, but only with a float32 epilogue (a 16-bit
     one spills with 3)."""
     if n <= 64:
-        return 4
+        return 5
     if n <= 128 or (n <= 192 and epi_dtype == torch.float32):
         return 3
     return 2
@@ -79,12 +81,18 @@ class Fp4KernelConfig:
         barriers = scales + stages * self.scale_bytes
         return barriers + barrier_bytes(stages) + _ALIGNMENT_SLACK
 
+    @property
+    def max_stages(self) -> int:
+        """MAX_STAGES, or 4 stages per consumer warpgroup with 5 of them (20: a multiple of 5
+        consumers and 4 producers)."""
+        return max(MAX_STAGES, 4 * consumers_for(self.n, self.epi_dtype))
+
     @functools.cached_property
     def pipeline(self) -> Pipeline:
         return pipeline_depth(
             self.shared_memory_bytes,
             self.experiment,
-            MAX_STAGES,
+            self.max_stages,
             consumers_for(self.n, self.epi_dtype),
         )
 
