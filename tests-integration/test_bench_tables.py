@@ -17,6 +17,7 @@ RUN12_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12.json"
 RUN13_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run13.json"
 RUN14_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run14.json"
 RUN15_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run15.json"
+RUN16_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run16.json"
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
 HISTORY_MD = REPO / "docs" / "performance-history.md"
@@ -277,7 +278,8 @@ def _tables_of(markdown: str) -> list[str]:
 @pytest.mark.parametrize(
     ("results", "pages"),
     [
-        (RUN15_JSON, [PERFORMANCE_MD]),
+        (RUN16_JSON, [PERFORMANCE_MD]),
+        (RUN15_JSON, [HISTORY_MD]),
         (RUN14_JSON, [HISTORY_MD]),
         (RUN13_JSON, [HISTORY_MD]),
         (RUN12_JSON, [HISTORY_MD]),
@@ -285,7 +287,7 @@ def _tables_of(markdown: str) -> list[str]:
         (RUN10_JSON, [HISTORY_MD]),
         (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
     ],
-    ids=["run15", "run14", "run13", "run12", "run11", "run10", "run2"],
+    ids=["run16", "run15", "run14", "run13", "run12", "run11", "run10", "run2"],
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
@@ -294,7 +296,7 @@ def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     tables = _tables_of(report)
     # run13 and later also have the full grid's table of single replays (run13 was the first
     # run to time them).
-    assert len(tables) == (6 if results in (RUN13_JSON, RUN14_JSON, RUN15_JSON) else 5)
+    assert len(tables) == (6 if results in (RUN13_JSON, RUN14_JSON, RUN15_JSON, RUN16_JSON) else 5)
     names = " + ".join(page.name for page in pages)
     for table in tables:
         assert table in text, (
