@@ -32,7 +32,7 @@ from .fp8_sm90 import (
 NUM_HEADS = 64
 HEAD_DIM = 128
 ROW_BYTES = HEAD_DIM // 2  # packed E2M1 bytes per token
-MAX_STAGES = 16  # a stage is only 4 KiB of packed KV; 4 per consumer warpgroup where there are 5
+MAX_STAGES = 16  # a stage is only 4 KiB of packed KV (five consumers get more: max_stages)
 _LUT_LEVELS = 32
 
 
@@ -40,10 +40,10 @@ def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
     room for. next_n 1 (N = 64) with 5 instead of 4 (80 registers each, 20 stages): 248-251 ->
     240-242 us at B 128, L 64k, block 64 and 136-140 -> 128-130 us at B 128, L 32k, block 32
-    (H200, 2026-11-30, `--experiments fp4-stages`, two rounds, outputs bitwise equal). next_n 2 (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k,
-    block 64, 2026-11-29); with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at
-    B 128, L 64k and 163 -> 147 us at B 64, L 32k, but only with a float32 epilogue (a 16-bit
-    one spills with 3)."""
+    (H200, 2026-11-30, `--experiments fp4-stages`, two rounds, outputs bitwise equal). next_n 2
+    (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k, block 64, 2026-11-29);
+    with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at B 128, L 64k and 163 -> 147
+    us at B 64, L 32k, but only with a float32 epilogue (a 16-bit one spills with 3)."""
     if n <= 64:
         return 5
     if n <= 128 or (n <= 192 and epi_dtype == torch.float32):
