@@ -47,16 +47,19 @@ if [ "${SKIP_TESTS:-0}" = shards ]; then
   # NVRTC compiles and the float64 references on the host's cores): about 240 s instead of
   # about 430 s on the H200 machine (2026-11-30). Each shard's log is $OUT/pytest-<i>.log.
   gpu_tests=packages/attn-scores/tests/paged_mqa_logits/test_gpu.py
-  shards=("$gpu_tests -k fp4" "$gpu_tests -k not\ fp4" "packages/attn-scores --ignore=$gpu_tests"
-    "packages/schedule packages/jit packages/layouts tests-integration")
-  for i in 0 1 2 3; do
-    # shellcheck disable=SC2086  # a shard is a word list on purpose (eval keeps "not fp4" whole)
-    eval timeout "${SHARD_TIMEOUT:-400}" python -m pytest -m gpu -q -p no:cacheprovider -rfE \
-      ${shards[$i]} > "$OUT/pytest-$i.log" 2>&1 &
-  done
+  run_shard() {
+    local i=$1
+    shift
+    timeout "${SHARD_TIMEOUT:-400}" python -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" \
+      > "$OUT/pytest-$i.log" 2>&1
+  }
+  run_shard 0 "$gpu_tests" -k fp4 &
+  run_shard 1 "$gpu_tests" -k "not fp4" &
+  run_shard 2 packages/attn-scores --ignore="$gpu_tests" &
+  run_shard 3 packages/schedule packages/jit packages/layouts tests-integration &
   wait
   for i in 0 1 2 3; do
-    echo "pytest shard $i (${shards[$i]}): $(tail -n 1 "$OUT/pytest-$i.log")"
+    echo "pytest shard $i: $(tail -n 1 "$OUT/pytest-$i.log")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest-$i.log" | cut -c1-220 | head -30
   done
 elif [ "${SKIP_TESTS:-0}" != 1 ]; then
