@@ -18,6 +18,7 @@ RUN13_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run13.json"
 RUN14_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run14.json"
 RUN15_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run15.json"
 RUN16_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run16.json"
+RUN17_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run17.json"
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
 HISTORY_MD = REPO / "docs" / "performance-history.md"
@@ -278,7 +279,8 @@ def _tables_of(markdown: str) -> list[str]:
 @pytest.mark.parametrize(
     ("results", "pages"),
     [
-        (RUN16_JSON, [PERFORMANCE_MD]),
+        (RUN17_JSON, [PERFORMANCE_MD]),
+        (RUN16_JSON, [HISTORY_MD]),
         (RUN15_JSON, [HISTORY_MD]),
         (RUN14_JSON, [HISTORY_MD]),
         (RUN13_JSON, [HISTORY_MD]),
@@ -287,7 +289,7 @@ def _tables_of(markdown: str) -> list[str]:
         (RUN10_JSON, [HISTORY_MD]),
         (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
     ],
-    ids=["run16", "run15", "run14", "run13", "run12", "run11", "run10", "run2"],
+    ids=["run17", "run16", "run15", "run14", "run13", "run12", "run11", "run10", "run2"],
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
@@ -296,7 +298,9 @@ def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     tables = _tables_of(report)
     # run13 and later also have the full grid's table of single replays (run13 was the first
     # run to time them).
-    assert len(tables) == (6 if results in (RUN13_JSON, RUN14_JSON, RUN15_JSON, RUN16_JSON) else 5)
+    assert len(tables) == (
+        6 if results in (RUN13_JSON, RUN14_JSON, RUN15_JSON, RUN16_JSON, RUN17_JSON) else 5
+    )
     names = " + ".join(page.name for page in pages)
     for table in tables:
         assert table in text, (
