@@ -563,7 +563,9 @@ FP4_EXPERIMENTS = [
 FP4_SHAPES = [(1, 64, 128, 65536), (2, 64, 128, 65536), (4, 64, 64, 32768), (1, 128, 128, 65536)]
 # fp4 pipeline depth. Unit k goes to producer warp k % 4 and consumer k % C, so with 16 stages
 # and 4 consumers each consumer has 4 stages of 4.3 KB in flight; the consumers' waits for full
-# stages (EXP_PHASES, 2026-11-30: 434 of 1922 cycles per unit at next_n 1) suggest too few.
+# stages (EXP_PHASES, 2026-11-30: 434 of 1922 cycles per unit at next_n 1) suggested too few.
+# Written when next_n 1 ran 4 consumers with 16 stages; "5 consumers, 20 stages" has been
+# production at next_n 1 since (2026-11-30), so there the first row repeats it.
 # A count that is not a multiple of both role counts fails to compile and is skipped.
 FP4_STAGE_VARIANTS = interleaved(
     ("production", ()),
