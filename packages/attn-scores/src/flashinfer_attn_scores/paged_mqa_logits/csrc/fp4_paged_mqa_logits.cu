@@ -162,6 +162,16 @@ __device__ __forceinline__ void build_lut(uint8_t* lut) {
   }
 }
 
+// scale_by_pow2 for e = M + Q_t - 266 - kTwiceRelu, which the UE8M0 ranges keep in [-267, 243]:
+// its upper clamp never applies, so one add-and-max and one shift (floor(e / 2)) remain. As
+// there, e below -252 is taken as -252, which changes a result only if |x| > 2^102 (weights
+// beyond about 2^70); otherwise both give 0.
+__device__ __forceinline__ float scale_by_pow2_from(float x, int e) {
+  e = max(e, -252);
+  const int low = e >> 1;
+  return x * __int_as_float((low + 127) << 23) * __int_as_float((e - low + 127) << 23);
+}
+
 __device__ __forceinline__ uint2 lut_for(const uint2* luts, int max_exponent, int exponent) {
   return luts[min(max_exponent - exponent, kLutLevels - 1)];
 }
@@ -312,6 +322,26 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
   }
 
+  // The part of the final exponent M + Q_t - 266 of this lane's k-th slot sum that does not
+  // depend on the token (float32 epilogue). Lanes whose t = 2k + (quad >> 1) is past NEXT_N
+  // store nothing (SlotSums::stores) and read a meaningless entry of the slot's 4.
+  auto slot_exponent_of = [&](int slot, int k) { return slot_exp[slot * 4 + 2 * k + (quad >> 1)] - 266 - kTwiceRelu; };
+  // Per request: this lane's first output (a unit adds u * kTile) and its slot exponents. Both
+  // are held per request (and the shorter scale_by_pow2_from used), except at next_n 3,
+  // whose 128 registers have none to spare: with either change some of its configurations
+  // spilled 4 bytes, so it computes both per unit as before (11 fewer SASS instructions per
+  // unit at next_n 1, block 64).
+  constexpr bool kHoldRequest = NEXT_N != 3;
+  Out* request_out = out;
+  int slot_exponent[SlotSums::kLaneSums];
+  auto enter_request = [&](const UnitWalker& request, int slot) {
+    if (!kHoldRequest) return;
+    // This lane's first output of the request: slot quad >> 1, column row0 + 8 * (quad & 1).
+    request_out = out + (static_cast<long long>(request.b) * NEXT_N + (quad >> 1)) * out_stride + row0 + 8 * (quad & 1);
+#pragma unroll
+    for (int k = 0; k < SlotSums::kLaneSums; ++k) slot_exponent[k] = slot_exponent_of(slot, k);
+  };
+
   auto process = [&](int stage, int slot, const UnitWalker& unit) {
     // Both rows' packed group `quad` and scale words, then the stage goes back to the producer.
     const uint8_t* tile = kv_tiles + stage * kKvTileBytes;
@@ -321,11 +351,12 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, unit.u, row0 + 8);
     __syncwarp();
     if (lane == 0) mbar_arrive(&bars.empty[stage]);
-    // After the quad's reduction this lane holds row row0 + 8 * (quad & 1).
-    const long long column = static_cast<long long>(unit.u) * kTile + row0 + 8 * (quad & 1);
-    Out* out_request = out + static_cast<long long>(unit.b) * NEXT_N * out_stride + column;
+    // This lane's first output of the unit: slot quad >> 1 (next_n 3: slot 0), row row0 + 8 * (quad & 1).
+    Out* out_unit = kHoldRequest ? request_out + unit.u * kTile
+                                 : out + static_cast<long long>(unit.b) * NEXT_N * out_stride +
+                                       (static_cast<long long>(unit.u) * kTile + row0 + 8 * (quad & 1));
     if (EXP_SKIP_MATH) {
-      if (quad == 0) out_request[0] = to_out(__uint_as_float(packed0.x ^ packed1.y ^ sf0 ^ sf1));
+      if (quad == 0) out_unit[0] = to_out(__uint_as_float(packed0.x ^ packed1.y ^ sf0 ^ sf1));
       return;
     }
 
@@ -373,7 +404,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 
     if (EXP_SKIP_EPILOGUE) {
       wgmma_wait<0>();
-      if (quad == 0) out_request[0] = to_out(acc[0][0] + acc[kHalves - 1][Mma::kRegs - 1]);
+      if (quad == 0) out_unit[0] = to_out(acc[0][0] + acc[kHalves - 1][Mma::kRegs - 1]);
       return;
     }
 
@@ -384,11 +415,11 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     // true scale before the conversion, so the reduced-precision sums see the same numbers as
     // the definition (and overflow where it would).
     const float* w = weight_slots + slot * kN;
-    const int* q_exp = slot_exp + slot * 4;
     SlotSums sums;
     sums.clear();
 #if EPI_DTYPE != 0
     const float* head_scale = head_scale_slots + slot * kN;
+    const int* q_exp = slot_exp + slot * 4;
     const int max0 = maxima & 0xffffu, max1 = maxima >> 16;
     float token_scale[NEXT_N][2];
 #pragma unroll
@@ -433,13 +464,17 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 #if EPI_DTYPE == 0
     const int row_max = quad & 1 ? maxima >> 16 : maxima & 0xffffu;  // M of this lane's row
 #endif
-    Out* slot_out = out_request + (quad >> 1) * out_stride;  // slot 2k + (quad >> 1), k = 0
+    Out* slot_out = kHoldRequest ? out_unit : out_unit + (quad >> 1) * out_stride;  // slot 2k + (quad >> 1), k = 0
 #pragma unroll
     for (int k = 0; k < SlotSums::kLaneSums; ++k, slot_out += 2 * out_stride) {
       if (SlotSums::stores(k, quad)) {
 #if EPI_DTYPE == 0
-        const int t = 2 * k + (quad >> 1);
-        *slot_out = to_out(scale_by_pow2(sums.lane_sums[k], row_max + q_exp[t] - 266 - kTwiceRelu));
+        if (kHoldRequest) {
+          *slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + slot_exponent[k]));
+        } else {
+          const int* q_exp = slot_exp + slot * 4;
+          *slot_out = to_out(scale_by_pow2(sums.lane_sums[k], row_max + q_exp[2 * k + (quad >> 1)] - 266 - kTwiceRelu));
+        }
 #else
         *slot_out = to_out(to_float(sums.lane_sums[k]));
 #endif
@@ -447,15 +482,18 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
   };
   if (!EXP_PHASES) {
-    run_consumer(consumer_index, walk, bars, process);
+    run_consumer(consumer_index, walk, bars, process, enter_request);
     return;
   }
   ConsumerPhases timing;
-  run_consumer(consumer_index, walk, bars, [&](int stage, int slot, const UnitWalker& unit) {
-    const unsigned start = clock();
-    process(stage, slot, unit);
-    timing.unit(start, issued, mma_done, clock());
-  });
+  run_consumer(
+      consumer_index, walk, bars,
+      [&](int stage, int slot, const UnitWalker& unit) {
+        const unsigned start = clock();
+        process(stage, slot, unit);
+        timing.unit(start, issued, mma_done, clock());
+      },
+      enter_request);
   timing.store(phases, consumer_index);
 }
 

@@ -201,7 +201,7 @@ struct ConsumerMath {
   long long out_stride;
   AccReg acc[kHalves][Mma::kRegs];
   float2 weight_regs[kWeightRegGroups > 0 ? kWeightRegGroups : 1];
-  int weights_of = -1;    // the request whose weights weight_regs hold
+  Out* request_out = nullptr;  // the current request's first row of this lane's slots (quad >> 1)
   unsigned mma_done = 0;  // EXP_PHASES: clock() when the unit's last MMA group completed
 
   __device__ ConsumerMath(uint8_t* smem, Out* out_, long long out_stride_)
@@ -216,10 +216,10 @@ struct ConsumerMath {
         out(out_),
         out_stride(out_stride_) {}
 
-  // Keep request b's register-held weights (its q slot is held: between q_full and q_empty).
-  __device__ __forceinline__ void hold_weights(int slot, int b) {
-    if (kWeightRegGroups == 0 || b == weights_of) return;
-    weights_of = b;
+  // What depends only on the request, once it holds its q slot (between q_full and q_empty):
+  // its output rows and its register-held weights.
+  __device__ __forceinline__ void enter_request(int slot, int b) {
+    request_out = out + (static_cast<long long>(b) * NEXT_N + (quad >> 1)) * out_stride;
     const float* w = weight_slots + slot * kN;
 #pragma unroll
     for (int j = 0; j < kWeightRegGroups; ++j) weight_regs[j] = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
@@ -329,12 +329,12 @@ struct ConsumerMath {
   // sum over this thread's columns of w * relu(acc), then the quad's sum, times the token
   // scale. The stage goes back to the producer once the last group has read it. No
   // lane-dependent branch before that: ptxas serializes wgmmas in flight across one.
-  __device__ __forceinline__ void epilogue(int stage, int slot, int b, int u) {
+  __device__ __forceinline__ void epilogue(int stage, int slot, int u) {
     // After the quad's reduction this lane holds row row0 + 8 * (quad & 1): one token scale.
     const int row = row0 + 8 * (quad & 1);
     const float scale = scales[stage * kTile + row];
-    const long long column = static_cast<long long>(u) * kTile + row;
-    Out* out_request = out + static_cast<long long>(b) * NEXT_N * out_stride + (EXP_STORES == 2 ? column % 512 : column);
+    const int column = u * kTile + row;
+    Out* slot_out = request_out + (EXP_STORES == 2 ? column % 512 : column);  // slot 2k + (quad >> 1), k = 0
     const float* w = weight_slots + slot * kN;
     SlotSums sums;
     sums.clear();
@@ -346,12 +346,11 @@ struct ConsumerMath {
     __syncwarp();
     if (lane == 0) mbar_arrive(&bars.empty[stage]);
     if (EXP_SKIP_EPILOGUE) {
-      if (quad == 0) out_request[0] = to_out(to_float(to_epi(acc[0][0])) * scale);
+      if (quad == 0) slot_out[0] = to_out(to_float(to_epi(acc[0][0])) * scale);
       return;
     }
     add_half<kHalves - 1>(w, sums);
     sums.reduce_quad(quad);
-    Out* slot_out = out_request + (quad >> 1) * out_stride;  // slot 2k + (quad >> 1), k = 0
 #pragma unroll
     for (int k = 0; k < SlotSums::kLaneSums; ++k, slot_out += 2 * out_stride) {
       if (EXP_STORES == 1 && out_stride > 0) continue;  // always taken at run time
@@ -372,18 +371,20 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
                                          uint8_t* smem, long long* phases) {
   ConsumerMath math(smem, out, out_stride);
   ConsumerPhases timing;
-  run_consumer(consumer_index, walk, math.bars, [&](int stage, int slot, const UnitWalker& unit) {
-    if (EXP_SKIP_MATH) {
-      math.skip_math(stage, unit.b, unit.u);
-      return;
-    }
-    const unsigned start = EXP_PHASES ? clock() : 0;
-    math.mma(stage, slot);
-    const unsigned issued = EXP_PHASES ? clock() : 0;
-    math.hold_weights(slot, unit.b);
-    math.epilogue(stage, slot, unit.b, unit.u);
-    if (EXP_PHASES) timing.unit(start, issued, math.mma_done, clock());
-  });
+  run_consumer(
+      consumer_index, walk, math.bars,
+      [&](int stage, int slot, const UnitWalker& unit) {
+        if (EXP_SKIP_MATH) {
+          math.skip_math(stage, unit.b, unit.u);
+          return;
+        }
+        const unsigned start = EXP_PHASES ? clock() : 0;
+        math.mma(stage, slot);
+        const unsigned issued = EXP_PHASES ? clock() : 0;
+        math.epilogue(stage, slot, unit.u);
+        if (EXP_PHASES) timing.unit(start, issued, math.mma_done, clock());
+      },
+      [&](const UnitWalker& request, int slot) { math.enter_request(slot, request.b); });
   if (EXP_PHASES) timing.store(phases, consumer_index);
 }
 

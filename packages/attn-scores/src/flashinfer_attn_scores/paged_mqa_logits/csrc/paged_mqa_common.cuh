@@ -565,9 +565,11 @@ struct ConsumerPhases {
 // and calls `process(stage, slot, walk)`; `process` must arrive on empty[stage] (one arrival
 // per warp) once it no longer reads the stage. Every consumer waits on q_full for every
 // request, even one it gets no unit of, so the q-slot phases stay in step.
-template <typename ProcessUnit>
+// `enter_request(walk, slot)` runs once the consumer holds a request's q slot, before that
+// request's first unit: what depends only on the request can be computed there once.
+template <typename ProcessUnit, typename EnterRequest>
 __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& walk, const Barriers& bars,
-                                             ProcessUnit&& process) {
+                                             ProcessUnit&& process, EnterRequest&& enter_request) {
   int request_ordinal = -1;
   // Every lane arrives: an arrival releases only its own thread's reads of the slot (the
   // weights are read with generic loads), and the staging warps overwrite the slot next.
@@ -578,6 +580,7 @@ __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& wal
     if (request_ordinal >= 0) release_q();
     ++request_ordinal;
     mbar_wait(&bars.q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
+    enter_request(static_cast<const UnitWalker&>(walk), request_ordinal & 1);
   };
   if (!walk.valid()) return;
   on_request();
@@ -589,6 +592,11 @@ __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& wal
     process(stage, request_ordinal & 1, static_cast<const UnitWalker&>(walk));
   });
   release_q();
+}
+template <typename ProcessUnit>
+__device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& walk, const Barriers& bars,
+                                             ProcessUnit&& process) {
+  run_consumer(consumer_index, walk, bars, process, [](const UnitWalker&, int) {});
 }
 
 // ---------------------------------------------------------------- epilogue number types
