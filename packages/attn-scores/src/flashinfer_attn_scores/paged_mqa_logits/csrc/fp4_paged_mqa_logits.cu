@@ -326,11 +326,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   // depend on the token (float32 epilogue). Lanes whose t = 2k + (quad >> 1) is past NEXT_N
   // store nothing (SlotSums::stores) and read a meaningless entry of the slot's 4.
   auto slot_exponent_of = [&](int slot, int k) { return slot_exp[slot * 4 + 2 * k + (quad >> 1)] - 266 - kTwiceRelu; };
-  // Per request: this lane's first output (a unit adds u * kTile) and its slot exponents. Both
-  // are held per request (and the shorter scale_by_pow2_from used), except at next_n 3,
-  // whose 128 registers have none to spare: with either change some of its configurations
-  // spilled 4 bytes, so it computes both per unit as before (11 fewer SASS instructions per
-  // unit at next_n 1, block 64).
+  // Per request: this lane's first output (a unit adds u * kTile) and its slot exponents, which
+  // takes 11 SASS instructions off each unit at next_n 1 (block 64; the shorter
+  // scale_by_pow2_from is part of it). Not at next_n 3, whose 128 registers have none to spare:
+  // either change spilled 4 bytes in some of its configurations, so it computes both per unit.
   constexpr bool kHoldRequest = NEXT_N != 3;
   Out* request_out = out;
   int slot_exponent[SlotSums::kLaneSums];

@@ -593,11 +593,6 @@ __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& wal
   });
   release_q();
 }
-template <typename ProcessUnit>
-__device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& walk, const Barriers& bars,
-                                             ProcessUnit&& process) {
-  run_consumer(consumer_index, walk, bars, process, [](const UnitWalker&, int) {});
-}
 
 // ---------------------------------------------------------------- epilogue number types
 #if EPI_DTYPE == 2
