@@ -4,7 +4,6 @@ count, and (on an SM90 GPU) its XOR against the same bytes gathered with torch."
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,18 +56,15 @@ def test_geometry_rejects_sizes_the_16_byte_loads_cannot_cover() -> None:
         gather.GatherGeometry(24, 128, 4)
 
 
-def _sass(cubin: bytes, tmp_path: Path) -> str | None:
-    from flashinfer_jit.cli import find_sass_tool
+def _sass(cubin: bytes) -> str | None:
+    from flashinfer_jit.cli import disassemble
 
-    tool = find_sass_tool()
-    if tool is None:
+    disassembled = disassemble(cubin)
+    if disassembled is None:
         return None
-    path, args = tool
-    cubin_path = tmp_path / "gather.cubin"
-    cubin_path.write_bytes(cubin)
-    return subprocess.run(
-        [path, *args, str(cubin_path)], capture_output=True, text=True, check=True
-    ).stdout
+    result = disassembled[1]
+    result.check_returncode()
+    return result.stdout
 
 
 @pytest.mark.parametrize(("op", "block_size"), GEOMETRIES)
@@ -88,7 +84,7 @@ def test_kernel_compiles_for_sm90a_without_spills_and_batches_its_loads(
     # __launch_bounds__(THREADS, MIN_CTAS_PER_SM) caps registers at 64k / (256 * 2).
     assert 0 < resources.registers <= 65536 // (gather.THREADS * gather.MIN_CTAS_PER_SM)
 
-    sass = _sass(compiled.cubin, tmp_path)
+    sass = _sass(compiled.cubin)
     if sass is None:
         pytest.skip("no nvdisasm/cuobjdump: the load batching in the SASS was not checked")
     instructions = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]

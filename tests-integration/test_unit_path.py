@@ -66,7 +66,7 @@ def _has_nvdisasm() -> bool:
     from flashinfer_jit.cli import find_sass_tool
 
     tool = find_sass_tool()
-    return tool is not None and Path(tool[0]).name == "nvdisasm"
+    return tool is not None and Path(tool[0]).name == "nvdisasm"  # the one with branch labels
 
 
 @pytest.mark.skipif(not _has_nvdisasm(), reason="needs nvdisasm (pip install nvidia-cuda-nvdisasm)")

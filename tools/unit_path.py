@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -70,20 +68,16 @@ def report(name: str, sass: str, out) -> None:
 
 
 def _sass_of(cubin: bytes) -> str:
-    from flashinfer_jit.cli import find_sass_tool
+    from flashinfer_jit.cli import disassemble
 
-    tool = find_sass_tool()
-    if tool is None or Path(tool[0]).name != "nvdisasm":  # cuobjdump prints no branch labels
+    disassembled = disassemble(cubin)
+    if disassembled is None or disassembled[0] != "nvdisasm":  # cuobjdump prints no branch labels
         sys.exit(
             "nvdisasm not found: pip install nvidia-cuda-nvdisasm, or put a CUDA toolkit's bin/ on PATH"
         )
-    path, tool_args = tool
-    with tempfile.TemporaryDirectory() as folder:
-        file = Path(folder) / "kernel.cubin"
-        file.write_bytes(cubin)
-        return subprocess.run(
-            [path, *tool_args, str(file)], capture_output=True, text=True, check=True
-        ).stdout
+    result = disassembled[1]
+    result.check_returncode()
+    return result.stdout
 
 
 def _define(text: str) -> tuple[str, int | str]:

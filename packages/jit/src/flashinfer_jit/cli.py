@@ -137,22 +137,37 @@ def print_report(compiled: CompiledKernel, out: TextIO) -> None:
             out.write(f"     constant memory:      {function.constant_bytes} bytes\n")
 
 
-def _dump_sass(compiled: CompiledKernel, out: TextIO) -> None:
+def disassemble(cubin: bytes) -> tuple[str, subprocess.CompletedProcess[str]] | None:
+    """Run the SASS disassembler of `find_sass_tool` on `cubin`.
+
+    Returns:
+        `(tool name, the finished process)`: "nvdisasm" or "cuobjdump", whose `stdout` is the
+        SASS when `returncode` is 0 (only nvdisasm prints branch labels). None when neither
+        tool exists.
+    """
     tool = find_sass_tool()
     if tool is None:
+        return None
+    path, tool_args = tool
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / "kernel.cubin"
+        file.write_bytes(cubin)
+        result = subprocess.run(
+            [path, *tool_args, str(file)], capture_output=True, text=True, check=False
+        )
+    return Path(path).name, result
+
+
+def _dump_sass(compiled: CompiledKernel, out: TextIO) -> None:
+    disassembled = disassemble(compiled.cubin)
+    if disassembled is None:
         out.write(
             "   SASS: neither nvdisasm nor cuobjdump found (pip install nvidia-cuda-nvdisasm, "
             "or put a CUDA toolkit's bin/ on PATH)\n"
         )
         return
-    path, tool_args = tool
-    with tempfile.TemporaryDirectory() as folder:
-        cubin = Path(folder) / "kernel.cubin"
-        cubin.write_bytes(compiled.cubin)
-        result = subprocess.run(
-            [path, *tool_args, str(cubin)], capture_output=True, text=True, check=False
-        )
-    out.write(f"   SASS ({Path(path).name}):\n")
+    name, result = disassembled
+    out.write(f"   SASS ({name}):\n")
     out.write(result.stdout if result.returncode == 0 else result.stderr)
     out.write("\n")
 
