@@ -67,6 +67,25 @@ def test_remembered_call_without_out_allocates_padded_storage_each_call():
     assert a.data_ptr() == storages[0].data_ptr()
 
 
+@pytest.mark.parametrize("allocates", [False, True])
+def test_storage_of_the_output_shape_is_returned_itself(allocates):
+    # max_seq_len 512 is its own padded width: the storage already is the [rows, max] output.
+    problem = _problem(rows=2, max_seq_len=512)
+    assert problem.padded_cols == 512
+    out = torch.zeros(2, 512)
+    calls = []
+    eager = api._EagerCall(_recording_run(calls), problem, out, allocates=allocates)
+    got = eager((), None, None if allocates else out)
+    storage = calls[0][0]
+    assert got is storage and got.shape == (2, 512)
+    assert (storage is out) != allocates
+    assert api._logits_of(out, problem) is out
+    wider = torch.zeros(3, 640)  # more rows and columns than the output: a view of it
+    view = api._logits_of(wider, problem)
+    assert view.shape == (2, 512) and view.stride() == (640, 1)
+    assert view.data_ptr() == wider.data_ptr()
+
+
 def test_validate_mode_bypasses_a_remembered_call(monkeypatch):
     key = ("a signature",)
     monkeypatch.setitem(api._EAGER_CALLS, key, "remembered")
