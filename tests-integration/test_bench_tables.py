@@ -168,6 +168,38 @@ def test_token_rate_ratio_uses_each_case_own_token_count(payload) -> None:
     assert "at next_n 1, B x L >= 4M tokens: 0.50x-0.50x (1 shapes)" in lines
 
 
+def _modelled(op, next_n, batch, avg_len, us, total_bytes, flops, tokens):
+    """A timed case with the byte and FLOP model, in a run whose copy ceiling is 4 TB/s."""
+    record = _record(op, next_n, batch, avg_len, 64, us, 0.5, None, tokens)
+    record.update(gb_per_s=2000.0, head_dim=128)
+    record["work"].update(total_bytes=total_bytes, flops=flops)
+    return record
+
+
+def test_roofline_fractions_with_and_without_the_fp4_decode(payload) -> None:
+    t = _tables()
+    # 4e8 bytes at 4 TB/s: 100 us; 2.22e11 FLOPs at 1.48 PFLOP/s: 150 us; 6,534,000 tokens of
+    # 128 values at 64 ALU instructions per clock on 132 SMs at 1.98 GHz: 50 us.
+    big = _modelled("fp4", 2, 128, 65536, 250.0, 400_000_000, 222_000_000_000, 6_534_000)
+    assert t.roofline_fraction(big, 132) == pytest.approx(150 / 250)
+    assert t.roofline_fraction(big, 132, with_decode=True) == pytest.approx(200 / 250)
+    # Memory-bound: the decode does not reach the byte time.
+    light = _modelled("fp4", 2, 128, 65536, 250.0, 1_000_000_000, 2_220_000_000, 6_534_000)
+    assert t.roofline_fraction(light, 132, with_decode=True) == pytest.approx(250 / 250)
+    small = _modelled("fp4", 2, 8, 4096, 10.0, 4_000_000, 2_220_000_000, 32_768)
+    payload["results"] += [big, light, small]
+    assert t.large_roofline_range(payload, "fp4", 2) == pytest.approx((0.6, 1.0))
+    assert t.large_roofline_range(payload, "fp4", 2, with_decode=True) == pytest.approx((0.8, 1.0))
+    # Records without the model (the fixture's) and ops or next_n without cases give nothing.
+    assert t.roofline_fraction(payload["results"][0], 132) is None
+    assert t.large_roofline_range(payload, "fp4", 3) is None
+    lines = t.summary_lines(payload)
+    assert (
+        "decode counted" in lines
+        and "next_n 2 0.80-1.00 (without the decode: next_n 2 0.60-1.00)" in lines
+    )
+
+
 def test_summary_table_best_fraction_large_range_and_small_batch_times(payload) -> None:
     t = _tables()
     table = t.summary_table(payload)

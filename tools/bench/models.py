@@ -65,3 +65,36 @@ def work_model(shape: IndexerShape, seq_lens: list[int], output_dtype: torch.dty
         small_input_bytes=small,
         flops=2 * h * d * n * tokens,
     )
+
+
+# The roofline of a logits call (PERFORMANCE.md): max(bytes / copy bandwidth, FLOPs / FP8 tensor
+# peak), with the FP8 peak measured there with cuBLAS on the H200.
+FP8_TENSOR_FLOPS_PER_S = 1.48e15
+
+# The MXFP4 kernel's decode on the CUDA cores, for "the roofline with the dequantise cost
+# counted in": 8 ALU-pipe instructions per 8 E2M1 values (mask, shift, four byte permutes, two
+# merges; the ninth, a shift, goes to the FMA pipe), the floor of the table-lookup decode
+# (kernel notes, twentieth and twenty-second rounds). The ALU pipe retires 64 thread
+# instructions per clock per SM (16 lanes per scheduler); the clock is the H200's highest
+# (1.98 GHz), which gives the decode its smallest time and the roofline its strictest value.
+DECODE_ALU_INSTRUCTIONS_PER_VALUE = 1.0
+ALU_INSTRUCTIONS_PER_CLOCK_PER_SM = 64
+SM_CLOCK_HZ = 1.98e9
+
+
+def decode_seconds(kv_tokens: int, head_dim: int, sm_count: int) -> float:
+    """The E2M1 decode of `kv_tokens` tokens at the ALU pipe's peak on every SM."""
+    instructions = kv_tokens * head_dim * DECODE_ALU_INSTRUCTIONS_PER_VALUE
+    return instructions / (ALU_INSTRUCTIONS_PER_CLOCK_PER_SM * sm_count * SM_CLOCK_HZ)
+
+
+def roofline_seconds(
+    total_bytes: int,
+    flops: int,
+    copy_bytes_per_s: float,
+    decode_s: float = 0.0,
+) -> float:
+    """max(bytes / copy, FLOPs / FP8 peak + decode). The decode adds to the MMA time rather
+    than overlapping it: on one SM, CUDA-core work beside WGMMAs costs close to the sum of the
+    two (`tools/wgmma_rate.py`, kernel notes, fifteenth round)."""
+    return max(total_bytes / copy_bytes_per_s, flops / FP8_TENSOR_FLOPS_PER_S + decode_s)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .models import decode_seconds, roofline_seconds
 from .peer import PEER_BLOCK_SIZE, PEER_FP8_US
 
 Record = Mapping[str, Any]
@@ -316,6 +317,42 @@ def large_copy_range(
     return (min(fractions), max(fractions)) if fractions else None
 
 
+def roofline_fraction(record: Record, sm_count: int, with_decode: bool = False) -> float | None:
+    """The roofline time over the measured time of one timed case (`models.roofline_seconds`,
+    the copy bandwidth of the case's own run); `with_decode` adds fp4's E2M1 decode. None for
+    an untimed case or one whose record lacks the byte and FLOP model."""
+    work = record.get("work") or {}
+    us = median_us(record)
+    if us is None or not record.get("copy_fraction") or not record.get("gb_per_s"):
+        return None
+    if "total_bytes" not in work or "flops" not in work:
+        return None
+    copy_bytes_per_s = record["gb_per_s"] * 1e9 / record["copy_fraction"]
+    decode_s = 0.0
+    if with_decode:
+        decode_s = decode_seconds(work["kv_tokens"], record["head_dim"], sm_count)
+    return roofline_seconds(work["total_bytes"], work["flops"], copy_bytes_per_s, decode_s) / (
+        us * 1e-6
+    )
+
+
+def large_roofline_range(
+    payload: Mapping[str, Any], op: str, next_n: int, with_decode: bool = False
+) -> tuple[float, float] | None:
+    """Smallest and largest `roofline_fraction` of `op` at `next_n` over B x L >= 4M tokens."""
+    sm_count = (payload.get("device") or {}).get("sm_count")
+    if with_decode and not sm_count:
+        return None
+    fractions = [
+        f
+        for r in payload["results"]
+        if r["op"] == op and r["next_n"] == next_n and r["batch"] * r["avg_len"] >= LARGE_TOKENS
+        for f in [roofline_fraction(r, sm_count, with_decode)]
+        if f is not None
+    ]
+    return (min(fractions), max(fractions)) if fractions else None
+
+
 def summary_table(payload: Mapping[str, Any]) -> str:
     """Per op and next_n: the best fraction of copy (and that case's fraction of gather), the
     range over B x L >= 4M tokens, and the times at B = 1, L = 4k for every block size."""
@@ -454,7 +491,39 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
                 f"fp4 / fp8 token rate at next_n 1, B x L >= 4M tokens: "
                 f"{min(large):.2f}x-{max(large):.2f}x ({len(large)} shapes)."
             )
+    items += _roofline_items(payload)
     return "\n".join(f"- {item}" for item in items)
+
+
+def _roofline_items(payload: Mapping[str, Any]) -> list[str]:
+    """The roofline fractions at B x L >= 4M tokens: fp8 at next_n 3 and 4, and fp4 at next_n
+    2-4 with and without its decode."""
+
+    def ranges(op: str, next_ns: Sequence[int], with_decode: bool) -> str:
+        found = {n: large_roofline_range(payload, op, n, with_decode) for n in next_ns}
+        return ", ".join(
+            f"next_n {n} {lo:.2f}-{hi:.2f}"
+            for n, span in found.items()
+            if span
+            for lo, hi in [span]
+        )
+
+    items = []
+    fp8 = ranges("fp8", (3, 4), False)
+    if fp8:
+        items.append(
+            "fp8 of the roofline max(bytes / copy, FLOPs / 1.48 PFLOP/s), B x L >= 4M tokens: "
+            f"{fp8}."
+        )
+    fp4_decoded = ranges("fp4", (2, 3, 4), True)
+    if fp4_decoded:
+        items.append(
+            "fp4 of the roofline with the decode counted, max(bytes / copy, FLOPs / 1.48 "
+            "PFLOP/s + one ALU instruction per E2M1 value at 64 per clock per SM and 1.98 GHz), "
+            f"B x L >= 4M tokens: {fp4_decoded} (without the decode: "
+            f"{ranges('fp4', (2, 3, 4), False)})."
+        )
+    return items
 
 
 def host_time_table(payload: Mapping[str, Any]) -> str:
