@@ -7,6 +7,7 @@
 #   SKIP_TESTS=shards SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh   # whole suite, 4 processes
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+#   HOST_AB=ab_old SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   EXPERIMENTS="large fp4" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   WGMMA_RATE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   RANDOM_CASES="3000 2000 3000" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
@@ -126,6 +127,24 @@ print(' '.join(f\"{r['op']}/{r['schedule'].split()[0]}={r['host_us']:.1f}\" for 
       FLASHINFER_PDL=$pdl timeout 90 python tools/fp8_kernel_check.py --experiments small \
         > "$OUT/pdl$pdl-$round-small.log" 2>&1
       grep -E "^in the kernel" "$OUT/pdl$pdl-$round-small.log"
+    done
+  done
+fi
+if [ -n "${HOST_AB:-}" ]; then
+  # HOST_AB (a checkout of this repository, e.g. from `git archive <rev> packages`): the host
+  # time of one eager call with that tree's packages and with this one's, alternated three times.
+  for round in 1 2 3; do
+    for tree in "$HOST_AB" .; do
+      name=$(basename "$(realpath "$tree")")-$round
+      src=$tree/packages
+      PYTHONPATH=$src/layouts/src:$src/jit/src:$src/schedule/src:$src/attn-scores/src \
+        timeout 120 python tools/bench --ops fp8,fp4 --host-time-only --out "$OUT/host-$name" \
+        > "$OUT/host-$name.log" 2>&1
+      echo "host time, tree $tree, round $round (us/call, median): $(python -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))['host_time']['results']
+print(' '.join(f\"{r['op']}/{r['schedule'].split()[0]}={r['host_us']:.2f}\" for r in rows))
+" "$OUT/host-$name/results.json" 2>&1)"
     done
   done
 fi
