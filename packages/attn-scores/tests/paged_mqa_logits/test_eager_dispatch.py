@@ -68,7 +68,7 @@ def test_remembered_call_without_out_allocates_padded_storage_each_call():
 
 
 @pytest.mark.parametrize("allocates", [False, True])
-def test_storage_of_the_output_shape_is_returned_itself(allocates):
+def test_storage_of_the_output_shape_is_returned_as_a_whole_view(allocates):
     # max_seq_len 512 is its own padded width: the storage already is the [rows, max] output.
     problem = _problem(rows=2, max_seq_len=512)
     assert problem.padded_cols == 512
@@ -77,9 +77,11 @@ def test_storage_of_the_output_shape_is_returned_itself(allocates):
     eager = api._EagerCall(_recording_run(calls), problem, out, allocates=allocates)
     got = eager((), None, None if allocates else out)
     storage = calls[0][0]
-    assert got is storage and got.shape == (2, 512)
     assert (storage is out) != allocates
-    assert api._logits_of(out, problem) is out
+    for logits in (got, api._logits_of(storage, problem)):
+        assert logits is not storage and logits._base is storage  # a view, as the spec says
+        assert logits.shape == (2, 512) and logits.stride() == (512, 1)
+        assert logits.data_ptr() == storage.data_ptr()
     wider = torch.zeros(3, 640)  # more rows and columns than the output: a view of it
     view = api._logits_of(wider, problem)
     assert view.shape == (2, 512) and view.stride() == (640, 1)

@@ -293,7 +293,7 @@ class _EagerCall:
             storage = torch.empty(self._storage_shape, dtype=self._dtype, device=self._device)
         self._run(*tensors, storage, schedule_meta)
         if self._storage_is_logits:
-            return storage  # as `_logits_of` does
+            return storage.view_as(storage)  # as `_logits_of` does
         # The same view as storage[:rows, :max_seq_len] (offset kept), in one call.
         return storage.as_strided(self._view_shape, self._view_stride)
 
@@ -302,11 +302,12 @@ _EAGER_CALLS: dict[tuple, _EagerCall] = {}
 
 
 def _logits_of(storage: torch.Tensor, problem: _Problem) -> torch.Tensor:
-    """The returned logits: `storage[:rows, :max_seq_len]`, or `storage` itself where it
-    already has that shape (the view would be the same tensor; skipping the view op saves
-    0.8-1.4 us of host time per eager call)."""
+    """The returned logits, a view of `storage` (as the spec says, even where it has the
+    output's shape): `storage[:rows, :max_seq_len]`, or, where storage already has that
+    shape, `view_as(storage)`, the cheapest view op (0.50 us against 0.77 us for `as_strided`
+    on a desktop CPU)."""
     if storage.shape == (problem.rows, problem.max_seq_len):
-        return storage
+        return storage.view_as(storage)
     return storage[: problem.rows, : problem.max_seq_len]
 
 
