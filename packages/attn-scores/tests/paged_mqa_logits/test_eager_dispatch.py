@@ -67,27 +67,6 @@ def test_remembered_call_without_out_allocates_padded_storage_each_call():
     assert a.data_ptr() == storages[0].data_ptr()
 
 
-@pytest.mark.parametrize("allocates", [False, True])
-def test_storage_of_the_output_shape_is_returned_as_a_whole_view(allocates):
-    # max_seq_len 512 is its own padded width: the storage already is the [rows, max] output.
-    problem = _problem(rows=2, max_seq_len=512)
-    assert problem.padded_cols == 512
-    out = torch.zeros(2, 512)
-    calls = []
-    eager = api._EagerCall(_recording_run(calls), problem, out, allocates=allocates)
-    got = eager((), None, None if allocates else out)
-    storage = calls[0][0]
-    assert (storage is out) != allocates
-    for logits in (got, api._logits_of(storage, problem)):
-        assert logits is not storage and logits._base is storage  # a view, as the spec says
-        assert logits.shape == (2, 512) and logits.stride() == (512, 1)
-        assert logits.data_ptr() == storage.data_ptr()
-    wider = torch.zeros(3, 640)  # more rows and columns than the output: a view of it
-    view = api._logits_of(wider, problem)
-    assert view.shape == (2, 512) and view.stride() == (640, 1)
-    assert view.data_ptr() == wider.data_ptr()
-
-
 def test_validate_mode_bypasses_a_remembered_call(monkeypatch):
     key = ("a signature",)
     monkeypatch.setitem(api._EAGER_CALLS, key, "remembered")
