@@ -4,13 +4,10 @@ count, and (on an SM90 GPU) its XOR against the same bytes gathered with torch."
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parent.parent
 
 # (op, block size) at D = 128: every fp8 block size; fp4 differs only in its value bytes.
 GEOMETRIES = [("fp8", 32), ("fp8", 64), ("fp8", 128), ("fp4", 128)]
@@ -18,9 +15,6 @@ GEOMETRIES = [("fp8", 32), ("fp8", 64), ("fp8", 128), ("fp4", 128)]
 
 def _bench():
     """Import tools/bench as the `bench` package (it is a script directory, not installed)."""
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
     import bench.gather
 
     return bench

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _host_time():
     """Import tools/bench/host_time.py as part of the `bench` package."""
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
     from bench import host_time
 
     return host_time

@@ -15,9 +15,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _bench():
     """Import tools/bench as the `bench` package (it is a script directory, not installed)."""
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
     import bench.cli  # imports every module of the package
 
     return bench

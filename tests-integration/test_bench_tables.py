@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,9 +27,6 @@ HISTORY_MD = REPO / "docs" / "performance-history.md"
 
 def _tables():
     """Import tools/bench/tables.py as part of the `bench` package."""
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
     from bench import tables
 
     return tables

@@ -3,20 +3,13 @@ wrong, unwritten and out-of-place elements."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 
 
 def _sanitize_cases():
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
     import sanitize_cases
 
     return sanitize_cases

@@ -3,12 +3,9 @@ compiled kernels have one."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
 
 # An outer loop (.L_x_1) around an inner one (.L_x_3) that holds the GMMAs; a forward branch
 # (.L_x_4) and a branch back to the outer loop come after the GMMA and must not be taken for
@@ -36,9 +33,6 @@ SASS = """
 
 
 def _unit_path():
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
     import unit_path
 
     return unit_path
