@@ -112,6 +112,15 @@ if [ "${JIT_BENCH:-1}" = 1 ]; then
   timeout 120 python packages/jit/benchmarks/launch_overhead.py --json "$OUT/jit-launch.json" > "$OUT/jit-launch.log" 2>&1
   tail -n 15 "$OUT/jit-launch.log"
 fi
+# host_times RESULTS_JSON DIGITS: the host-time rows of a `tools/bench --host-time-only` run on
+# one line, op/schedule=us.
+host_times() {
+  python -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))['host_time']['results']
+print(' '.join(f\"{r['op']}/{r['schedule'].split()[0]}={r['host_us']:.{sys.argv[2]}f}\" for r in rows))
+" "$1" "$2" 2>&1
+}
 if [ "${PDL_AB:-0}" = 1 ]; then
   # Programmatic dependent launch off and on in one session: the host time of an eager call
   # (cuLaunchKernelEx against cuLaunchKernel) and the per-call time in graphs of small calls.
@@ -119,11 +128,7 @@ if [ "${PDL_AB:-0}" = 1 ]; then
     for pdl in 0 1; do
       FLASHINFER_PDL=$pdl timeout 90 python tools/bench --ops fp8,fp4 --host-time-only \
         --out "$OUT/pdl$pdl-$round" > "$OUT/pdl$pdl-$round.log" 2>&1
-      echo "FLASHINFER_PDL=$pdl round $round: host time (us/call, median) $(python -c "
-import json, sys
-rows = json.load(open(sys.argv[1]))['host_time']['results']
-print(' '.join(f\"{r['op']}/{r['schedule'].split()[0]}={r['host_us']:.1f}\" for r in rows))
-" "$OUT/pdl$pdl-$round/results.json" 2>&1)"
+      echo "FLASHINFER_PDL=$pdl round $round: host time (us/call, median) $(host_times "$OUT/pdl$pdl-$round/results.json" 1)"
       FLASHINFER_PDL=$pdl timeout 90 python tools/fp8_kernel_check.py --experiments small \
         > "$OUT/pdl$pdl-$round-small.log" 2>&1
       grep -E "^in the kernel" "$OUT/pdl$pdl-$round-small.log"
@@ -140,11 +145,7 @@ if [ -n "${HOST_AB:-}" ]; then
       PYTHONPATH=$src/layouts/src:$src/jit/src:$src/schedule/src:$src/attn-scores/src \
         timeout 120 python tools/bench --ops fp8,fp4 --host-time-only --out "$OUT/host-$name" \
         > "$OUT/host-$name.log" 2>&1
-      echo "host time, tree $tree, round $round (us/call, median): $(python -c "
-import json, sys
-rows = json.load(open(sys.argv[1]))['host_time']['results']
-print(' '.join(f\"{r['op']}/{r['schedule'].split()[0]}={r['host_us']:.2f}\" for r in rows))
-" "$OUT/host-$name/results.json" 2>&1)"
+      echo "host time, tree $tree, round $round (us/call, median): $(host_times "$OUT/host-$name/results.json" 2)"
     done
   done
 fi

@@ -502,10 +502,7 @@ def _roofline_items(payload: Mapping[str, Any]) -> list[str]:
     def ranges(op: str, next_ns: Sequence[int], with_decode: bool) -> str:
         found = {n: large_roofline_range(payload, op, n, with_decode) for n in next_ns}
         return ", ".join(
-            f"next_n {n} {lo:.2f}-{hi:.2f}"
-            for n, span in found.items()
-            if span
-            for lo, hi in [span]
+            f"next_n {n} {span[0]:.2f}-{span[1]:.2f}" for n, span in found.items() if span
         )
 
     items = []
