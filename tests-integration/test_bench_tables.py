@@ -19,6 +19,7 @@ RUN15_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run15.json"
 RUN16_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run16.json"
 RUN17_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run17.json"
 RUN18_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run18.json"
+RUN19_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run19.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
@@ -309,7 +310,8 @@ def _tables_of(markdown: str) -> list[str]:
 @pytest.mark.parametrize(
     ("results", "pages"),
     [
-        (RUN18_JSON, [PERFORMANCE_MD]),
+        (RUN19_JSON, [PERFORMANCE_MD]),
+        (RUN18_JSON, [HISTORY_MD]),
         (RUN17_JSON, [HISTORY_MD]),
         (RUN16_JSON, [HISTORY_MD]),
         (RUN15_JSON, [HISTORY_MD]),
@@ -320,7 +322,19 @@ def _tables_of(markdown: str) -> list[str]:
         (RUN10_JSON, [HISTORY_MD]),
         (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
     ],
-    ids=["run18", "run17", "run16", "run15", "run14", "run13", "run12", "run11", "run10", "run2"],
+    ids=[
+        "run19",
+        "run18",
+        "run17",
+        "run16",
+        "run15",
+        "run14",
+        "run13",
+        "run12",
+        "run11",
+        "run10",
+        "run2",
+    ],
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
