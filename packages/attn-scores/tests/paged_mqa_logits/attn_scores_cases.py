@@ -70,12 +70,14 @@ class PagedCase:
         }
         return PagedCase(**moved)
 
-    def expected(self) -> torch.Tensor:
+    def expected(self, abs_weights: bool = False) -> torch.Tensor:
+        """The float64 logits; with `abs_weights` the same sums with |weights|, the size of
+        the head terms each logit sums (the row magnitude of `assert_rows_close`)."""
         return expected_logits(
             self.q64,
             self.k64,
             self.token_scale64,
-            self.weights,
+            self.weights.abs() if abs_weights else self.weights,
             self.block_tables,
             self.seq_lens,
             self.max_seq_len,

@@ -12,23 +12,10 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import expected_logits, make_fp4_case, make_fp8_case
+from attn_scores_cases import make_fp4_case, make_fp8_case
 from test_gpu import check_result, poisoned_out, tolerance
 
 pytestmark = pytest.mark.gpu
-
-
-def magnitude(case) -> torch.Tensor:
-    """The expectation with |weights|: the size of the head terms each logit sums."""
-    return expected_logits(
-        case.q64,
-        case.k64,
-        case.token_scale64,
-        case.weights.abs(),
-        case.block_tables,
-        case.seq_lens,
-        case.max_seq_len,
-    )
 
 
 def test_fp8_three_million_token_request():
@@ -39,9 +26,8 @@ def test_fp8_three_million_token_request():
     ).to("cuda")
     out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
     got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
-    check_result(
-        got, out, case.expected(), case.seq_lens, 2, tolerance(torch.float32), magnitude(case)
-    )
+    magnitude = case.expected(abs_weights=True)
+    check_result(got, out, case.expected(), case.seq_lens, 2, tolerance(torch.float32), magnitude)
 
 
 def test_fp4_million_token_request_interleaved_scales():
@@ -51,6 +37,5 @@ def test_fp4_million_token_request_interleaved_scales():
     ).to("cuda")
     out = poisoned_out(case.rows, case.max_seq_len, torch.bfloat16)
     got = fa.fp4_paged_mqa_logits(*case.fp4_args(), is_kv_sf_interleaved=True, out=out)
-    check_result(
-        got, out, case.expected(), case.seq_lens, 1, tolerance(torch.bfloat16), magnitude(case)
-    )
+    magnitude = case.expected(abs_weights=True)
+    check_result(got, out, case.expected(), case.seq_lens, 1, tolerance(torch.bfloat16), magnitude)
