@@ -15,6 +15,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// `value`, which every lane of the warp already holds, through a shuffle from lane 0: the
+// result is the same number, but ptxas then knows it is warp-uniform. A WGMMA descriptor built
+// from it can live in uniform registers; built from a per-lane register, ptxas moves each
+// descriptor half into a uniform register (`R2UR`) for every k step of every unit.
+__device__ __forceinline__ int warp_uniform(int value) { return __shfl_sync(0xffffffffu, value, 0); }
+
 // The global nanosecond timer (measurement knobs only).
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
