@@ -375,9 +375,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
 
     // One commit group per half of the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf)).
-    // Inside a request ptxas keeps the slot's B descriptors in registers across units; at
-    // next_n 3 (96 accumulators in 144 registers) that spills, so there the slot goes through
-    // an empty asm and the descriptors are rebuilt per unit.
+    // The B descriptors come from the slot made warp-uniform (see warp_uniform), so ptxas builds
+    // them in uniform registers: 6 R2UR fewer per unit at next_n 1, 15 at next_n 4 (block 64).
+    // At next_n 3 (96 accumulators in 144 registers) the slot first goes through an empty asm:
+    // before warp_uniform, keeping what depends on it across units spilled there.
     if (NEXT_N == 3) asm volatile("" : "+r"(slot));
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -385,8 +386,6 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
     }
     wgmma_fence();
-    // The slot's descriptors in uniform registers (see warp_uniform): 8 R2UR fewer per unit at
-    // next_n 1, 16 at next_n 4 (block 64).
     const uint64_t b_desc = smem_desc<128>(q_slots) + warp_uniform(slot) * (kQSlotBytes >> 4);
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {

@@ -228,7 +228,8 @@ struct ConsumerMath {
   // Issue the MMAs of the unit in `stage` against q slot `slot`: one commit group per half of
   // the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf) of each chunk).
   __device__ __forceinline__ void mma(int stage, int slot) {
-    // Descriptors in uniform registers: 32 R2UR fewer per unit at next_n 4 (block 64).
+    // Descriptors in uniform registers (see warp_uniform): 30 R2UR fewer per unit at next_n 4
+    // (block 64; the unit path 411 -> 368 SASS instructions).
     stage = warp_uniform(stage);
     slot = warp_uniform(slot);
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;
