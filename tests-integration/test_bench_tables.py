@@ -305,36 +305,27 @@ def _tables_of(markdown: str) -> list[str]:
     return blocks
 
 
-# The run2 host-time table sits in the performance page's host-time section, the rest of
-# run2 on the history page.
+# Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
+# in the performance page's host-time section, the rest of run2 on the history page.
+PUBLISHED_RUNS = [
+    (RUN19_JSON, [PERFORMANCE_MD]),
+    (RUN18_JSON, [HISTORY_MD]),
+    (RUN17_JSON, [HISTORY_MD]),
+    (RUN16_JSON, [HISTORY_MD]),
+    (RUN15_JSON, [HISTORY_MD]),
+    (RUN14_JSON, [HISTORY_MD]),
+    (RUN13_JSON, [HISTORY_MD]),
+    (RUN12_JSON, [HISTORY_MD]),
+    (RUN11_JSON, [HISTORY_MD]),
+    (RUN10_JSON, [HISTORY_MD]),
+    (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
+]
+
+
 @pytest.mark.parametrize(
     ("results", "pages"),
-    [
-        (RUN19_JSON, [PERFORMANCE_MD]),
-        (RUN18_JSON, [HISTORY_MD]),
-        (RUN17_JSON, [HISTORY_MD]),
-        (RUN16_JSON, [HISTORY_MD]),
-        (RUN15_JSON, [HISTORY_MD]),
-        (RUN14_JSON, [HISTORY_MD]),
-        (RUN13_JSON, [HISTORY_MD]),
-        (RUN12_JSON, [HISTORY_MD]),
-        (RUN11_JSON, [HISTORY_MD]),
-        (RUN10_JSON, [HISTORY_MD]),
-        (RUN2_JSON, [PERFORMANCE_MD, HISTORY_MD]),
-    ],
-    ids=[
-        "run19",
-        "run18",
-        "run17",
-        "run16",
-        "run15",
-        "run14",
-        "run13",
-        "run12",
-        "run11",
-        "run10",
-        "run2",
-    ],
+    PUBLISHED_RUNS,
+    ids=[results.stem.rsplit("-", 1)[-1] for results, _ in PUBLISHED_RUNS],  # "run19", ...
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
