@@ -476,6 +476,18 @@ WEIGHT_REG_SHAPES = [
 HALVES_VARIANTS = interleaved(("production", ()), ("one MMA group", (("MMA_HALVES", 1),)))
 HALVES_SHAPES = [(3, 64, 64, 32768), (4, 64, 64, 32768), (4, 128, 128, 32768), (4, 32, 128, 32768)]
 
+# Two MMA commit groups at N <= 128 (next_n 1-2), where production runs one. Measured in the
+# fourth round for fp8 only (A read twice from shared memory: slower at N = 128); fp4 feeds A
+# from registers, so the second group re-reads nothing (twenty-seventh round).
+LOW_N_HALVES_VARIANTS = interleaved(("production", ()), ("two MMA groups", (("MMA_HALVES", 2),)))
+LOW_N_HALVES_FP4_SHAPES = [
+    (1, 64, 128, 65536),
+    (1, 32, 128, 32768),
+    (2, 64, 128, 65536),
+    (2, 128, 128, 65536),
+]
+LOW_N_HALVES_FP8_SHAPES = [(2, 64, 128, 65536)]
+
 # next_n 2 with fewer consumer warpgroups and, in the registers that frees, every weight group
 # (measured 2026-11-30, seventeenth round: none faster than production, in bursts or at the cap).
 N2_WEIGHT_VARIANTS = interleaved(
@@ -1242,6 +1254,10 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
         FP8, WEIGHT_REG_SHAPES, WEIGHT_REG_VARIANTS, copy_bw
     ),
     "halves": lambda copy_bw: variant_table(FP8, HALVES_SHAPES, HALVES_VARIANTS, copy_bw),
+    "halves-low-n": lambda copy_bw: (
+        variant_table(FP4, LOW_N_HALVES_FP4_SHAPES, LOW_N_HALVES_VARIANTS, copy_bw),
+        variant_table(FP8, LOW_N_HALVES_FP8_SHAPES, LOW_N_HALVES_VARIANTS, copy_bw),
+    ),
     "phases": phase_experiments,
     "fp4-phases": lambda copy_bw: phase_experiments(
         copy_bw,
