@@ -20,6 +20,7 @@ RUN16_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run16.json"
 RUN17_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run17.json"
 RUN18_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run18.json"
 RUN19_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run19.json"
+RUN20_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run20.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
@@ -308,7 +309,8 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
-    (RUN19_JSON, [PERFORMANCE_MD]),
+    (RUN20_JSON, [PERFORMANCE_MD]),
+    (RUN19_JSON, [HISTORY_MD]),
     (RUN18_JSON, [HISTORY_MD]),
     (RUN17_JSON, [HISTORY_MD]),
     (RUN16_JSON, [HISTORY_MD]),
@@ -325,7 +327,7 @@ PUBLISHED_RUNS = [
 @pytest.mark.parametrize(
     ("results", "pages"),
     PUBLISHED_RUNS,
-    ids=[results.stem.rsplit("-", 1)[-1] for results, _ in PUBLISHED_RUNS],  # "run19", ...
+    ids=[results.stem.rsplit("-", 1)[-1] for results, _ in PUBLISHED_RUNS],  # "run20", ...
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
