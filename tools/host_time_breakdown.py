@@ -135,6 +135,25 @@ class NativeLaunch:
             raise RuntimeError(f"native launch failed: {err}")
 
 
+def tensor_guards_us(tensors: tuple, calls: int) -> float:
+    """Per-call time of the C++ check torch.compile guards tensors with (dtype, device,
+    dispatch keys, sizes, strides, requires_grad), over `tensors`: NaN where this torch lacks
+    it or it does not accept them."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        guards = TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+        if not guards.check(*tensors):
+            return float("nan")
+    except (ImportError, TypeError, RuntimeError):
+        return float("nan")
+    return per_call_us(lambda: guards.check(*tensors), calls)
+
+
 def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, float]]:
     from flashinfer_attn_scores.paged_mqa_logits import api
     from flashinfer_jit import kernel as jit_kernel
@@ -232,6 +251,10 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
             per_call_us(lambda: out.as_strided((1, 4096), (out.stride(0), 1)), calls),
         ),
         ("  empty list comprehension over them", per_call_us(lambda: [t for t in meta], calls)),
+        (
+            f"  torch's C++ tensor guards, check of {len(meta)}",
+            tensor_guards_us(meta, calls),
+        ),
         ("torch add_ (1 element)", per_call_us(lambda: one.add_(1), calls)),
     ]
     del buffer
