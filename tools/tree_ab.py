@@ -18,10 +18,9 @@ A shape is `op:next_n:block_size:batch:avg_len` with op fp8 or fp4 (float32 outp
 epilogue; the fp4 case's scales are in [120, 134)).
 
 `--single` times the small-batch target's way instead: the benchmark's case of that shape
-(`tools/bench`, default dtypes, its rotation sets with their own pages, block tables and
-lengths), one call per CUDA-graph replay (`bench.timing.time_single_replays`), once going
-round all the sets (everything cold) and once replaying the first set only (L2-warm); the
-hash covers the first set's valid region.
+(`tools/bench`, default dtypes, its first rotation set), one call per CUDA-graph replay
+(`bench.timing.time_single_replays`), once after an L2 flush (everything cold) and once
+replayed over and over (L2-warm); the hash covers that set's valid region.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ def _child_single(shapes: list[str]) -> None:
     from bench.data import build_case
     from bench.ops import op_call
     from bench.shapes import IndexerShape
-    from bench.timing import SINGLE_REPLAY_WINDOW, settle, time_single_replays
+    from bench.timing import settle, time_single_replays
     from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
     device = torch.device("cuda")
@@ -99,8 +98,8 @@ def _child_single(shapes: list[str]) -> None:
         case = build_case(IndexerShape(op, batch, avg_len, next_n, block_size), device)
         calls = [op_call(case, inputs) for inputs in case.sets]
         settle(device)
-        cold = time_single_replays(calls)
-        warm = time_single_replays([calls[0]] * SINGLE_REPLAY_WINDOW)
+        cold = time_single_replays(calls[0])
+        warm = time_single_replays(calls[0], cold=False)
         out = case.sets[0].out
         out.fill_(float("nan"))
         calls[0]()

@@ -39,7 +39,6 @@ from .report import (
 from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
 from .tables import load_results, markdown_report, merge_runs
 from .timing import (
-    SINGLE_REPLAY_WINDOW,
     copy_bandwidth,
     settle,
     time_graph_replays,
@@ -212,9 +211,10 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         calls = [op_call(case, inputs) for inputs in case.sets]
         if shape.small_batch:
             # First, straight after the settle: timed after the graphs of many calls below,
-            # they read up to 1.6x slower on the H200 (2026-11-29; the cause was not measured).
-            result.single_replay = time_single_replays(calls)
-            result.single_replay_warm = time_single_replays([calls[0]] * SINGLE_REPLAY_WINDOW)
+            # they read up to 1.6x slower on the H200 (2026-11-29, when each measurement still
+            # captured up to 288 graphs: see time_single_replays on what that count did).
+            result.single_replay = time_single_replays(calls[0])
+            result.single_replay_warm = time_single_replays(calls[0], cold=False)
             settle(device)
         result.timing = time_graph_replays(calls)
         if gather:

@@ -45,9 +45,9 @@ class CaseResult:
         gather_error: Why the gather ceiling could not be measured, else "".
         single_replay: Small-batch shapes only (CUDA): one call per graph replay, the
             measurement the small-batch target names (`timing.time_single_replays`), each
-            replay on another rotation set (its pages from HBM).
-        single_replay_warm: The same with one rotation set replayed in every graph, so its
-            pages, table and q stay in L2: the figure a benchmark that does not rotate reports.
+            replay after an L2 flush (its pages from HBM).
+        single_replay_warm: The same graph replayed over and over, so its pages, table and q
+            stay in L2: the figure a benchmark that does not rotate reports.
         derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 

@@ -389,6 +389,34 @@ def summary_table(payload: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def small_batch_caption(payload: Mapping[str, Any]) -> str:
+    """How the run took its single replays: up to the twentieth run a window of 32 graphs, one
+    per rotation set; since then one graph, each cold replay after an L2 flush."""
+    flushed = any(
+        "L2 flush" in (r.get("single_replay") or {}).get("method", "") for r in payload["results"]
+    )
+    if flushed:
+        method = (
+            "Each cell: median time of one call captured in a CUDA graph of its own, one replay "
+            "between two CUDA events after an L2 flush (a read of four times its size), so the "
+            "pages come from HBM; `L2-warm`: 32 replays of that graph in a row, each finding its "
+            "inputs in L2. "
+        )
+    else:
+        method = (
+            "Each cell: median time per call over windows of 32 one-call CUDA graphs replayed in "
+            "turn between two CUDA events. One graph per rotation set, so the pages come from "
+            "HBM; `L2-warm`: one rotation set in every graph. "
+        )
+    return (
+        method
+        + "Each sample is queued behind a spin kernel so the host's launch is not timed; graph "
+        "launches do not overlap, so each call runs alone. This is the measurement of the "
+        "small-batch target; the op tables time graphs of many back-to-back calls, which "
+        "overlap through PDL."
+    )
+
+
 def single_replay_us(record: Record | None, field: str = "single_replay") -> float | None:
     """The median time of one call per graph replay, for checked small-batch cases; `field`
     "single_replay_warm" gives the L2-warm one (one rotation set in every graph)."""
@@ -644,12 +672,7 @@ def markdown_report(payload: Mapping[str, Any], block_size: int = PEER_BLOCK_SIZ
     if small:
         parts += [
             "#### Small batches, one call per graph replay",
-            "Each cell: median time per call over windows of 32 one-call CUDA graphs replayed "
-            "in turn between two CUDA events, queued behind a spin kernel so the host's launch "
-            "is not timed; graph launches do not overlap, so each call runs alone. One graph "
-            "per rotation set, so the pages come from HBM; `L2-warm`: one rotation set in "
-            "every graph. This is the measurement of the small-batch target; the op tables "
-            "time graphs of many back-to-back calls, which overlap through PDL.",
+            small_batch_caption(payload),
             small,
         ]
     parts += ["#### Summary", summary_table(payload)]

@@ -124,60 +124,66 @@ def time_graph_replays(
     return _summarise(per_call_us, f"CUDA events over graph replays of {len(calls)} calls")
 
 
-# One-call graphs captured for `time_single_replays`, and how many of them one sample queues.
-# Measured on the H200 (2026-11-29): with 256 one-kernel graph launches queued behind a spin,
-# even a one-element add_ took 27 us per graph (against 3.8 us with 32 queued), so a sample
-# queues 32; successive samples take successive windows of the captured graphs, and at the
-# smallest case (fp4, B = 1, L = 4k: about 280 KB per call) 256 graphs move more than the
-# 60 MB L2 before a window comes round again.
-SINGLE_REPLAY_GRAPHS = 256
+# L2-warm samples of `time_single_replays` queue this many replays. Measured on the H200
+# (2026-11-29): with 256 one-kernel graph launches queued behind a spin, even a one-element add_
+# took 27 us per graph (against 3.8 us with 32 queued).
 SINGLE_REPLAY_WINDOW = 32
-SINGLE_REPLAY_SAMPLES = 20
+SINGLE_REPLAY_SAMPLES = 40
 # Before each sample a GPU spin kernel holds the stream while the host queues the replays, so
 # no replay waits for the host. It must outlast the queueing (checked on every sample).
 SPIN_CYCLES_PER_GRAPH = 40_000  # about 20 us at 1.98 GHz
+# A cold sample starts after a read of this many times the L2's size.
+L2_FLUSH_FACTOR = 4
+_l2_flush_buffers: dict[torch.device, torch.Tensor] = {}
+
+
+def flush_l2(device: torch.device) -> None:
+    """Evict the L2 by reading a buffer `L2_FLUSH_FACTOR` times its size (queued, not waited
+    for). A read leaves clean lines, so no write-back of the flush lands in what is timed next."""
+    buffer = _l2_flush_buffers.get(device)
+    if buffer is None:
+        size = L2_FLUSH_FACTOR * torch.cuda.get_device_properties(device).L2_cache_size
+        buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
+        _l2_flush_buffers[device] = buffer
+    buffer.sum()
 
 
 def time_single_replays(
-    calls: list[Callable[[], object]],
-    *,
-    max_graphs: int = SINGLE_REPLAY_GRAPHS,
-    window: int = SINGLE_REPLAY_WINDOW,
-    samples: int = SINGLE_REPLAY_SAMPLES,
+    call: Callable[[], object], *, cold: bool = True, samples: int = SINGLE_REPLAY_SAMPLES
 ) -> Timing:
     """Time one call per CUDA-graph replay: the small-batch target's measurement.
 
-    Each of the first `max_graphs` calls is captured into a graph of its own. A sample replays
-    the next `window` of them once each, in turn, between two CUDA events, and divides by the
-    number replayed; the windows go round all the graphs, so no call finds its pages in L2
-    unless they all fit there. Consecutive graph launches do not overlap (a graph starts
-    when the one before it has finished), so each replay is one whole call alone on the GPU,
-    with its own device-side graph launch: unlike `time_graph_replays`, no call's launch or
-    prologue hides under the previous call. The host's launch time is kept out: a spin kernel
-    queued before the first event holds the stream until every replay is queued, and a sample
-    whose queueing outlasted the spin is refused (the spin is lengthened and the sample taken
-    again).
-    """
-    calls = calls[:max_graphs]
-    _warm_up(calls)
+    The call is captured into a graph of its own. Cold: each sample flushes the L2 and times one
+    replay between two CUDA events, so the call's pages, table and q come from HBM. L2-warm
+    (`cold=False`): each sample times `SINGLE_REPLAY_WINDOW` replays in turn and divides by
+    their number, each finding its inputs in L2 from the replay before. Consecutive graph
+    launches do not overlap (a graph starts when the one before it has finished), so each
+    replay is one whole call alone on the GPU, with its own device-side graph launch: unlike
+    `time_graph_replays`, no call's launch or prologue hides under the previous call. The
+    host's launch time is kept out: a spin kernel queued before the first event holds the
+    stream until every replay is queued, and a sample whose queueing outlasted the spin is
+    refused (the spin is lengthened and the sample taken again).
 
-    graphs = []
-    for call in calls:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        graphs.append(graph)
-    for graph in graphs:
-        graph.replay()
+    One graph on purpose. On the H200 (2026-11-30), once a benchmark process had run some ten
+    cases, a window of 32 different one-call graphs (one per rotation set, the form used up
+    to the twentieth run) took 4-5 us longer per replay than in a fresh process, flushed or
+    not, while one graph replayed, cold or warm, and graphs of many calls read as before
+    (kernel notes, twenty-eighth round). The cause was not found.
+    """
+    device = torch.device("cuda", torch.cuda.current_device())
+    _warm_up([call])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
     torch.cuda.synchronize()
 
-    window = min(window, len(graphs))
+    window = 1 if cold else SINGLE_REPLAY_WINDOW
     spin_cycles = SPIN_CYCLES_PER_GRAPH * window
     per_call_us: list[float] = []
-    next_graph = 0
     while len(per_call_us) < samples:
-        replays = [graphs[(next_graph + k) % len(graphs)] for k in range(window)]
-        next_graph = (next_graph + window) % len(graphs)
+        if cold:
+            flush_l2(device)
         spin_start = torch.cuda.Event(enable_timing=True)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
@@ -185,7 +191,7 @@ def time_single_replays(
         torch.cuda._sleep(spin_cycles)
         start.record()
         queue_began = time.perf_counter()
-        for graph in replays:
+        for _ in range(window):
             graph.replay()
         queue_s = time.perf_counter() - queue_began
         end.record()
@@ -197,12 +203,12 @@ def time_single_replays(
                 raise RuntimeError("the spin kernel never outlasted the host's graph launches")
             continue
         per_call_us.append(start.elapsed_time(end) * 1e3 / window)
-    del graphs, replays
-    return _summarise(
-        per_call_us,
-        f"CUDA events around windows of {window} of {len(calls)} one-call graphs replayed in "
-        "turn, host launch hidden",
-    )
+    del graph
+    if cold:
+        method = "CUDA events around one replay of a one-call graph after an L2 flush"
+    else:
+        method = f"CUDA events around {window} replays of a one-call graph"
+    return _summarise(per_call_us, method + ", host launch hidden")
 
 
 def time_host(call: Callable[[], object], repeats: int = 3) -> Timing:
