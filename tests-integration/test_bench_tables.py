@@ -23,6 +23,7 @@ RUN19_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run19.json"
 RUN20_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run20.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
+SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
 HISTORY_MD = REPO / "docs" / "performance-history.md"
 
@@ -349,6 +350,22 @@ def test_published_small_batch_table_is_generated_from_its_json() -> None:
     table = t.small_batch_table(t.load_results(RUN12_SMALL_JSON))
     assert table.count("\n") == 9  # header, rule and the 8 shapes of that run
     assert table in HISTORY_MD.read_text()
+
+
+def test_one_graph_small_batch_table_and_its_caption_are_on_the_performance_page() -> None:
+    t = _tables()
+    payload = t.load_results(SMALL28_JSON)
+    table = t.small_batch_table(payload)
+    assert (
+        table.count("\n") == 33
+    )  # header, rule and 2 ops x 16 shapes (B 1, 8 x L 4k, 16k x next_n 1-4)
+    page = PERFORMANCE_MD.read_text()
+    assert table in page
+    caption = t.small_batch_caption(payload)
+    assert "after an L2 flush" in caption
+    assert caption in page
+    # Runs taken with windows of different graphs keep their own caption.
+    assert "windows of 32 one-call CUDA graphs" in t.small_batch_caption(t.load_results(RUN20_JSON))
 
 
 def test_peer_figures_match_the_first_run_table_on_the_performance_page() -> None:
