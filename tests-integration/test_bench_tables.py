@@ -356,9 +356,8 @@ def test_one_graph_small_batch_table_and_its_caption_are_on_the_performance_page
     t = _tables()
     payload = t.load_results(SMALL28_JSON)
     table = t.small_batch_table(payload)
-    assert (
-        table.count("\n") == 33
-    )  # header, rule and 2 ops x 16 shapes (B 1, 8 x L 4k, 16k x next_n 1-4)
+    # The header, the rule and 2 ops x 16 shapes (B 1 and 8, L 4k and 16k, next_n 1-4).
+    assert table.count("\n") == 33
     page = PERFORMANCE_MD.read_text()
     assert table in page
     caption = t.small_batch_caption(payload)

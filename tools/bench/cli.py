@@ -211,8 +211,8 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         calls = [op_call(case, inputs) for inputs in case.sets]
         if shape.small_batch:
             # First, straight after the settle: timed after the graphs of many calls below,
-            # they read up to 1.6x slower on the H200 (2026-11-29, when each measurement still
-            # captured up to 288 graphs: see time_single_replays on what that count did).
+            # they read up to 1.6x slower on the H200 (2026-11-29, still with windows of
+            # different graphs, which drift: see time_single_replays).
             result.single_replay = time_single_replays(calls[0])
             result.single_replay_warm = time_single_replays(calls[0], cold=False)
             settle(device)

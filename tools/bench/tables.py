@@ -419,7 +419,7 @@ def small_batch_caption(payload: Mapping[str, Any]) -> str:
 
 def single_replay_us(record: Record | None, field: str = "single_replay") -> float | None:
     """The median time of one call per graph replay, for checked small-batch cases; `field`
-    "single_replay_warm" gives the L2-warm one (one rotation set in every graph)."""
+    "single_replay_warm" gives the L2-warm one."""
     if median_us(record) is None or not record.get(field):
         return None
     return record[field]["median_us"]
