@@ -189,6 +189,19 @@ def test_out_is_written_in_place_and_returned():
         ({"out": torch.zeros(2, 5, dtype=torch.int32).t()}, ValueError, "contiguous"),
         ({"out": torch.zeros(5, 2, dtype=torch.int32, device="meta")}, ValueError, "target device"),
         ({"out": [[0, 0]]}, TypeError, "out must be a torch.Tensor"),
+        (
+            {"out": torch.zeros(5, 2, dtype=torch.int32).to_sparse()},
+            TypeError,
+            r"out must be a dense \(torch.strided\) tensor, got layout torch.sparse_coo",
+        ),
+        ({"variant": None}, TypeError, r"variant must be a str, .*got NoneType \(None\)"),
+        ({"variant": 8}, TypeError, r"variant must be a str, .*got int \(8\)"),
+        ({"next_n": torch.tensor(2)}, TypeError, r"next_n must be an int, got torch\.Tensor"),
+        (
+            {"num_sms": torch.tensor(4)},
+            TypeError,
+            r"num_sms must be an int or None, got torch\.Tensor",
+        ),
     ],
 )
 def test_argument_errors(kwargs, error, match):
@@ -207,6 +220,11 @@ def test_argument_errors(kwargs, error, match):
         ),
         (torch.ones(2, 2, dtype=torch.int32), ValueError, "seq_lens must be 1-D"),
         ([1, 2], TypeError, "seq_lens must be a torch.Tensor"),
+        (
+            torch.tensor([1, 2], dtype=torch.int32).to_sparse(),
+            TypeError,
+            r"seq_lens must be a dense \(torch.strided\) tensor, got layout torch.sparse_coo",
+        ),
     ],
 )
 def test_seq_lens_errors(seq_lens, error, match):

@@ -1,4 +1,5 @@
 import pytest
+import torch
 from flashinfer_schedule import min_block_table_width, padded_seq_len
 
 
@@ -59,3 +60,22 @@ def test_numpy_non_integers_are_refused_with_qualified_type(bad):
     name = type(value).__name__
     with pytest.raises(TypeError, match=rf"max_seq_len must be an int, got numpy\.{name} "):
         padded_seq_len(value)
+
+
+@pytest.mark.parametrize(
+    "bad", [torch.tensor(8000), torch.tensor([8000], dtype=torch.int32)], ids=["0-D", "1-elem"]
+)
+def test_integer_tensors_are_refused(bad):
+    # A tensor has __index__, but it is not an int: on CUDA reading it is a host sync.
+    with pytest.raises(TypeError, match=r"max_seq_len must be an int, got torch\.Tensor"):
+        padded_seq_len(bad)
+    with pytest.raises(TypeError, match=r"seq_len must be an int, got torch\.Tensor"):
+        min_block_table_width(bad, 32)
+    with pytest.raises(TypeError, match=r"block_size must be an int, got torch\.Tensor"):
+        min_block_table_width(8000, bad)
+
+
+def test_numpy_zero_d_arrays_are_refused():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"max_seq_len must be an int, got numpy\.ndarray"):
+        padded_seq_len(np.array(8000))

@@ -511,6 +511,22 @@ def test_fp4_interleaved_allowed_at_block_size_128():
     assert got.shape == (4, 64)
 
 
+def test_fp4_q_sf_of_the_recipe_shape_is_accepted_from_a_tensor_subclass():
+    # [B, next_n, H, 1] (the spec's uint8 [..., 4] viewed as int32) is squeezed for a plain
+    # tensor; a subclass such as a frozen Parameter must get the same treatment.
+    def zeroed_out():
+        return torch.zeros(4, 256, dtype=torch.bfloat16)  # columns past a length stay 0
+
+    plain = fp4_call(lambda c: {"q_sf": c.q_sf[..., None], "out": zeroed_out()})
+    got = fp4_call(
+        lambda c: {
+            "q_sf": torch.nn.Parameter(c.q_sf[..., None], requires_grad=False),
+            "out": zeroed_out(),
+        }
+    )
+    torch.testing.assert_close(got, plain)
+
+
 def test_fp4_interleaved_refused_at_block_size_64():
     with pytest.raises(ValueError, match="requires block_size 128, got block_size 64"):
         fp4_call(lambda c: {"is_kv_sf_interleaved": True}, block_size=64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import numbers
 import operator
 
 
@@ -17,12 +18,10 @@ def type_name(value: object) -> str:
 def check_int(name: str, value: object, expected: str = "an int") -> int:
     """Return `value` as a Python int if it is an integer (numpy integers included).
 
-    bool is refused although it has `__index__`: True as a length or count is always a bug at
-    the call site. numpy.bool has no `__index__`, so it is refused with float and str.
+    bool is refused although it is an int: True as a length or count is always a bug at the
+    call site. Tensors and numpy arrays are refused although a one-element integer one has
+    `__index__` (reading a CUDA tensor is a host sync); numpy.bool is refused with float, str.
     """
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return operator.index(value)
     raise TypeError(f"{name} must be {expected}, got {type_name(value)} ({value!r})")

@@ -58,7 +58,12 @@ _MAX_BATCH_SIZE = 2**31 - 1
 
 
 def _check_variant_next_n(variant: object, next_n: object) -> int:
-    if not isinstance(variant, str) or variant not in SCHEDULE_VARIANTS:
+    if not isinstance(variant, str):
+        raise TypeError(
+            f"variant must be a str, one of {SCHEDULE_VARIANTS}, "
+            f"got {type_name(variant)} ({variant!r})"
+        )
+    if variant not in SCHEDULE_VARIANTS:
         raise ValueError(f"variant must be one of {SCHEDULE_VARIANTS}, got {variant!r}")
     next_n = check_int("next_n", next_n)
     if next_n < 1:
@@ -90,7 +95,8 @@ def passes_per_token(variant: str, next_n: int) -> int:
         The number of passes, currently always 1.
 
     Raises:
-        TypeError: `next_n` is not an integer (a Python or numpy int; a bool is refused).
+        TypeError: `variant` is not a str, or `next_n` is not an integer (a Python or numpy
+            int; a bool is refused).
         ValueError: `variant` is unknown or `next_n` is out of range for it.
     """
     _check_variant_next_n(variant, next_n)
@@ -188,9 +194,15 @@ def device_num_sms(device: torch.device | str | int) -> int:
     raise ValueError(f"device: expected a CUDA or CPU device, got {dev}")
 
 
+def _check_dense(name: str, t: torch.Tensor) -> None:
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {t.layout}")
+
+
 def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type_name(out)}")
+    _check_dense("out", out)
     if out.dtype != torch.int32:
         raise TypeError(f"out must have dtype torch.int32, got {out.dtype}")
     expected = (num_sms + 1, 2)
@@ -288,8 +300,9 @@ def compute_paged_mqa_logits_schedule(
         nothing is left.
 
     Raises:
-        TypeError: `seq_lens`/`out` is not a tensor of dtype int32, or `next_n`/`num_sms`/
-            `device` has the wrong type (integers may be Python or numpy ints, not bools).
+        TypeError: `seq_lens`/`out` is not a dense tensor of dtype int32, or `variant`/
+            `next_n`/`num_sms`/`device` has the wrong type (integers may be Python or numpy
+            ints, not bools or tensors).
         ValueError: `seq_lens` is not 1-D or has 2**31 or more entries, `variant` is unknown,
             `next_n` or `num_sms` (1..2**31 - 1) is out of range, `out` has the wrong shape,
             layout or device, the device type is neither CUDA nor CPU, CUDA is not available,
@@ -297,6 +310,7 @@ def compute_paged_mqa_logits_schedule(
     """
     if not isinstance(seq_lens, torch.Tensor):
         raise TypeError(f"seq_lens must be a torch.Tensor, got {type_name(seq_lens)}")
+    _check_dense("seq_lens", seq_lens)
     if seq_lens.dtype != torch.int32:
         raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
     if seq_lens.dim() != 1:

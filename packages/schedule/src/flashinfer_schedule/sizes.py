@@ -31,7 +31,8 @@ def padded_seq_len(max_seq_len: int) -> int:
         zero-column buffer is enough.
 
     Raises:
-        TypeError: `max_seq_len` is not an integer (a Python or numpy int; a bool is refused).
+        TypeError: `max_seq_len` is not an integer (a Python or numpy int; a bool or
+            tensor is refused).
         ValueError: `max_seq_len` is negative.
     """
     max_seq_len = check_int("max_seq_len", max_seq_len)
@@ -57,7 +58,8 @@ def min_block_table_width(seq_len: int, block_size: int) -> int:
         `ceil(seq_len / block_size)`, e.g. `min_block_table_width(8000, 32) == 250`.
 
     Raises:
-        TypeError: An argument is not an integer (a Python or numpy int; a bool is refused).
+        TypeError: An argument is not an integer (a Python or numpy int; a bool or
+            tensor is refused).
         ValueError: `seq_len` is negative or `block_size` is not positive.
     """
     seq_len = check_int("seq_len", seq_len)

@@ -723,7 +723,7 @@ def fp4_paged_mqa_logits(
     `batch_size*next_n * out.stride(0) < 2**31`).
     """
     op = "fp4_paged_mqa_logits"
-    if type(q_sf) is torch.Tensor and q_sf.dim() == 4 and q_sf.shape[3] == 1:
+    if isinstance(q_sf, torch.Tensor) and q_sf.dim() == 4 and q_sf.shape[3] == 1:
         # The spec's recipe, a [B, next_n, H, 4] uint8 tensor .view(torch.int32), has this shape.
         q_sf = q_sf.squeeze(3)
     tensors = (q, q_sf, kv_fused, weights, block_tables, seq_lens)
