@@ -220,6 +220,17 @@ def test_unpack_exact_for_representable_and_bounded_for_random():
             ValueError,
             r"must end in \(128, 8\)",
         ),
+        # the message names this function's own argument, not the helper's ("raw")
+        (
+            lambda: fl.dequantize_msa_v_scales(torch.zeros(64, 8, dtype=torch.uint8)),
+            ValueError,
+            r"^v_scale must end in \(128, 8\)",
+        ),
+        (
+            lambda: fl.dequantize_msa_v_scales(torch.zeros(128, 8)),
+            TypeError,
+            r"^v_scale must have dtype",
+        ),
     ],
 )
 def test_errors(call, exc, match):

@@ -321,6 +321,24 @@ def test_quantize_kv_cache_round_trip_both_orders():
             "block_size == 128",
         ),
         (lambda: fl.mxfp4_interleaved_token_of_slot(64), ValueError, "block_size == 128"),
+        # packed's last dimension is 24; the message must not call 48 "the last dimension"
+        (
+            lambda: fl.dequantize_mxfp4(
+                torch.zeros(2, 24, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8)
+            ),
+            ValueError,
+            r"^packed: head_dim \(2 \* packed.shape\[-1\]\) must be a multiple of 32; got 48$",
+        ),
+        (
+            lambda: fl.mxfp4_interleaved_token_of_slot(128, device="gpu0"),
+            ValueError,
+            r"^device must be a valid device such as 'cpu' or 'cuda:0'; got 'gpu0' \(",
+        ),
+        (
+            lambda: fl.mxfp4_interleaved_slot_of_token(128, device=[0]),
+            TypeError,
+            r"^device must be a torch.device, a device string or an int; got list$",
+        ),
     ],
 )
 def test_errors(call, exc, match):

@@ -106,6 +106,16 @@ def test_all_skipped_and_empty_writes_change_nothing():
     assert torch.equal(pool4, before4)
 
 
+@pytest.mark.parametrize(
+    ("write", "width"), [(fl.write_fp8_kv_cache, 132), (fl.write_mxfp4_kv_cache, 68)]
+)
+def test_skipped_rows_into_a_pool_without_blocks_are_a_no_op(write, width):
+    # Every row skipped (-1) is a no-op, also for a pool with no slot to rewrite (0 blocks):
+    # not an IndexError from the all-skipped path that rewrites slot 0's bytes.
+    pool = torch.zeros(0, 32, 1, width, dtype=torch.uint8)
+    write(pool, torch.randn(2, 128), torch.tensor([-1, -1]))
+
+
 def test_write_into_strided_view_of_a_larger_pool():
     gen = torch.Generator().manual_seed(46)
     big = random_pool(gen, 6, 32, 1, 132)

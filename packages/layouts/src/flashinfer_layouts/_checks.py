@@ -110,6 +110,22 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+def device(name: str, value: object) -> torch.device | None:
+    """Return ``value`` as a ``torch.device`` (None stays None), else raise naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (torch.device, str, int)):
+        raise TypeError(
+            f"{name} must be a torch.device, a device string or an int; got {type_name(value)}"
+        )
+    try:
+        return torch.device(value)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{name} must be a valid device such as 'cpu' or 'cuda:0'; got {value!r} ({error})"
+        ) from error
+
+
 def choice(name: str, value: object, allowed: Sequence[object]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}; got {value!r}")

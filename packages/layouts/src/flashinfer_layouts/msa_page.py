@@ -267,6 +267,7 @@ def dequantize_msa_v_scales(v_scale: torch.Tensor) -> torch.Tensor:
         TypeError: wrong dtype.
         ValueError: the last two dims are not ``(128, 8)``.
     """
+    _check_v_scale_tile("v_scale", v_scale)
     return unswizzle_msa_v_scales(v_scale).view(torch.float8_e4m3fn).to(torch.float32)
 
 

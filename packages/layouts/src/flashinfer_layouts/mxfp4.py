@@ -88,10 +88,12 @@ def ue8m0_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
     return (e + 127).clamp(0, 254).to(torch.uint8)
 
 
-def _check_sf_vec_size(sf_vec_size: int, head_dim: int, arg: str) -> None:
+def _check_sf_vec_size(
+    sf_vec_size: int, head_dim: int, arg: str, what: str = "the last dimension (head_dim)"
+) -> None:
     _checks.positive_int("sf_vec_size", sf_vec_size)
     _checks.divisible("sf_vec_size", sf_vec_size, 2, "sf_vec_size")
-    _checks.divisible(arg, head_dim, sf_vec_size, "the last dimension (head_dim)")
+    _checks.divisible(arg, head_dim, sf_vec_size, what)
 
 
 def quantize_mxfp4(
@@ -185,7 +187,7 @@ def dequantize_mxfp4(
     dtype = _checks.output_float_dtype("dtype", dtype)
     _checks.min_ndim("packed", packed, 1, "[..., head_dim/2]")
     head_dim = packed.shape[-1] * 2
-    _check_sf_vec_size(sf_vec_size, head_dim, "packed")
+    _check_sf_vec_size(sf_vec_size, head_dim, "packed", "head_dim (2 * packed.shape[-1])")
     expected = (*packed.shape[:-1], head_dim // sf_vec_size)
     _checks.same_shape("scales", scales, expected, "[..., head_dim/sf_vec_size]")
     _checks.same_device("scales", scales, "packed", packed)
@@ -335,17 +337,19 @@ def mxfp4_interleaved_token_of_slot(
 
     Args:
         block_size: tokens per block; only 128 is supported.
-        device: device of the returned tensor (default CPU).
+        device: device of the returned tensor (default CPU): a ``torch.device``, a device
+            string or an index, as torch's factory functions take it.
 
     Returns:
         ``[block_size]`` int64 tensor ``t`` with ``t[k]`` the token of slot ``k``.
 
     Raises:
-        TypeError: ``block_size`` is not an int (a bool or float is refused too).
-        ValueError: ``block_size != 128``.
+        TypeError: ``block_size`` is not an int (a bool or float is refused too), or
+            ``device`` is not a device, string or int.
+        ValueError: ``block_size != 128`` or ``device`` is not a valid device.
     """
     _check_interleaved_block_size(block_size)
-    k = torch.arange(block_size, device=device)
+    k = torch.arange(block_size, device=_checks.device("device", device))
     return (k % 4) * (block_size // 4) + k // 4
 
 
@@ -358,17 +362,19 @@ def mxfp4_interleaved_slot_of_token(
 
     Args:
         block_size: tokens per block; only 128 is supported.
-        device: device of the returned tensor (default CPU).
+        device: device of the returned tensor (default CPU): a ``torch.device``, a device
+            string or an index, as torch's factory functions take it.
 
     Returns:
         ``[block_size]`` int64 tensor ``s`` with ``s[t]`` the slot of token ``t``.
 
     Raises:
-        TypeError: ``block_size`` is not an int (a bool or float is refused too).
-        ValueError: ``block_size != 128``.
+        TypeError: ``block_size`` is not an int (a bool or float is refused too), or
+            ``device`` is not a device, string or int.
+        ValueError: ``block_size != 128`` or ``device`` is not a valid device.
     """
     _check_interleaved_block_size(block_size)
-    t = torch.arange(block_size, device=device)
+    t = torch.arange(block_size, device=_checks.device("device", device))
     run = block_size // 4
     return 4 * (t % run) + t // run
 

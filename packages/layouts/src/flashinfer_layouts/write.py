@@ -121,7 +121,7 @@ def write_fp8_kv_cache(
     head_dim = fp8_kv_cache_head_dim(kv_fused)
     _check_rows(kv_fused, k, slot_mapping, head_dim)
     _checks.choice("scale_mode", scale_mode, FP8_SCALE_MODES)
-    if k.shape[0] == 0:
+    if k.shape[0] == 0 or kv_fused.numel() == 0:  # nothing to write, or no slot (all -1)
         return
     values, scales = quantize_fp8_per_token(k, scale_mode=scale_mode)
     row_bytes = torch.cat((values.view(torch.uint8), float32_to_le_bytes(scales)), dim=1)
@@ -169,7 +169,7 @@ def write_mxfp4_kv_cache(
     block_size = kv_fused.shape[1]
     _check_interleaved_flag(interleaved, block_size)
     _check_rows(kv_fused, k, slot_mapping, head_dim)
-    if k.shape[0] == 0:
+    if k.shape[0] == 0 or kv_fused.numel() == 0:  # nothing to write, or no slot (all -1)
         return
     packed, scales = quantize_mxfp4(k, sf_vec_size=MXFP4_SF_VEC_SIZE)
     row_bytes = torch.cat((packed, scales), dim=1)
