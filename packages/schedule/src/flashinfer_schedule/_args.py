@@ -22,6 +22,8 @@ def check_int(name: str, value: object, expected: str = "an int") -> int:
     call site. Tensors and numpy arrays are refused although a one-element integer one has
     `__index__` (reading a CUDA tensor is a host sync); numpy.bool is refused with float, str.
     """
+    if type(value) is int:  # the common case, without the ABC check below (~0.2 us)
+        return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return operator.index(value)
     raise TypeError(f"{name} must be {expected}, got {type_name(value)} ({value!r})")
