@@ -217,6 +217,40 @@ def test_fp8_float16_epilogue_parametric(block_size, num_heads, head_dim, next_n
     check_fp8_shape(block_size, num_heads, head_dim, next_n, 7 * num_heads + next_n, dtypes)
 
 
+@pytest.mark.parametrize(("output_dtype", "epi_dtype", "acc_dtype"), FP8_DTYPES)
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_fp8_nan_in_k_reaches_exactly_its_logits(next_n, output_dtype, epi_dtype, acc_dtype):
+    """A NaN byte (E4M3 0x7F) in one token's K makes every head's score NaN, and the
+    reference's relu keeps it: that token's logit is NaN in each row that sees it, for every
+    epilogue and accumulator dtype, and every other logit is unchanged."""
+    lens = [300, 0, 129]
+    case = fp8_case(64, next_n, seed=40 + next_n, lens=lens)
+    num_blocks, block_size, _, row_bytes = case.kv_fused.shape
+    head_dim = row_bytes - 4
+    table = case.block_tables.cpu()
+    pool = case.kv_fused.view(num_blocks, block_size * row_bytes)  # values, then scales
+    # Token 37 of request 0 (seen by every draft slot); the last token of request 2 (seen only
+    # by the newest slot).
+    for request, token, dim in [(0, 37, 5), (2, lens[2] - 1, head_dim - 1)]:
+        block = int(table[request, token // block_size])
+        pool[block, (token % block_size) * head_dim + dim] = 0x7F
+
+    dtypes = dict(output_dtype=output_dtype, epi_dtype=epi_dtype, acc_dtype=acc_dtype)
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out, **dtypes).cpu()
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args()).cpu()
+    valid = valid_mask(case.seq_lens.cpu(), next_n, got.shape[1])
+    nan_expected = valid & torch.isnan(expected)
+    # Every slot of request 0 at token 37, the newest slot of request 2 at its last token.
+    assert int(nan_expected.sum()) == next_n + 1
+    assert torch.isnan(got[nan_expected]).all()
+    finite = valid & ~nan_expected
+    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
+    assert_rows_close(
+        got, expected, finite, tolerance(output_dtype, epi_dtype, acc_dtype), magnitude
+    )
+
+
 @pytest.mark.parametrize("epi_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("output_dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])

@@ -239,8 +239,14 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
     const float w_a = weights[static_cast<long long>(b) * kN + row_a];
     const float w_b = weights[static_cast<long long>(b) * kN + row_b];
     __syncwarp();  // every lane has read row_exp before it is overwritten
-    weight_dst[row_a] = EPI_DTYPE == 0 ? w_a * scale_a : w_a;
-    weight_dst[row_b] = EPI_DTYPE == 0 ? w_b * scale_b : w_b;
+#if EPI_DTYPE == 0
+    weight_dst[row_a] = w_a * scale_a;
+    weight_dst[row_b] = w_b * scale_b;
+#else
+    // Rounded once per request here rather than once per unit by every consumer.
+    reinterpret_cast<Epi*>(weight_dst)[row_a] = to_epi(w_a);
+    reinterpret_cast<Epi*>(weight_dst)[row_b] = to_epi(w_b);
+#endif
     head_scale_dst[row_a] = scale_a;
     head_scale_dst[row_b] = scale_b;
   }
@@ -428,6 +434,14 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       token_scale[t][1] = fminf(scale_by_pow2(1.f, max1 + q_exp[t] - 266), 3.4028235e38f);
     }
 #endif
+#if EPI_DTYPE != 0
+    // 16-bit epilogues: a thread's two columns of a row stay one packed pair (one F2FP with
+    // the ReLU folded in, one HFMA2), summed per draft slot and row; the pair's halves are
+    // added at the end. (H = 64: an 8-column group never straddles two draft slots.)
+    Epi2 pair_sums[NEXT_N][2];
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) pair_sums[t][0] = pair_sums[t][1] = to_epi2(0.f, 0.f);
+#endif
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
       if (h == kHalves - 1) {
@@ -442,24 +456,34 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       for (int jl = 0; jl < kNHalf / 8; ++jl) {
         const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
         const int column = 8 * j + 2 * quad;
+#if EPI_DTYPE == 0
         const float2 wf = *reinterpret_cast<const float2*>(w + column);
-        const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
-#if EPI_DTYPE != 0
-        const float2 hs = *reinterpret_cast<const float2*>(head_scale + column);
-        const int t = column / NUM_HEADS;
-#endif
+        const Epi w0 = wf.x, w1 = wf.y;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-#if EPI_DTYPE == 0
           const Epi x0 = acc[h][4 * jl + 2 * i], x1 = acc[h][4 * jl + 2 * i + 1];
-#else
-          const Epi x0 = to_epi(acc[h][4 * jl + 2 * i] * hs.x * token_scale[t][i]);
-          const Epi x1 = to_epi(acc[h][4 * jl + 2 * i + 1] * hs.y * token_scale[t][i]);
-#endif
           sums.add_weighted(j, i, quad, w0, x0, w1, x1);
         }
+#else
+        const Epi2 w2 = *reinterpret_cast<const Epi2*>(reinterpret_cast<const Epi*>(w) + column);
+        const float2 hs = *reinterpret_cast<const float2*>(head_scale + column);
+        const int t = column / NUM_HEADS;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float x0 = acc[h][4 * jl + 2 * i] * hs.x * token_scale[t][i];
+          const float x1 = acc[h][4 * jl + 2 * i + 1] * hs.y * token_scale[t][i];
+          pair_sums[t][i] = __hfma2(w2, relu_pack(x0, x1), pair_sums[t][i]);
+        }
+#endif
       }
     }
+#if EPI_DTYPE != 0
+#pragma unroll
+    for (int t = 0; t < NEXT_N; ++t) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) sums.partial[t][i] = pair_sums[t][i].x + pair_sums[t][i].y;
+    }
+#endif
     sums.reduce_quad(quad);
 #if EPI_DTYPE == 0
     const int row_max = quad & 1 ? maxima >> 16 : maxima & 0xffffu;  // M of this lane's row

@@ -21,7 +21,7 @@
 // Shared memory (all tile bases 1024-byte aligned for the swizzle):
 //   kv tiles   [STAGES][HEAD_DIM / CW][64 rows][CW bytes]        CW = swizzle row width
 //   q slots    [2][HEAD_DIM / CW][N rows][CW bytes]
-//   weights    [2][N] fp32
+//   weights    [2][N] fp32 (fp16 in the first half of each slot with a float16 epilogue)
 //   scales     [STAGES][64] fp32
 //   barriers   full[STAGES], empty[STAGES], q_full[2], q_empty[2]
 //
@@ -116,14 +116,14 @@ __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j,
 }
 
 #if EPI_DTYPE == 1
-// The same two values as one half2 (low half: column c): the float16 accumulator's register
-// itself, or one F2FP pack of the float32 pair.
-__device__ __forceinline__ __half2 acc_half2(const AccReg (&acc)[Mma::kRegs], int j, int i) {
+// relu of the two values as one half2 (low half: column c): over a float16 accumulator its
+// register through HMNMX2 (the .NaN form, so a NaN stays NaN), over a float32 one a single
+// F2FP with the ReLU folded in.
+__device__ __forceinline__ __half2 relu_half2(const AccReg (&acc)[Mma::kRegs], int j, int i) {
 #if ACC_FP16
-  const uint32_t bits = acc[2 * j + i];
-  return *reinterpret_cast<const __half2*>(&bits);
+  return __hmax2_nan(epi2_from_bits(acc[2 * j + i]), __float2half2_rn(0.f));
 #else
-  return __floats2half2_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
+  return relu_pack(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
 #endif
 }
 #endif
@@ -167,7 +167,13 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       }
     }
     const float* w_src = weights + static_cast<long long>(b) * kN;
+#if EPI_DTYPE == 1
+    // Rounded once per request here rather than once per unit by every consumer.
+    Epi* w_dst = reinterpret_cast<Epi*>(weight_slots + slot * kN);
+    for (int idx = part * 32 + lane; idx < kN; idx += kStride) w_dst[idx] = to_epi(w_src[idx]);
+#else
     for (int idx = part * 32 + lane; idx < kN; idx += kStride) weight_slots[slot * kN + idx] = w_src[idx];
+#endif
   };
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
     mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
@@ -289,11 +295,12 @@ struct ConsumerMath {
   }
 
 #if EPI_DTYPE == 1
-  // float16 epilogue: a thread's two columns of a row stay one half2 (acc_half2): one HMNMX2
-  // and one HFMA2 per pair, into a half2 sum per draft slot and row whose halves are added at
-  // the end. Taking the halves apart (acc_pair) costs PRMTs to merge them again; over a
-  // float16 accumulator ptxas also wrote the ReLU back into the accumulator registers and then
-  // serialized every wgmma of the kernel (ptxas info C7518).
+  // float16 epilogue: a thread's two columns of a row stay one half2 (relu_half2): one F2FP
+  // with the ReLU folded in (or one HMNMX2 over a float16 accumulator) and one HFMA2 per pair,
+  // into a half2 sum per draft slot and row whose halves are added at the end. Taking the
+  // halves apart (acc_pair) costs PRMTs to merge them again; over a float16 accumulator ptxas
+  // also wrote the ReLU back into the accumulator registers and then serialized every wgmma of
+  // the kernel (ptxas info C7518).
   template <int h>
   __device__ __forceinline__ void add_half_packed(const float* w, SlotSums& sums) {
     const __half2 zero = __float2half2_rn(0.f);
@@ -303,14 +310,13 @@ struct ConsumerMath {
 #pragma unroll
     for (int jl = 0; jl < kNHalf / 8; ++jl) {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
-      const float2 wf = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
-      const __half2 w2 = __floats2half2_rn(wf.x, wf.y);
+      const __half2 w2 = *reinterpret_cast<const __half2*>(reinterpret_cast<const Epi*>(w) + 8 * j + 2 * quad);
       // The group's columns belong to one draft slot, or (H % 8 == 4) quads 0-1 to t_lo and
       // quads 2-3 to t_hi.
       const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const __half2 term = __hmax2(acc_half2(acc[h], jl, i), zero);
+        const __half2 term = relu_half2(acc[h], jl, i);
         if (t_lo == t_hi) {
           pair_sums[t_lo][i] = __hfma2(w2, term, pair_sums[t_lo][i]);
         } else {

@@ -602,6 +602,41 @@ using Epi = __half;
 #else
 using Epi = float;
 #endif
+#if EPI_DTYPE != 0
+// Two columns of one row in one register (low half: the lower column), for the packed 16-bit
+// epilogues: one F2FP and one HFMA2 per pair of heads.
+#if EPI_DTYPE == 2
+using Epi2 = __nv_bfloat162;
+#else
+using Epi2 = __half2;
+#endif
+
+__device__ __forceinline__ Epi2 epi2_from_bits(const uint32_t& bits) { return *reinterpret_cast<const Epi2*>(&bits); }
+
+__device__ __forceinline__ Epi2 to_epi2(float lo, float hi) {
+  uint32_t bits;
+#if EPI_DTYPE == 2
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+#endif
+  return epi2_from_bits(bits);
+}
+
+// relu(lo), relu(hi) rounded to the epilogue type and packed, the ReLU folded into the
+// conversion (cvt.rn.relu: one F2FP instead of an F2FP and an HMNMX2). Rounding to nearest
+// keeps the sign, so this is the rounded value's relu; a NaN stays NaN, as in the reference's
+// relu and the float32 epilogue (HMNMX2 would have turned it into 0).
+__device__ __forceinline__ Epi2 relu_pack(float lo, float hi) {
+  uint32_t bits;
+#if EPI_DTYPE == 2
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+#endif
+  return epi2_from_bits(bits);
+}
+#endif
 #if OUT_DTYPE == 2
 using Out = __nv_bfloat16;
 #elif OUT_DTYPE == 1
@@ -620,11 +655,15 @@ __device__ __forceinline__ Epi to_epi(float x) {
 #endif
 }
 
+// max(x, 0) that keeps a NaN (the .NaN form of FMNMX/HMNMX2, same cost), as the reference's
+// relu does; plain fmaxf would turn it into 0.
 __device__ __forceinline__ Epi relu(Epi x) {
 #if EPI_DTYPE == 0
-  return fmaxf(x, 0.f);
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
 #else
-  return __hmax(x, to_epi(0.f));
+  return __hmax_nan(x, to_epi(0.f));
 #endif
 }
 
