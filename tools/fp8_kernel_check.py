@@ -315,7 +315,14 @@ def timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
-def fp8_call(case, schedule, experiment=(), schedule_rows_out=None):
+def fp8_call(
+    case,
+    schedule,
+    experiment=(),
+    schedule_rows_out=None,
+    epi_dtype=torch.float32,
+    acc_dtype=torch.float32,
+):
     return functools.partial(
         fp8_sm90.launch,
         case["q"],
@@ -326,8 +333,8 @@ def fp8_call(case, schedule, experiment=(), schedule_rows_out=None):
         case["storage"],
         schedule,
         output_dtype=torch.float32,
-        epi_dtype=torch.float32,
-        acc_dtype=torch.float32,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
         experiment=experiment,
         schedule_rows_out=schedule_rows_out,
     )
@@ -619,7 +626,7 @@ def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
-def fp4_call(case, schedule, experiment=(), schedule_rows_out=None):
+def fp4_call(case, schedule, experiment=(), schedule_rows_out=None, epi_dtype=torch.float32):
     from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
 
     return functools.partial(
@@ -633,7 +640,7 @@ def fp4_call(case, schedule, experiment=(), schedule_rows_out=None):
         case["storage"],
         schedule,
         output_dtype=torch.float32,
-        epi_dtype=torch.float32,
+        epi_dtype=epi_dtype,
         is_kv_sf_interleaved=False,
         experiment=experiment,
         schedule_rows_out=schedule_rows_out,

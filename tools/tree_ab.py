@@ -14,8 +14,9 @@ the GPU clock or of the machine shows up as a difference between rounds of one t
 short bursts run at up to 1980 MHz). The table printed last gives each tree's time per round, new / old of the best rounds, and
 whether the outputs of the two trees are bitwise equal.
 
-A shape is `op:next_n:block_size:batch:avg_len` with op fp8 or fp4 (float32 output and
-epilogue; the fp4 case's scales are in [120, 134)).
+A shape is `op:next_n:block_size:batch:avg_len[:dtypes]` with op fp8 or fp4 (float32 output;
+the fp4 case's scales are in [120, 134)). `dtypes` picks the epilogue: `f32` (the default),
+`f16`, `bf16` (fp4 only) or `f16acc16` (fp8: float16 epilogue and accumulator).
 
 `--single` times the small-batch target's way instead: the benchmark's case of that shape
 (`tools/bench`, default dtypes, its first rotation set), one call per CUDA-graph replay
@@ -49,6 +50,13 @@ DEFAULT_SHAPES = (
     "fp8:4:64:64:32768",
 )
 _PACKAGES = ("layouts", "jit", "schedule", "attn-scores")
+# A shape's optional dtype field: (epilogue dtype, accumulator dtype) by torch name.
+_DTYPES = {
+    "f32": ("float32", "float32"),
+    "f16": ("float16", "float32"),
+    "bf16": ("bfloat16", "float32"),
+    "f16acc16": ("float16", "float16"),
+}
 
 
 def _child(preheat_s: float, shapes: list[str]) -> None:
@@ -57,8 +65,9 @@ def _child(preheat_s: float, shapes: list[str]) -> None:
     from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
     for shape in shapes:
-        op, *numbers = shape.split(":")
-        next_n, block_size, batch, avg_len = (int(x) for x in numbers)
+        op, *fields = shape.split(":")
+        next_n, block_size, batch, avg_len = (int(x) for x in fields[:4])
+        epi, acc = _DTYPES[fields[4] if len(fields) > 4 else "f32"]
         torch.manual_seed(1234)
         make_case, make_call = (
             (check.fp4_timing_case, check.fp4_call)
@@ -66,7 +75,10 @@ def _child(preheat_s: float, shapes: list[str]) -> None:
             else (check.timing_case, check.fp8_call)
         )
         case, tokens = make_case(next_n, block_size, batch, avg_len)
-        call = make_call(case, None)
+        dtypes = dict(epi_dtype=getattr(torch, epi))
+        if op == "fp8":
+            dtypes["acc_dtype"] = getattr(torch, acc)
+        call = make_call(case, None, **dtypes)
         check.PREHEAT_S = preheat_s
         state = check.preheat(call)
         seconds = check.bench(call, iters=20, calls_per_graph=4)  # synchronises; output written
@@ -173,10 +185,11 @@ def main() -> None:
         old_us = [r["us"] for r in old]
         new_us = [r["us"] for r in new]
         hashes = {r["hash"] for r in old + new}
-        nans = sum(r["nans"] for r in old + new)
         verdict = "bitwise equal" if len(hashes) == 1 else f"DIFFER ({len(hashes)} hashes)"
-        if nans:
-            verdict += f", {nans} NaN"
+        if any(r["nans"] for r in old + new):
+            old_nans = " / ".join(str(r["nans"]) for r in old)
+            new_nans = " / ".join(str(r["nans"]) for r in new)
+            verdict += f", NaN per round: old {old_nans}, new {new_nans}"
         warm = ""
         if single:
             old_warm = [r["warm_us"] for r in old]
