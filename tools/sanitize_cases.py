@@ -10,11 +10,14 @@ check also catches valid elements left unwritten, rows of a zero-length request 
 written, and writes outside the padded rows. Cases:
 
 - fp8: block size 32/64/128 x next_n 1/4, output float32 and float16, lengths 1, 0, 129, 1000
-  (a zero-length request between others), one call with a precomputed schedule;
+  (a zero-length request between others), one call with a precomputed schedule, and at block
+  64 two calls with a float16 epilogue (next_n 2 and 3; the epilogue stages its weights as
+  float16);
 - fp8 in a CUDA graph captured once (schedule_meta=None) and replayed after changing the
   contents of seq_lens (other lengths, other zero positions, all zero);
-- fp4: block size 32 and 128 token-major, 128 with interleaved scales, once the fp4 kernel
-  exists (until then its NotImplementedError is caught and "fp4 skipped" printed).
+- fp4: block size 32 and 128 token-major, 128 with interleaved scales, and float16 and
+  bfloat16 epilogues at block 64, once the fp4 kernel exists (until then its
+  NotImplementedError is caught and "fp4 skipped" printed).
 
 Inputs are built on the CPU and copied over, so the GPU runs little besides the ops. With
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own allocation, so memcheck sees exact
@@ -48,6 +51,8 @@ SPARE_ROWS, SPARE_COLS = 2, 64
 # GPU tests' "output" tolerances (Hopper's FP8 MMA accumulates with ~2^-13 relative error of
 # the summed magnitude; a 16-bit output adds one rounding).
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+# A 16-bit epilogue's own bound (the GPU tests' "epilogue" tolerances); the larger one applies.
+EPILOGUE_TOLERANCE = {torch.float32: 0.0, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 # Graph replays: new lengths cross block boundaries and move the zero; the last is all zero.
 GRAPH_LENGTHS = [[129, 0, 1000, 1], [1000, 1, 0, 129], [64, 65, 999, 0], [0, 0, 0, 0]]
 
@@ -63,6 +68,7 @@ class Call:
     output_dtype: torch.dtype
     out: torch.Tensor
     interleaved: bool = False
+    epi_dtype: torch.dtype = torch.float32
 
     @property
     def rows(self) -> int:
@@ -70,7 +76,12 @@ class Call:
 
     def run(self, schedule_meta: torch.Tensor | None = None) -> torch.Tensor:
         a = self.args
-        common = dict(out=self.out, output_dtype=self.output_dtype, schedule_meta=schedule_meta)
+        common = dict(
+            out=self.out,
+            output_dtype=self.output_dtype,
+            epi_dtype=self.epi_dtype,
+            schedule_meta=schedule_meta,
+        )
         tail = (a["kv_fused"], a["weights"], a["block_tables"], a["seq_lens"], MAX_SEQ_LEN)
         if self.op == "fp8":
             return fa.fp8_paged_mqa_logits(a["q"], *tail, **common)
@@ -106,6 +117,7 @@ def build_call(
     interleaved: bool = False,
     table_tokens: int | None = None,
     seed: int = 0,
+    epi_dtype: torch.dtype = torch.float32,
 ) -> Call:
     """Random inputs on the CPU, quantised with flashinfer_layouts, moved to `device`.
 
@@ -145,7 +157,7 @@ def build_call(
         dtype=output_dtype,
         device=device,
     )
-    return Call(name, op, args, next_n, output_dtype, out, interleaved)
+    return Call(name, op, args, next_n, output_dtype, out, interleaved, epi_dtype)
 
 
 def check_output(call: Call, result: torch.Tensor) -> list[str]:
@@ -167,10 +179,9 @@ def check_output(call: Call, result: torch.Tensor) -> list[str]:
     row_scale = magnitude.amax(dim=1, keepdim=True).clamp_min(1e-30)
     error = ((got - expected).abs() / row_scale).masked_fill(~mask, 0).nan_to_num(nan=0.0)
     worst = float(error.amax()) if error.numel() else 0.0
-    if worst > TOLERANCE[call.output_dtype]:
-        problems.append(
-            f"max error {worst:.3g} of the row magnitude > {TOLERANCE[call.output_dtype]:g}"
-        )
+    tolerance = max(TOLERANCE[call.output_dtype], EPILOGUE_TOLERANCE[call.epi_dtype])
+    if worst > tolerance:
+        problems.append(f"max error {worst:.3g} of the row magnitude > {tolerance:g}")
 
     empty_rows = (lengths == 0).repeat_interleave(next_n)
     written_empty = int((~torch.isnan(got[empty_rows])).sum())
@@ -288,23 +299,45 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
         )
         for repeats in (10, 65)
     ]
-    return [*calls, (scheduled, True), *((call, False) for call in batches)]
+    float16_epilogue = [
+        build_call(
+            f"fp8 bs=64 next_n={next_n} out=float32 epi=float16",
+            "fp8",
+            block_size=64,
+            next_n=next_n,
+            output_dtype=torch.float32,
+            device=device,
+            seed=20 + next_n,
+            epi_dtype=torch.float16,
+        )
+        for next_n in (2, 3)
+    ]
+    return [
+        *calls,
+        (scheduled, True),
+        *((call, False) for call in batches),
+        *((call, False) for call in float16_epilogue),
+    ]
 
 
 def fp4_calls(device: torch.device) -> list[Call]:
     # (block size, next_n, interleaved scales, requests): the last two reuse q slots in a CTA
     # (next_n 1 runs five consumer warpgroups, next_n 2 three).
+    # The last two: 16-bit epilogues (epilogue dtype, the rest float32).
     specs = [
-        (32, 1, False, 1),
-        (128, 4, False, 1),
-        (128, 2, True, 1),
-        (64, 1, False, 65),
-        (64, 2, False, 65),
+        (32, 1, False, 1, torch.float32),
+        (128, 4, False, 1, torch.float32),
+        (128, 2, True, 1, torch.float32),
+        (64, 1, False, 65, torch.float32),
+        (64, 2, False, 65, torch.float32),
+        (64, 1, False, 1, torch.float16),
+        (64, 3, False, 1, torch.bfloat16),
     ]
     return [
         build_call(
             f"fp4 bs={bs} next_n={n}{' interleaved' if inter else ''} out=bfloat16"
-            + (f", B={4 * repeats}" if repeats > 1 else ""),
+            + (f", B={4 * repeats}" if repeats > 1 else "")
+            + (f" epi={str(epi)[6:]}" if epi != torch.float32 else ""),
             "fp4",
             block_size=bs,
             next_n=n,
@@ -313,8 +346,9 @@ def fp4_calls(device: torch.device) -> list[Call]:
             lengths=LENGTHS * repeats,
             interleaved=inter,
             seed=100 + bs + n,
+            epi_dtype=epi,
         )
-        for bs, n, inter, repeats in specs
+        for bs, n, inter, repeats, epi in specs
     ]
 
 
