@@ -20,8 +20,11 @@ def test_fp8_cases_cover_the_listed_shapes() -> None:
     calls = sc.fp8_calls(CPU)
     seen = {(c.args["kv_fused"].shape[1], c.next_n, c.output_dtype) for c, _ in calls}
     assert {bs for bs, _, _ in seen} == {32, 64, 128}
-    assert {n for _, n, _ in seen} == {1, 2, 4}  # next_n 2 in the many-request cases
+    # next_n 2 in the many-request cases, 2 and 3 in the float16-epilogue ones
+    assert {n for _, n, _ in seen} == {1, 2, 3, 4}
     assert {dtype for _, _, dtype in seen} == {torch.float32, torch.float16}
+    float16_epilogue = [c for c, _ in calls if c.epi_dtype == torch.float16]
+    assert sorted(c.next_n for c in float16_epilogue) == [2, 3]
     assert any(scheduled for _, scheduled in calls)
     # Four requests per case, repeated 10 and 65 times in the two many-request cases (one or
     # two requests per CTA, then several: q slots reused inside a CTA).
@@ -37,7 +40,13 @@ def test_eager_cases_pass_on_the_cpu_reference_path(capsys: pytest.CaptureFixtur
     assert sc.main(["--device", "cpu", "--only", "eager"]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert "11 of 11 cases match the reference" in out
+    assert "13 of 13 cases match the reference" in out
+
+
+def test_fp4_cases_include_both_16_bit_epilogues() -> None:
+    calls = _sanitize_cases().fp4_calls(CPU)
+    assert {c.epi_dtype for c in calls} == {torch.float32, torch.float16, torch.bfloat16}
+    assert {c.interleaved for c in calls} == {False, True}
 
 
 def test_an_fp4_interleaved_case_passes_on_the_cpu_reference_path() -> None:
