@@ -73,14 +73,19 @@ using AccReg = float;
 #endif
 using Mma = WgmmaFp8<kNHalf, !ACC_FP16>;
 
-// WEIGHT_REGS = G: the weights of the first G 8-column groups of N stay in registers (two per
-// thread and group) while a consumer works on one request, instead of being loaded from the
-// q slot (LDS.64) for every unit; float32 epilogue only, G capped at N / 8. The launcher
-// chooses G (fp8_sm90.weight_register_groups).
+// WEIGHT_REGS = G: the weights of the first G 8-column groups of N stay in registers (a
+// thread's column pair of each group: two floats, or one half2 with a float16 epilogue) while a
+// consumer works on one request, instead of being loaded from the weight slot for every unit;
+// G capped at N / 8. The launcher chooses G (fp8_sm90.weight_register_groups).
 #ifndef WEIGHT_REGS
 #define WEIGHT_REGS 0
 #endif
-constexpr int kWeightRegGroups = EPI_DTYPE == 0 ? (WEIGHT_REGS < kN / 8 ? WEIGHT_REGS : kN / 8) : 0;
+constexpr int kWeightRegGroups = WEIGHT_REGS < kN / 8 ? WEIGHT_REGS : kN / 8;
+#if EPI_DTYPE == 1
+using WeightPair = __half2;  // the weight slot holds float16 weights with a float16 epilogue
+#else
+using WeightPair = float2;
+#endif
 
 struct SharedLayout {
   static constexpr int kKv = 0;
@@ -206,7 +211,7 @@ struct ConsumerMath {
   Out* out;
   long long out_stride;
   AccReg acc[kHalves][Mma::kRegs];
-  float2 weight_regs[kWeightRegGroups > 0 ? kWeightRegGroups : 1];
+  WeightPair weight_regs[kWeightRegGroups > 0 ? kWeightRegGroups : 1];
   Out* request_out = nullptr;  // the current request's first row of this lane's slots (quad >> 1)
   unsigned mma_done = 0;  // EXP_PHASES: clock() when the unit's last MMA group completed
 
@@ -228,7 +233,17 @@ struct ConsumerMath {
     request_out = out + (static_cast<long long>(b) * NEXT_N + (quad >> 1)) * out_stride;
     const float* w = weight_slots + slot * kN;
 #pragma unroll
-    for (int j = 0; j < kWeightRegGroups; ++j) weight_regs[j] = *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
+    for (int j = 0; j < kWeightRegGroups; ++j) weight_regs[j] = slot_weights(w, j);
+  }
+
+  // This thread's column pair of group j in a weight slot; (j < kWeightRegGroups) held in
+  // registers instead.
+  __device__ __forceinline__ WeightPair slot_weights(const float* w, int j) const {
+    return *reinterpret_cast<const WeightPair*>(reinterpret_cast<const Epi*>(w) + 8 * j + 2 * quad);
+  }
+  __device__ __forceinline__ WeightPair weights_of_group(const float* w, int j) const {
+    // (The clamped index keeps the untaken side in bounds where the array is a stand-in.)
+    return j < kWeightRegGroups ? weight_regs[j < kWeightRegGroups ? j : 0] : slot_weights(w, j);
   }
 
   // Issue the MMAs of the unit in `stage` against q slot `slot`: one commit group per half of
@@ -280,9 +295,7 @@ struct ConsumerMath {
 #pragma unroll
     for (int jl = 0; jl < kNHalf / 8; ++jl) {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
-      // (The clamped index keeps the untaken side in bounds where the array is a stand-in.)
-      const float2 wf = j < kWeightRegGroups ? weight_regs[j < kWeightRegGroups ? j : 0]
-                                             : *reinterpret_cast<const float2*>(w + 8 * j + 2 * quad);
+      const float2 wf = weights_of_group(w, j);
       const Epi w0 = to_epi(wf.x), w1 = to_epi(wf.y);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -310,7 +323,7 @@ struct ConsumerMath {
 #pragma unroll
     for (int jl = 0; jl < kNHalf / 8; ++jl) {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
-      const __half2 w2 = *reinterpret_cast<const __half2*>(reinterpret_cast<const Epi*>(w) + 8 * j + 2 * quad);
+      const __half2 w2 = weights_of_group(w, j);
       // The group's columns belong to one draft slot, or (H % 8 == 4) quads 0-1 to t_lo and
       // quads 2-3 to t_hi.
       const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
