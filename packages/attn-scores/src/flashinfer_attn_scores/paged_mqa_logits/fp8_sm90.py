@@ -44,10 +44,12 @@ def mma_halves_for(n: int) -> int:
 # 8-column groups of N whose weights a consumer keeps in registers per request (WEIGHT_REGS)
 # instead of loading them from shared memory for every unit: all of them where at most two
 # consumer warpgroups leave the room (216-224 registers per thread for N/2 accumulators and
-# N/4 weights), none under 3 or 4. Measured on the H200 (2026-11-30, tools/fp8_kernel_check.py
-# --experiments weight-regs, bitwise equal to loading them): next_n 4 151.8 -> 144.7 us (B 64,
-# L 32k, block 64) and 289 -> 272 us (B 128, L 32k, block 128); next_n 2 (4 consumers, room
-# for half the groups) 1 % and next_n 3 (3 consumers) nothing.
+# N/4 weights; N/8 with a float16 epilogue, which keeps them as half2), none under 3 or 4.
+# Measured on the H200 (2026-11-30, tools/fp8_kernel_check.py --experiments weight-regs,
+# bitwise equal to loading them): next_n 4 151.8 -> 144.7 us (B 64, L 32k, block 64) and
+# 289 -> 272 us (B 128, L 32k, block 128); next_n 2 (4 consumers, room for half the groups)
+# 1 % and next_n 3 (3 consumers) nothing. With a float16 epilogue (tools/tree_ab.py, same
+# day): next_n 4 127.3 -> 124.0 us (B 64, L 32k, block 64).
 def weight_register_groups(n: int, consumers: int) -> int:
     return n // 8 if consumers <= 2 else 0
 
