@@ -44,14 +44,19 @@ def mma_halves_for(n: int) -> int:
 # 8-column groups of N whose weights a consumer keeps in registers per request (WEIGHT_REGS)
 # instead of loading them from shared memory for every unit: all of them where at most two
 # consumer warpgroups leave the room (216-224 registers per thread for N/2 accumulators and
-# N/4 weights; N/8 with a float16 epilogue, which keeps them as half2), none under 3 or 4.
+# N/4 weights), and under three consumers with a float16 epilogue, whose weights are half2
+# (N/8 registers); none otherwise.
 # Measured on the H200 (2026-11-30, tools/fp8_kernel_check.py --experiments weight-regs,
 # bitwise equal to loading them): next_n 4 151.8 -> 144.7 us (B 64, L 32k, block 64) and
 # 289 -> 272 us (B 128, L 32k, block 128); next_n 2 (4 consumers, room for half the groups)
-# 1 % and next_n 3 (3 consumers) nothing. With a float16 epilogue (tools/tree_ab.py, same
-# day): next_n 4 127.3 -> 124.0 us (B 64, L 32k, block 64).
-def weight_register_groups(n: int, consumers: int) -> int:
-    return n // 8 if consumers <= 2 else 0
+# 1 % and next_n 3 (3 consumers) nothing. With a float16 epilogue (tools/tree_ab.py): next_n 4
+# 127.3 -> 124.0 us (B 64, L 32k, block 64); next_n 3 (3 consumers) 100.1 -> 96.7 us and,
+# with a float16 accumulator too, 95.3 -> 86.5 us (B 64, L 32k, block 64); under 4 consumers
+# (next_n 1-2) between 1.3 % slower and 1.2 % faster, so not there (2026-11-30 16:29 UTC).
+def weight_register_groups(n: int, consumers: int, epi_dtype: torch.dtype = torch.float32) -> int:
+    if consumers <= 2 or (consumers == 3 and epi_dtype == torch.float16):
+        return n // 8
+    return 0
 
 
 MAX_STAGES = 12
@@ -198,7 +203,7 @@ class Fp8KernelConfig:
                 "NUM_CONSUMERS": self.consumers,
                 "NUM_PRODUCERS": self.pipeline.producers,
                 "MMA_HALVES": mma_halves_for(self.n),
-                "WEIGHT_REGS": weight_register_groups(self.n, self.consumers),
+                "WEIGHT_REGS": weight_register_groups(self.n, self.consumers, self.epi_dtype),
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "ACC_FP16": int(self.acc_dtype == torch.float16),
