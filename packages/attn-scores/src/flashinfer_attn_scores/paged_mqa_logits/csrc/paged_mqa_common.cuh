@@ -424,11 +424,18 @@ constexpr int kFirstStagingWarp = NUM_PRODUCERS > 1 ? 1 : 0;
 constexpr int kStagingWarps = NUM_PRODUCERS - kFirstStagingWarp;
 
 // Barrier among the q-staging warps only (named barrier 1; 0 is __syncthreads).
+// Not `bar.sync` (= `barrier.sync.aligned`): .aligned requires every participating thread to
+// execute the same barrier instruction, but the staging code is inlined at each place the walk
+// enters a request, and the warps enter the same request at different places (one warp's first
+// step may cross into it, another's later loop step). The hardware counts arrivals per barrier
+// id and completed either way; compute-sanitizer's synccheck reported the mismatch as
+// "Divergent thread(s) in block" (fp4, 260 requests, H200, 2026-11-30). The non-aligned form
+// is defined for that.
 __device__ __forceinline__ void staging_warps_sync() {
   if (kStagingWarps == 1) {
     __syncwarp();
   } else {
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * kStagingWarps) : "memory");
+    asm volatile("barrier.sync 1, %0;" ::"n"(32 * kStagingWarps) : "memory");
   }
 }
 
