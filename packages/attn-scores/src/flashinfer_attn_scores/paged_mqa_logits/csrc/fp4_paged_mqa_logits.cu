@@ -55,6 +55,7 @@
 
 #define NUM_HEADS 64
 #define HEAD_DIM 128
+#define PRIME_TABLE_WINDOW 0  // see BlockTableWindow
 #include "paged_mqa_common.cuh"
 #include "wgmma_fp8.cuh"
 

@@ -55,7 +55,10 @@ using Registers = RegisterSplit<kProducerRegs>;
 #endif
 // EXP_TIMESTAMPS=1: schedule_rows_out receives, per CTA, 8 globaltimer readings (ns) instead of
 // the schedule rows: entry (after the PDL wait), rows known, then the exit of the producer warp and of each
-// consumer warpgroup; with at most 4 consumer warpgroups the last reading is the SM's id instead.
+// consumer warpgroup; with at most 4 consumer warpgroups the last reading is the SM's id instead
+// (EXP_TIMESTAMPS=2, a finer start: only consumer warpgroup 0's exit, in slot 3; slot 4 producer
+// warp 0's first copy, slot 5 consumer 0 holding its first q slot, slot 6 staging warp 1 done
+// with the first request, slot 7 consumer 0 finding its first stage full).
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
@@ -145,9 +148,10 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   const Barriers bars(smem + SharedLayout::kBarriers);
 
   // q rows of request b: [b*N, b*N + N), each HEAD_DIM bytes, stored chunk-major and swizzled.
-  // Staging warp `part` copies 16-byte units part*32 + lane + i*kStride; the loads of a batch
-  // of kBatch units are all issued before the stores, so a request costs about
-  // ceil(units / (kStride * kBatch)) global round trips (one for N*D <= 12 KB).
+  // Staging warp `part` copies 16-byte units part*32 + lane + i*kStride with cp.async, so every
+  // copy of the request is in flight at once and a request costs one global round trip (the
+  // weights' loads are issued first and overlap it). The staging warps issue no KV copies
+  // while they stage, so each round trip here is a gap in the pipeline at every request switch.
   auto stage_q = [&](int b, int slot, int part) {
     const uint4* q_src = reinterpret_cast<const uint4*>(q + static_cast<long long>(b) * kQSlotBytes);
     uint8_t* q_dst = q_slots + slot * kQSlotBytes;
@@ -155,32 +159,39 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     constexpr int kUnitsPerChunkRow = kSwizzle / 16;
     constexpr int kUnits = kN * kUnitsPerRow;
     constexpr int kStride = 32 * kStagingWarps;
-    constexpr int kBatch = 4;
-    for (int base = part * 32 + lane; base < kUnits; base += kStride * kBatch) {
-      uint4 values[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (base + i * kStride < kUnits) values[i] = q_src[base + i * kStride];
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int idx = base + i * kStride;
-        if (idx >= kUnits) break;
-        const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
-        const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
-        *reinterpret_cast<uint4*>(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk)) = values[i];
-      }
-    }
+    constexpr int kWeightsPerLane = (kN + kStride - 1) / kStride;
     const float* w_src = weights + static_cast<long long>(b) * kN;
+    float w[kWeightsPerLane];
+#pragma unroll
+    for (int i = 0; i < kWeightsPerLane; ++i) {
+      const int idx = part * 32 + lane + i * kStride;
+      if (idx < kN) w[i] = w_src[idx];
+    }
+#pragma unroll 4
+    for (int idx = part * 32 + lane; idx < kUnits; idx += kStride) {
+      const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
+      const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
+      cp_async_16(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk), q_src + idx);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < kWeightsPerLane; ++i) {
+      const int idx = part * 32 + lane + i * kStride;
+      if (idx >= kN) break;
 #if EPI_DTYPE == 1
-    // Rounded once per request here rather than once per unit by every consumer.
-    Epi* w_dst = reinterpret_cast<Epi*>(weight_slots + slot * kN);
-    for (int idx = part * 32 + lane; idx < kN; idx += kStride) w_dst[idx] = to_epi(w_src[idx]);
+      // Rounded once per request here rather than once per unit by every consumer.
+      reinterpret_cast<Epi*>(weight_slots + slot * kN)[idx] = to_epi(w[i]);
 #else
-    for (int idx = part * 32 + lane; idx < kN; idx += kStride) weight_slots[slot * kN + idx] = w_src[idx];
+      weight_slots[slot * kN + idx] = w[i];
 #endif
+    }
   };
+  bool first_issue = true, first_staging = true;
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
+    if (EXP_TIMESTAMPS == 2 && first_issue) {  // warp 0's first copy (lane 0 issues)
+      first_issue = false;
+      if (threadIdx.x == 0) phases[8 * blockIdx.x + 4] = globaltimer();
+    }
     mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
 #pragma unroll
     for (int s = 0; s < kBoxesPerTile; ++s) {
@@ -196,7 +207,14 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       bulk_load(scales + stage * kTile + s * kBoxRows, scale_src, kBoxRows * 4, &bars.full[stage]);
     }
   };
-  run_producer(walk, block_tables, block_table_stride, bars, stage_q, issue,
+  auto stage_q_stamped = [&](int b, int slot, int part) {
+    stage_q(b, slot, part);
+    if (EXP_TIMESTAMPS == 2 && first_staging) {  // staging warp 1 done with the first request
+      first_staging = false;
+      if (threadIdx.x == 32) phases[8 * blockIdx.x + 6] = globaltimer();
+    }
+  };
+  run_producer(walk, block_tables, block_table_stride, bars, stage_q_stamped, issue,
                EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
 }
 
@@ -394,9 +412,14 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
                                          uint8_t* smem, long long* phases) {
   ConsumerMath math(smem, out, out_stride);
   ConsumerPhases timing;
+  bool first_unit = true;
   run_consumer(
       consumer_index, walk, math.bars,
       [&](int stage, int slot, const UnitWalker& unit) {
+        if (EXP_TIMESTAMPS == 2 && first_unit) {  // the CTA's first full stage
+          first_unit = false;
+          if (threadIdx.x == 128) phases[8 * blockIdx.x + 7] = globaltimer();
+        }
         if (EXP_SKIP_MATH) {
           math.skip_math(stage, unit.b, unit.u);
           return;
@@ -407,7 +430,12 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
         math.epilogue(stage, slot, unit.u);
         if (EXP_PHASES) timing.unit(start, issued, math.mma_done, clock());
       },
-      [&](const UnitWalker& request, int slot) { math.enter_request(slot, request.b); });
+      [&](const UnitWalker& request, int slot) {
+        if (EXP_TIMESTAMPS == 2 && first_unit && threadIdx.x == 128) {  // the first q slot held
+          phases[8 * blockIdx.x + 5] = globaltimer();
+        }
+        math.enter_request(slot, request.b);
+      });
   if (EXP_PHASES) timing.store(phases, consumer_index);
 }
 
@@ -435,7 +463,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   unsigned long long* stamps = reinterpret_cast<unsigned long long*>(schedule_rows_out) + 8 * blockIdx.x;
   if (EXP_TIMESTAMPS && threadIdx.x == 0) {
     stamps[0] = globaltimer();
-    if (NUM_CONSUMERS <= 4) stamps[7] = sm_id();
+    if (NUM_CONSUMERS <= 4 && EXP_TIMESTAMPS != 2) stamps[7] = sm_id();
   }
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
@@ -462,6 +490,8 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size);
     consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
-    if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0) stamps[2 + warpgroup] = globaltimer();
+    if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0 && (EXP_TIMESTAMPS == 1 || warpgroup == 1)) {
+      stamps[2 + warpgroup] = globaltimer();
+    }
   }
 }

@@ -391,12 +391,50 @@ struct UnitWalker {
 
 // A producer warp's window of 32 block-table entries (one per lane) of the current request,
 // with the next 32 loaded one batch ahead so a sequential walk never waits on a table read.
+//
+// PRIME_TABLE_WINDOW = 1: the window's loads are issued when a warp enters a request, before
+// the staging warps stage its q, so the table read overlaps the staging instead of following
+// it; the window then slides 32 entries at a time from the walk's first block. 0: loaded at the
+// first lookup. fp8 primes (each request switch inside a CTA's run cost about 1 us less with
+// the asynchronous q staging, H200, 2026-11-30); fp4 does not: there ptxas gave the consumers'
+// unit paths 2-6 more instructions for the same change and the kernel ran 1-3 % slower.
+#ifndef PRIME_TABLE_WINDOW
+#define PRIME_TABLE_WINDOW 1
+#endif
 struct BlockTableWindow {
   const int* row = nullptr;
   int blocks = 0, base = 0, entry = 0, next = 0;
+#if PRIME_TABLE_WINDOW
+  // Enter a request and issue the loads of the window that starts at logical block
+  // `first_block` (the walk's current unit) without waiting for them: a producer warp's next
+  // units lie within 32 blocks of it.
+  __device__ void reset(const int* table_row, int blocks_in_request, int first_block) {
+    const int lane = threadIdx.x % 32;
+    row = table_row;
+    blocks = blocks_in_request;
+    base = first_block;
+    entry = load(base + lane);
+    next = load(base + 32 + lane);
+  }
+  __device__ int load(int block) const { return block < blocks ? row[block] : 0; }
+  // Physical block id of logical `block` (warp-uniform argument, all lanes call).
+  __device__ int lookup(int block) {
+    const int lane = threadIdx.x % 32;
+    if (block >= base + 32 && block < base + 64) {  // into the window loaded one batch ahead
+      base += 32;
+      entry = next;
+      next = load(base + 32 + lane);
+    } else if (block < base || block >= base + 32) {
+      base = block;
+      entry = load(block + lane);
+      next = load(base + 32 + lane);
+    }
+    return __shfl_sync(0xffffffffu, entry, block - base);
+  }
+#else
   bool valid = false;
 
-  __device__ void reset(const int* table_row, int blocks_in_request) {
+  __device__ void reset(const int* table_row, int blocks_in_request, int /*first_block*/) {
     row = table_row;
     blocks = blocks_in_request;
     valid = false;
@@ -413,6 +451,7 @@ struct BlockTableWindow {
     }
     return __shfl_sync(0xffffffffu, entry, block - base);
   }
+#endif
 };
 
 // ---------------------------------------------------------------- the pipeline
@@ -489,9 +528,14 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
   const int producer_index = threadIdx.x / 32;
   int request_ordinal = -1;
   BlockTableWindow table;
+  auto enter_table = [&]() {
+    table.reset(block_tables + static_cast<long long>(walk.b) * block_table_stride,
+                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE, walk.u * kTile / BLOCK_SIZE);
+  };
   auto on_request = [&]() {
     const unsigned entered = EXP_PHASES ? clock() : 0;
     ++request_ordinal;
+    if (PRIME_TABLE_WINDOW) enter_table();
     if (producer_index >= kFirstStagingWarp) {
       const int slot = request_ordinal & 1;
       if (request_ordinal >= 2) mbar_wait(&bars.q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
@@ -499,8 +543,7 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
       fence_proxy_async_smem();  // generic-proxy stores, read by the tensor cores
       mbar_arrive(&bars.q_full[slot]);
     }
-    table.reset(block_tables + static_cast<long long>(walk.b) * block_table_stride,
-                (walk.len + BLOCK_SIZE - 1) / BLOCK_SIZE);
+    if (!PRIME_TABLE_WINDOW) enter_table();
     if (EXP_PHASES) requests += clock() - entered;
   };
   if (!walk.valid()) return;

@@ -1,0 +1,191 @@
+"""Where a call's period goes in a CUDA graph of back-to-back fp8 logits calls (GPU only).
+
+    python tools/call_gaps.py [--calls 4] [--replays 10]
+
+For each shape, `--calls` cases with their own page pools (so no call finds its pages in L2)
+are captured into one graph, with and without programmatic dependent launch (PDL). The graph
+of plain calls gives the period per call (CUDA events, median of replays). The same graph
+with the `EXP_TIMESTAMPS` kernel gives, per call, the %globaltimer readings of every CTA
+(entry after the PDL wait, rows known, each consumer warpgroup's exit), from which:
+
+    span         = last consumer exit - first CTA entry     (the kernel's own time)
+    gap          = next call's first CTA entry - this call's last exit
+    rows         = median CTA's rows-known time             (all times from the first CTA entry)
+    entry_max    = the last CTA's entry
+    data_med     = the median CTA's first full stage (consumer warpgroup 0, EXP_TIMESTAMPS=2)
+    producer_med = the median CTA's producer warp 0 exit (its last copy issued)
+    end_min, end_med = the first and the median CTA's last consumer exit
+
+(medians over the calls after the first and over the replays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_kernel_check as check
+
+SHAPES = [  # next_n, block size, batch, average length
+    (1, 64, 64, 4096),
+    (1, 64, 128, 4096),
+    (2, 64, 64, 4096),
+    (1, 64, 128, 16384),
+    (1, 64, 8, 16384),
+]
+
+
+def _period_us(calls, replays: int) -> float:
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def _timeline(calls, cases, stamps, consumers: int, replays: int) -> dict:
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    samples: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        samples.setdefault(name, []).append(value)
+
+    by_requests: dict[int, list[float]] = {}
+    requests_per_cta = [_requests_per_cta(case["seq_lens"]) for case in cases]
+    for _ in range(replays):
+        for s in stamps:
+            s.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        timelines = [s.cpu().double() / 1e3 for s in stamps]  # us
+        for i in range(1, len(calls)):  # the first call of a replay waits for the host
+            t = timelines[i]
+            first = float(t[:, 0].min())
+            ends = t[:, 3] - first  # consumer warpgroup 0's exit (EXP_TIMESTAMPS=2)
+            add("span", float(ends.max()))
+            add("rows", float(t[:, 1].median()) - first)
+            add("entry_max", float(t[:, 0].max()) - first)
+            add("end_min", float(ends.min()))
+            add("end_med", float(ends.median()))
+            add("producer_med", float((t[:, 2] - first).median()))
+            add("data_med", float((t[:, 7] - first).median()))
+            add("issue_med", float((t[:, 4] - first).median()))
+            add("q_held_med", float((t[:, 5] - first).median()))
+            add("staged_med", float((t[:, 6] - first).median()))
+            streaming = (t[:, 3] - t[:, 7]).tolist()  # first full stage to consumer 0's exit
+            for requests, duration in zip(requests_per_cta[i], streaming):
+                by_requests.setdefault(requests, []).append(duration)
+            if i + 1 < len(calls):
+                add("gap", float(timelines[i + 1][:, 0].min()) - (first + float(ends.max())))
+    result = {name: statistics.median(values) for name, values in samples.items()}
+    result["by_requests"] = {
+        n: (len(v) // replays, statistics.median(v), max(v)) for n, v in sorted(by_requests.items())
+    }
+    return result
+
+
+def _requests_per_cta(seq_lens: torch.Tensor) -> list[int]:
+    """How many requests each CTA's range of the schedule touches."""
+    from flashinfer_schedule import compute_paged_mqa_logits_schedule
+
+    lens = seq_lens.cpu()
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = compute_paged_mqa_logits_schedule(lens, "cpu", num_sms=ctas).tolist()
+    units = [(n - 1) // 64 + 1 if n > 0 else 0 for n in lens.tolist()]
+    counts = []
+    for (b0, _), (b1, u1) in itertools.pairwise(rows):
+        last = b1 if u1 > 0 else b1 - 1
+        counts.append(sum(1 for b in range(b0, min(last, len(units) - 1) + 1) if units[b] > 0))
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument(
+        "--pdl-order", default="1,0", help="PDL settings in the order measured, e.g. 0,1,0,1"
+    )
+    parser.add_argument("--shapes", help="next_n:block:B:L,... (default: the SHAPES list)")
+    args = parser.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    columns = (
+        "span",
+        "gap",
+        "rows",
+        "issue_med",
+        "staged_med",
+        "q_held_med",
+        "data_med",
+        "producer_med",
+        "end_min",
+        "end_med",
+    )
+    print(
+        "next_n bs    B      L   PDL  period " + " ".join(f"{c:>12}" for c in columns) + "   (us)"
+    )
+    for next_n, block_size, batch, avg in shapes:
+        cases = [
+            check.timing_case(next_n, block_size, batch, avg, seed=3 + i)[0]
+            for i in range(args.calls)
+        ]
+        consumers = check.FP8.config(block_size, next_n, ()).consumers
+        for pdl in args.pdl_order.split(","):
+            os.environ["FLASHINFER_PDL"] = pdl
+            plain = [check.fp8_call(case, None) for case in cases]
+            stamps = [torch.zeros(ctas, 8, dtype=torch.int64, device="cuda") for _ in cases]
+            stamped = [
+                check.fp8_call(case, None, (("EXP_TIMESTAMPS", 2),), schedule_rows_out=s)
+                for case, s in zip(cases, stamps)
+            ]
+            period = _period_us(plain, 3 * args.replays)
+            timeline = _timeline(stamped, cases, stamps, consumers, args.replays)
+            print(
+                f"{next_n:6d} {block_size:2d} {batch:4d} {avg:6d} {pdl:>5} {period:7.2f} "
+                + " ".join(f"{timeline[c]:12.2f}" for c in columns)
+            )
+            print(
+                "    streaming (first full stage to consumer 0's exit) by requests in the CTA's range:"
+                " requests: CTAs per call, median us, max us: "
+                + "; ".join(
+                    f"{n}: {c}, {m:.2f}, {x:.2f}"
+                    for n, (c, m, x) in timeline["by_requests"].items()
+                )
+            )
+        del cases
+        torch.cuda.empty_cache()
+    os.environ.pop("FLASHINFER_PDL", None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
