@@ -1,22 +1,26 @@
-"""Where a call's period goes in a CUDA graph of back-to-back fp8 logits calls (GPU only).
+"""Where the time of an fp8 logits call goes, CTA by CTA, in a graph of calls (GPU only).
 
-    python tools/call_gaps.py [--calls 4] [--replays 10]
+    python tools/call_gaps.py [--calls 4] [--replays 10] [--pdl-order 1,0] [--shapes 1:64:128:4096,...]
 
-For each shape, `--calls` cases with their own page pools (so no call finds its pages in L2)
-are captured into one graph, with and without programmatic dependent launch (PDL). The graph
-of plain calls gives the period per call (CUDA events, median of replays). The same graph
-with the `EXP_TIMESTAMPS` kernel gives, per call, the %globaltimer readings of every CTA
-(entry after the PDL wait, rows known, each consumer warpgroup's exit), from which:
+For each shape (next_n:block:B:L), `--calls` cases with their own page pools (so no call finds
+its pages in L2) are captured into one graph, once per entry of `--pdl-order` (FLASHINFER_PDL).
+The graph of plain calls gives the period per call (CUDA events, median of 3 x `--replays`).
+The same graph of `EXP_TIMESTAMPS=2` kernels gives each CTA's %globaltimer readings (see the
+FP8 kernel's header), from which, in us from the call's first CTA entry (after the PDL wait):
 
-    span         = last consumer exit - first CTA entry     (the kernel's own time)
-    gap          = next call's first CTA entry - this call's last exit
-    rows         = median CTA's rows-known time             (all times from the first CTA entry)
-    entry_max    = the last CTA's entry
-    data_med     = the median CTA's first full stage (consumer warpgroup 0, EXP_TIMESTAMPS=2)
-    producer_med = the median CTA's producer warp 0 exit (its last copy issued)
-    end_min, end_med = the first and the median CTA's last consumer exit
+    span          consumer warpgroup 0's last exit (the kernel's own time)
+    gap           the next call's first CTA entry after that exit
+    rows          the median CTA's schedule rows known
+    issue_med     the median CTA's first KV copy issued (producer warp 0)
+    staged_med    the median CTA's first q staged (staging warp 1)
+    q_held_med    the median CTA's consumer 0 holding its first q slot
+    data_med      the median CTA's consumer 0 finding its first stage full
+    producer_med  the median CTA's producer warp 0 done (its last copy issued)
+    end_min, end_med   the first and the median CTA's consumer 0 exit
 
-(medians over the calls after the first and over the replays).
+and, per number of requests in a CTA's range of the schedule, the CTAs' streaming time (first
+full stage to consumer 0's exit): what a request switch inside a CTA's run costs. Medians over
+the calls after the first of each replay (the first waits for the host) and over the replays.
 """
 
 from __future__ import annotations
