@@ -4,7 +4,7 @@
 
 For each shape (next_n:block:B:L), `--calls` cases with their own page pools (so no call finds
 its pages in L2) are captured into one graph, once per entry of `--pdl-order` (FLASHINFER_PDL).
-The graph of plain calls gives the period per call (CUDA events, median of 3 x `--replays`).
+The graph of plain calls gives the period per call (CUDA events, median of `--replays`).
 The same graph of `EXP_TIMESTAMPS=2` kernels gives each CTA's %globaltimer readings (see the
 FP8 kernel's header), from which, in us from the call's first CTA entry (after the PDL wait):
 
@@ -47,27 +47,11 @@ SHAPES = [  # next_n, block size, batch, average length
 
 
 def _period_us(calls, replays: int) -> float:
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
+    """Median time per call of a graph of `calls` (fp8_kernel_check.bench over the whole list)."""
+    return check.bench(lambda: [call() for call in calls], iters=replays) * 1e6 / len(calls)
 
 
-def _timeline(calls, cases, stamps, consumers: int, replays: int) -> dict:
+def _timeline(calls, cases, stamps, replays: int) -> dict:
     for call in calls:
         call()
     torch.cuda.synchronize()
@@ -162,7 +146,6 @@ def main() -> int:
             check.timing_case(next_n, block_size, batch, avg, seed=3 + i)[0]
             for i in range(args.calls)
         ]
-        consumers = check.FP8.config(block_size, next_n, ()).consumers
         for pdl in args.pdl_order.split(","):
             os.environ["FLASHINFER_PDL"] = pdl
             plain = [check.fp8_call(case, None) for case in cases]
@@ -171,8 +154,8 @@ def main() -> int:
                 check.fp8_call(case, None, (("EXP_TIMESTAMPS", 2),), schedule_rows_out=s)
                 for case, s in zip(cases, stamps)
             ]
-            period = _period_us(plain, 3 * args.replays)
-            timeline = _timeline(stamped, cases, stamps, consumers, args.replays)
+            period = _period_us(plain, args.replays)
+            timeline = _timeline(stamped, cases, stamps, args.replays)
             print(
                 f"{next_n:6d} {block_size:2d} {batch:4d} {avg:6d} {pdl:>5} {period:7.2f} "
                 + " ".join(f"{timeline[c]:12.2f}" for c in columns)
