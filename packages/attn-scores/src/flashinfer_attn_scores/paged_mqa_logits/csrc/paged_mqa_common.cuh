@@ -404,6 +404,8 @@ struct UnitWalker {
 struct BlockTableWindow {
   const int* row = nullptr;
   int blocks = 0, base = 0, entry = 0, next = 0;
+
+  __device__ int load(int block) const { return block < blocks ? row[block] : 0; }
 #if PRIME_TABLE_WINDOW
   // Enter a request and issue the loads of the window that starts at logical block
   // `first_block` (the walk's current unit) without waiting for them: a producer warp's next
@@ -416,7 +418,6 @@ struct BlockTableWindow {
     entry = load(base + lane);
     next = load(base + 32 + lane);
   }
-  __device__ int load(int block) const { return block < blocks ? row[block] : 0; }
   // Physical block id of logical `block` (warp-uniform argument, all lanes call).
   __device__ int lookup(int block) {
     const int lane = threadIdx.x % 32;
@@ -439,7 +440,6 @@ struct BlockTableWindow {
     blocks = blocks_in_request;
     valid = false;
   }
-  __device__ int load(int block) const { return block < blocks ? row[block] : 0; }
   // Physical block id of logical `block` (warp-uniform argument, all lanes call).
   __device__ int lookup(int block) {
     const int lane = threadIdx.x % 32;
