@@ -28,6 +28,11 @@
 // Specialisation constants (defines): BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NEXT_N, NUM_STAGES,
 // NUM_CONSUMERS, NUM_PRODUCERS, OUT_DTYPE, EPI_DTYPE (0 = fp32, 1 = fp16), ACC_FP16.
 
+// The float32 epilogue's weights are copied as they are, so the whole q slot can be filled by
+// cp.async and completed on its barrier asynchronously; the float16 epilogue rounds them first.
+#ifndef ASYNC_Q_ARRIVE
+#define ASYNC_Q_ARRIVE (EPI_DTYPE == 0)
+#endif
 #include "paged_mqa_common.cuh"
 #include "wgmma_fp8.cuh"
 
@@ -161,18 +166,27 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     constexpr int kStride = 32 * kStagingWarps;
     constexpr int kWeightsPerLane = (kN + kStride - 1) / kStride;
     const float* w_src = weights + static_cast<long long>(b) * kN;
+#if ASYNC_Q_ARRIVE
+    // float32 weights: 16-byte cp.async copies as well (kN % 8 == 0). Nothing here waits for
+    // the copies: run_producer's arrival completes when they land.
+    for (int idx = part * 32 + lane; idx < kN / 4; idx += kStride) {
+      cp_async_16(weight_slots + slot * kN + 4 * idx, w_src + 4 * idx);
+    }
+#else
     float w[kWeightsPerLane];
 #pragma unroll
     for (int i = 0; i < kWeightsPerLane; ++i) {
       const int idx = part * 32 + lane + i * kStride;
       if (idx < kN) w[i] = w_src[idx];
     }
+#endif
 #pragma unroll 4
     for (int idx = part * 32 + lane; idx < kUnits; idx += kStride) {
       const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
       const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
       cp_async_16(q_dst + chunk * kN * kSwizzle + swizzled_offset(row, unit_in_chunk), q_src + idx);
     }
+#if !ASYNC_Q_ARRIVE
     cp_async_wait_all();
 #pragma unroll
     for (int i = 0; i < kWeightsPerLane; ++i) {
@@ -185,6 +199,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       weight_slots[slot * kN + idx] = w[i];
 #endif
     }
+#endif
   };
   bool first_issue = true, first_staging = true;
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {

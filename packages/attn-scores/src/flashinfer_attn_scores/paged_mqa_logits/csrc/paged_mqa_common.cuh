@@ -398,6 +398,13 @@ struct UnitWalker {
 // first lookup. fp8 primes (each request switch inside a CTA's run cost about 1 us less with
 // the asynchronous q staging, H200, 2026-11-30); fp4 does not: there ptxas gave the consumers'
 // unit paths 2-6 more instructions for the same change and the kernel ran 1-3 % slower.
+// ASYNC_Q_ARRIVE = 1: the kernel's stage_q issues only cp.async copies and does not wait for
+// them; each staging lane's arrival on q_full is cp.async.mbarrier.arrive.noinc, triggered when
+// its copies land, and the consumers put the proxy fence after their q_full wait. 0: stage_q's
+// stores are complete when it returns; the staging warps fence and arrive.
+#ifndef ASYNC_Q_ARRIVE
+#define ASYNC_Q_ARRIVE 0
+#endif
 #ifndef PRIME_TABLE_WINDOW
 #define PRIME_TABLE_WINDOW 1
 #endif
@@ -540,8 +547,12 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
       const int slot = request_ordinal & 1;
       if (request_ordinal >= 2) mbar_wait(&bars.q_empty[slot], ((request_ordinal >> 1) - 1) & 1);
       stage_q(walk.b, slot, producer_index - kFirstStagingWarp);
-      fence_proxy_async_smem();  // generic-proxy stores, read by the tensor cores
-      mbar_arrive(&bars.q_full[slot]);
+      if (ASYNC_Q_ARRIVE) {
+        cp_async_arrive_noinc(&bars.q_full[slot]);  // the consumers fence after their wait
+      } else {
+        fence_proxy_async_smem();  // generic-proxy stores, read by the tensor cores
+        mbar_arrive(&bars.q_full[slot]);
+      }
     }
     if (!PRIME_TABLE_WINDOW) enter_table();
     if (EXP_PHASES) requests += clock() - entered;
@@ -630,6 +641,9 @@ __device__ __forceinline__ void run_consumer(int consumer_index, UnitWalker& wal
     if (request_ordinal >= 0) release_q();
     ++request_ordinal;
     mbar_wait(&bars.q_full[request_ordinal & 1], (request_ordinal >> 1) & 1);
+    // The slot was written by cp.async (generic proxy) and completed on q_full without a fence
+    // by the writers: order it before this thread's WGMMAs (async proxy) read it.
+    if (ASYNC_Q_ARRIVE) fence_proxy_async_smem();
     enter_request(static_cast<const UnitWalker&>(walk), request_ordinal & 1);
   };
   if (!walk.valid()) return;
