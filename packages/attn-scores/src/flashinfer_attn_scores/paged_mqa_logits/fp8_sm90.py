@@ -67,8 +67,9 @@ _ALIGNMENT_SLACK = 1024  # the kernel rounds its dynamic shared memory base up t
 
 def barrier_bytes(stages: int) -> int:
     """`Barriers::kBytes` of csrc/paged_mqa_common.cuh: full/empty per stage, q_full/q_empty
-    per q slot, then the 4 ints of the in-kernel schedule rows."""
-    return (2 * stages + 4) * 8 + 16
+    per q slot, then the in-kernel schedule rows (two rows' request and unit, the first
+    request's length: 5 ints in 32 bytes)."""
+    return (2 * stages + 4) * 8 + 32
 
 
 # TMA-issuing producer warps. One could not issue the copies fast enough: 0.47 -> 0.70 of copy

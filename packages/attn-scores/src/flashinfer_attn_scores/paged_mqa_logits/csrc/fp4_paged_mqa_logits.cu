@@ -555,13 +555,13 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   if (warpgroup == 0) {
     Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
-      walk.start(rows, seq_lens, seq_lens_stride, batch_size);
+      walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
       producer(kv_map, kv_base, kv_block_stride, q, q_sf, weights, block_tables, block_table_stride, walk, smem,
                reinterpret_cast<long long*>(schedule_rows_out));
     }
   } else {
     Registers::enter_consumer();
-    walk.start(rows, seq_lens, seq_lens_stride, batch_size);
+    walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
     consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
   }
 }

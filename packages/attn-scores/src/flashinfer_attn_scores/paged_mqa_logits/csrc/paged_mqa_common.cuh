@@ -139,6 +139,9 @@ __device__ __forceinline__ long long request_units(const int* seq_lens, long lon
   const int len = seq_lens[b * stride];
   return units_of(len);
 }
+// rows[4]: the length of request rows[0] (0 for the sentinel), so that the walkers start without
+// reading it again (an L1 or L2 round trip before the first block-table read of every call).
+constexpr int kScheduleRowInts = 5;
 
 // Exclusive block-wide scan (blockDim.x a multiple of 32, at most 1024); also returns the total.
 // `warp_sums`: 32 entries of shared scratch.
@@ -168,7 +171,8 @@ __device__ __forceinline__ long long block_exclusive_scan(long long value, long 
   return result;
 }
 
-// Writes {b, u} of row blockIdx.x and of row blockIdx.x + 1 to rows[0..3] (shared memory).
+// Writes {b, u} of row blockIdx.x and of row blockIdx.x + 1 to rows[0..3] and the length of
+// request rows[0] to rows[4] (shared memory).
 // Every thread of the CTA must call it (block-wide barriers inside).
 __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int batch_size, int* rows,
                                       long long* scratch) {
@@ -186,15 +190,17 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
   const long long g1 = per_cta * (blockIdx.x + 1) + min(static_cast<long long>(blockIdx.x + 1), extra);
   if (threadIdx.x == 0) {  // g == total: the sentinel (batch_size, 0); overwritten otherwise
     rows[0] = rows[2] = batch_size;
-    rows[1] = rows[3] = 0;
+    rows[1] = rows[3] = rows[4] = 0;
   }
   __syncthreads();
   if (mine > 0 && prefix <= g1 && g0 < prefix + mine) {  // a row may fall in these requests
     for (int b = first; b < last; ++b) {
-      const long long units = request_units(seq_lens, stride, b);
+      const int len = seq_lens[b * stride];
+      const long long units = units_of(len);
       if (g0 >= prefix && g0 < prefix + units) {
         rows[0] = b;
         rows[1] = static_cast<int>(g0 - prefix);
+        rows[4] = len;
       }
       if (g1 >= prefix && g1 < prefix + units) {
         rows[2] = b;
@@ -225,12 +231,13 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
   const int lane = threadIdx.x % 32;
   const int per_lane = kPerLane == 1 ? 1 : (batch_size + 31) / 32;
   const int first = lane * per_lane;
-  int units[kPerLane];
+  int lens[kPerLane], units[kPerLane];
   int mine = 0;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int b = first + j;
-    units[j] = j < per_lane && b < batch_size ? static_cast<int>(request_units(seq_lens, stride, b)) : 0;
+    lens[j] = j < per_lane && b < batch_size ? seq_lens[b * stride] : 0;
+    units[j] = units_of(lens[j]);
     mine += units[j];
   }
   int inclusive = mine;
@@ -242,14 +249,14 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
   const int prefix = inclusive - mine;
   const unsigned total = static_cast<unsigned>(__shfl_sync(0xffffffffu, inclusive, 31));
   const unsigned ctas = gridDim.x, per_cta = total / ctas, extra = total % ctas;
-  int row[4];
+  int row[4], first_len = 0;
 #pragma unroll
   for (int end = 0; end < 2; ++end) {
     const unsigned i = blockIdx.x + end;
     const int g = static_cast<int>(per_cta * i + min(i, extra));
     // At most one lane holds g (units > 0 and prefix <= g < inclusive); none when g == total.
     const bool mine_holds = mine > 0 && prefix <= g && g < inclusive;
-    int b = 0, u = 0;
+    int b = 0, u = 0, len = 0;
     if (mine_holds) {
       int before = prefix;
 #pragma unroll
@@ -257,6 +264,7 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
         if (g >= before && g < before + units[j]) {
           b = first + j;
           u = g - before;
+          len = lens[j];
         }
         before += units[j];
       }
@@ -267,8 +275,10 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
     u = __shfl_sync(0xffffffffu, u, holder);
     row[2 * end] = holders ? b : batch_size;
     row[2 * end + 1] = holders ? u : 0;
+    if (end == 0) first_len = holders ? __shfl_sync(0xffffffffu, len, holder) : 0;
   }
   if (lane < 4) rows[lane] = lane == 0 ? row[0] : lane == 1 ? row[1] : lane == 2 ? row[2] : row[3];
+  if (lane == 4) rows[4] = first_len;
   if (rows_out != nullptr && lane < 2) {
     rows_out[2 * blockIdx.x + lane] = lane == 0 ? row[0] : row[1];
     if (blockIdx.x == gridDim.x - 1) rows_out[2 * gridDim.x + lane] = lane == 0 ? row[2] : row[3];
@@ -276,7 +286,7 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
 }
 
 // Where the walk of this CTA gets its range: the precomputed schedule when there is one, else
-// the in-kernel rows `own_rows` (4 ints of shared memory; `scratch` is 256 bytes of shared
+// the in-kernel rows `own_rows` (kScheduleRowInts ints of shared memory; `scratch` is 256 bytes of shared
 // memory free until the pipeline starts). `rows_out`, when not null, receives the in-kernel
 // rows (a [gridDim.x + 1, 2] table, for tests against flashinfer_schedule). The caller's
 // __syncthreads() publishes `own_rows`. Small batches are scheduled by warp 1 alone, while
@@ -305,13 +315,14 @@ __device__ __forceinline__ const int* schedule_rows(const int* schedule, const i
 
 // Walks this CTA's work units (request, unit) in order, skipping zero-length requests.
 // The range is [rows[0..1], rows[2..3]): schedule rows blockIdx.x and blockIdx.x + 1.
+// `rows_have_len`: rows[4] holds the length of request rows[0] (the in-kernel rows).
 struct UnitWalker {
   const int* seq_lens;
   long long seq_lens_stride;
   int batch_size, end_b, end_u;
   int b, u, len, units;
 
-  __device__ void start(const int* rows, const int* lens, long long stride, int batch) {
+  __device__ void start(const int* rows, const int* lens, long long stride, int batch, bool rows_have_len) {
     seq_lens = lens;
     seq_lens_stride = stride;
     batch_size = batch;
@@ -319,15 +330,22 @@ struct UnitWalker {
     u = rows[1];
     end_b = min(rows[2], batch_size);
     end_u = rows[3];
-    load_request();
+    if (rows_have_len) {
+      len = has_request() ? rows[4] : 0;
+      units = units_of(len);
+    } else {
+      load_request();
+    }
     while (units == 0 && b < end_b) {
       ++b;
       u = 0;
       load_request();
     }
   }
+  // Whether request b is inside the range (else its length is taken as 0 and not read).
+  __device__ bool has_request() const { return b < batch_size && (b < end_b || end_u > 0); }
   __device__ void load_request() {
-    len = b < batch_size && (b < end_b || end_u > 0) ? seq_lens[b * seq_lens_stride] : 0;
+    len = has_request() ? seq_lens[b * seq_lens_stride] : 0;
     units = units_of(len);
   }
   // Bitwise rather than short-circuit operators: predicate logic instead of branches in every
@@ -488,9 +506,9 @@ __device__ __forceinline__ void staging_warps_sync() {
 // mbarriers: full[s] (the producer's expect_tx arrival, completed by the copies), empty[s]
 // (one arrival per consumer warp), q_full[2] (every lane of the staging warps), q_empty[2]
 // (every consumer lane). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
-// r-th request of the walk. After them, the 4 ints of the in-kernel schedule rows.
+// r-th request of the walk. After them, the kScheduleRowInts ints of the in-kernel schedule rows.
 struct Barriers {
-  static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8 + 16;
+  static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8 + (kScheduleRowInts * 4 + 15) / 16 * 16;
   uint64_t* full;
   uint64_t* empty;
   uint64_t* q_full;
