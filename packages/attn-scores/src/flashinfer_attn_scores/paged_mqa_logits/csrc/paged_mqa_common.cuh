@@ -286,8 +286,8 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
 }
 
 // Where the walk of this CTA gets its range: the precomputed schedule when there is one, else
-// the in-kernel rows `own_rows` (kScheduleRowInts ints of shared memory; `scratch` is 256 bytes of shared
-// memory free until the pipeline starts). `rows_out`, when not null, receives the in-kernel
+// the in-kernel rows `own_rows` (kScheduleRowInts ints of shared memory; `scratch` is 256
+// bytes of shared memory free until the pipeline starts). `rows_out`, when not null, receives the in-kernel
 // rows (a [gridDim.x + 1, 2] table, for tests against flashinfer_schedule). The caller's
 // __syncthreads() publishes `own_rows`. Small batches are scheduled by warp 1 alone, while
 // thread 0 (warp 0) initialises the barriers.
@@ -416,13 +416,6 @@ struct UnitWalker {
 // first lookup. fp8 primes (each request switch inside a CTA's run cost about 1 us less with
 // the asynchronous q staging, H200, 2026-11-30); fp4 does not: there ptxas gave the consumers'
 // unit paths 2-6 more instructions for the same change and the kernel ran 1-3 % slower.
-// ASYNC_Q_ARRIVE = 1: the kernel's stage_q issues only cp.async copies and does not wait for
-// them; each staging lane's arrival on q_full is cp.async.mbarrier.arrive.noinc, triggered when
-// its copies land, and the consumers put the proxy fence after their q_full wait. 0: stage_q's
-// stores are complete when it returns; the staging warps fence and arrive.
-#ifndef ASYNC_Q_ARRIVE
-#define ASYNC_Q_ARRIVE 0
-#endif
 #ifndef PRIME_TABLE_WINDOW
 #define PRIME_TABLE_WINDOW 1
 #endif
@@ -532,6 +525,13 @@ struct Barriers {
   }
 };
 
+// ASYNC_Q_ARRIVE = 1: the kernel's stage_q issues only cp.async copies and does not wait for
+// them; each staging lane's arrival on q_full is cp.async.mbarrier.arrive.noinc, triggered when
+// its copies land, and the consumers put the proxy fence after their q_full wait. 0: stage_q's
+// stores are complete when it returns; the staging warps fence and arrive.
+#ifndef ASYNC_Q_ARRIVE
+#define ASYNC_Q_ARRIVE 0
+#endif
 // Producer warps (warpgroup 0). The staging warps stage the q of every request the walk
 // enters: `stage_q(b, slot, part)` fills its share (`part` of kStagingWarps, all 32 lanes take
 // part) of q slot `slot` with generic stores. Unit k is issued by warp k % NUM_PRODUCERS: it
