@@ -56,6 +56,17 @@ def test_sass_without_a_loop_is_refused() -> None:
         )
 
 
+def test_sass_hash_follows_the_code_not_the_header() -> None:
+    up = _unit_path()
+    header = '\t.headerflags\t@"EF_CUDA_SM90"\n\t//--------------------- .text.kernel\n'
+    same_code_other_header = header.replace("kernel", "other_name") + SASS
+    assert up.sass_hash(header + SASS) == up.sass_hash(same_code_other_header)
+    changed = SASS.replace("VIADD R9, R9, 0x5", "VIADD R9, R9, 0x6")
+    assert up.sass_hash(header + changed) != up.sass_hash(header + SASS)
+    relabelled = SASS.replace(".L_x_4", ".L_x_5")
+    assert up.sass_hash(relabelled) != up.sass_hash(SASS)
+
+
 def _has_nvdisasm() -> bool:
     from flashinfer_jit.cli import find_sass_tool
 

@@ -3,6 +3,7 @@
     python tools/unit_path.py "fp4_paged_mqa_logits[bs=64, next_n=1, out=bfloat16, epi=float32]"
     python tools/unit_path.py "fp8_paged_mqa_logits[bs=64, next_n=2" -D EXP_PHASES=1
     python tools/unit_path.py --sass-file kernel.sass       # count an existing nvdisasm dump
+    python tools/unit_path.py --sass-hash [label] > before.txt  # one hash per configuration
 
 A configuration is picked by the start of its label (the labels `python -m flashinfer_jit
 compile-check` prints); -D adds or replaces a define (a kernel's measurement knob). For each
@@ -11,14 +12,22 @@ loop that holds the consumer's first WGMMA (from the loop's label to its backwar
 full-barrier wait included), then that loop's opcodes by count. The kernel notes' "SASS
 instructions on the unit path" tables come from here. nvdisasm comes from a CUDA toolkit on
 PATH or `pip install nvidia-cuda-nvdisasm` (see `python -m flashinfer_jit inspect --sass`).
+
+`--sass-hash` prints instead one line per matching configuration (every one without a label):
+a hash of its instructions and its label. Two such files from two trees, compared with `diff`,
+show whether a source change (a refactor, a comment, a moved definition) changed any SASS.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import re
 import sys
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -67,6 +76,23 @@ def report(name: str, sass: str, out) -> None:
     out.write("  " + ", ".join(f"{op} {n}" for op, n in counts.most_common()) + "\n")
 
 
+def sass_hash(sass: str) -> str:
+    """A hash of the instructions and branch labels of `sass` (nvdisasm text), without the
+    header lines, which name the cubin rather than its code."""
+    kept = [
+        line.strip() for line in sass.splitlines() if _INSTRUCTION.match(line) or _LABEL.match(line)
+    ]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
+
+
+def _hash_line(label: str, arch: str) -> str:
+    from flashinfer_attn_scores.paged_mqa_logits.kernel_specs import all_kernel_specs
+    from flashinfer_jit import compile_kernel
+
+    spec = next(spec for spec in all_kernel_specs() if spec.label == label)
+    return f"{sass_hash(_sass_of(compile_kernel(spec, arch).cubin))} {label}"
+
+
 def _sass_of(cubin: bytes) -> str:
     from flashinfer_jit.cli import disassemble
 
@@ -91,19 +117,30 @@ def main() -> int:
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--arch", default="sm_90a")
     parser.add_argument("--sass-file", type=Path, help="count this nvdisasm output instead")
+    parser.add_argument(
+        "--sass-hash", action="store_true", help="print a hash of each configuration's SASS"
+    )
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count(), help="with --sass-hash")
     args = parser.parse_args()
     if args.sass_file is not None:
         report(f"{args.sass_file}, unit path", args.sass_file.read_text(), sys.stdout)
         return 0
-    if not args.label:
-        parser.error("give a label or --sass-file")
+    if not args.label and not args.sass_hash:
+        parser.error("give a label, --sass-file or --sass-hash")
 
     from flashinfer_attn_scores.paged_mqa_logits.kernel_specs import all_kernel_specs
     from flashinfer_jit import compile_kernel
 
-    specs = [spec for spec in all_kernel_specs() if spec.label.startswith(args.label)]
+    specs = [spec for spec in all_kernel_specs() if spec.label.startswith(args.label or "")]
     if not specs:
         sys.exit(f"no configuration's label starts with {args.label!r}")
+    if args.sass_hash:
+        if args.defines:
+            parser.error("--sass-hash hashes the configurations as registered; drop -D")
+        with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+            for line in pool.map(_hash_line, [spec.label for spec in specs], repeat(args.arch)):
+                print(line, flush=True)
+        return 0
     for spec in specs:
         if args.defines:
             spec = spec.with_defines(**dict(_define(text) for text in args.defines))
