@@ -695,13 +695,16 @@ using Epi2 = __half2;
 
 __device__ __forceinline__ Epi2 epi2_from_bits(const uint32_t& bits) { return *reinterpret_cast<const Epi2*>(&bits); }
 
+// The packing conversion of two floats to Epi2, `modifier` "" or ".relu" (a string literal).
+#if EPI_DTYPE == 2
+#define EPI2_CVT(modifier) "cvt.rn" modifier ".bf16x2.f32 %0, %1, %2;"
+#else
+#define EPI2_CVT(modifier) "cvt.rn" modifier ".f16x2.f32 %0, %1, %2;"
+#endif
+
 __device__ __forceinline__ Epi2 to_epi2(float lo, float hi) {
   uint32_t bits;
-#if EPI_DTYPE == 2
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-#endif
+  asm(EPI2_CVT("") : "=r"(bits) : "f"(hi), "f"(lo));
   return epi2_from_bits(bits);
 }
 
@@ -711,13 +714,10 @@ __device__ __forceinline__ Epi2 to_epi2(float lo, float hi) {
 // relu and the float32 epilogue (HMNMX2 would have turned it into 0).
 __device__ __forceinline__ Epi2 relu_pack(float lo, float hi) {
   uint32_t bits;
-#if EPI_DTYPE == 2
-  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-#endif
+  asm(EPI2_CVT(".relu") : "=r"(bits) : "f"(hi), "f"(lo));
   return epi2_from_bits(bits);
 }
+#undef EPI2_CVT
 #endif
 #if OUT_DTYPE == 2
 using Out = __nv_bfloat16;
