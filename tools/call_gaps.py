@@ -21,6 +21,19 @@ FP8 kernel's header), from which, in us from the call's first CTA entry (after t
 and, per number of requests in a CTA's range of the schedule, the CTAs' streaming time (first
 full stage to consumer 0's exit): what a request switch inside a CTA's run costs. Medians over
 the calls after the first of each replay (the first waits for the host) and over the replays.
+
+What balancing the CTAs' work could gain, from the same stamps (each CTA streaming at its own
+measured rate, its work movable at no cost):
+
+    bal_all       the span if all CTAs shared one pool of units: the median first full stage
+                  plus the harmonic mean of the streaming times
+    bal_group     the span if each group of `--cluster` CTAs (blockIdx 2i, 2i+1, ... for
+                  --cluster 2) shared its units: the latest group's first full stage plus the
+                  harmonic mean of its streaming times (the span itself with --cluster 1)
+
+`--cluster N` launches both graphs in clusters of N CTAs (the `EXP_CLUSTER` launch knob), so a
+group is what the hardware co-schedules in one GPC; `entry_max` then shows whether every
+cluster found room at once (a CTA entering after others exit means a second wave).
 """
 
 from __future__ import annotations
@@ -51,7 +64,22 @@ def _period_us(calls, replays: int) -> float:
     return check.bench(lambda: [call() for call in calls], iters=replays) * 1e6 / len(calls)
 
 
-def _timeline(calls, cases, stamps, replays: int) -> dict:
+def _harmonic_mean(values: list[float]) -> float:
+    return len(values) / sum(1.0 / max(v, 1e-3) for v in values)
+
+
+def _balanced_spans(starts: list[float], streaming: list[float], group: int) -> tuple[float, float]:
+    """(bal_all, bal_group): the spans if the CTAs, or each group of `group` consecutive CTAs,
+    shared their units, each CTA keeping its measured streaming rate."""
+    bal_all = statistics.median(starts) + _harmonic_mean(streaming)
+    bal_group = max(
+        max(starts[i : i + group]) + _harmonic_mean(streaming[i : i + group])
+        for i in range(0, len(starts), group)
+    )
+    return bal_all, bal_group
+
+
+def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
     for call in calls:
         call()
     torch.cuda.synchronize()
@@ -87,6 +115,9 @@ def _timeline(calls, cases, stamps, replays: int) -> dict:
             add("q_held_med", float((t[:, 5] - first).median()))
             add("staged_med", float((t[:, 6] - first).median()))
             streaming = (t[:, 3] - t[:, 7]).tolist()  # first full stage to consumer 0's exit
+            bal_all, bal_group = _balanced_spans((t[:, 7] - first).tolist(), streaming, group)
+            add("bal_all", bal_all)
+            add("bal_group", bal_group)
             for requests, duration in zip(requests_per_cta[i], streaming):
                 by_requests.setdefault(requests, []).append(duration)
             if i + 1 < len(calls):
@@ -121,7 +152,11 @@ def main() -> int:
         "--pdl-order", default="1,0", help="PDL settings in the order measured, e.g. 0,1,0,1"
     )
     parser.add_argument("--shapes", help="next_n:block:B:L,... (default: the SHAPES list)")
+    parser.add_argument(
+        "--cluster", type=int, default=1, help="launch in clusters of this many CTAs (1: none)"
+    )
     args = parser.parse_args()
+    launch = (("EXP_CLUSTER", args.cluster),) if args.cluster > 1 else ()
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
@@ -137,6 +172,9 @@ def main() -> int:
         "producer_med",
         "end_min",
         "end_med",
+        "entry_max",
+        "bal_all",
+        "bal_group",
     )
     print(
         "next_n bs    B      L   PDL  period " + " ".join(f"{c:>12}" for c in columns) + "   (us)"
@@ -148,14 +186,14 @@ def main() -> int:
         ]
         for pdl in args.pdl_order.split(","):
             os.environ["FLASHINFER_PDL"] = pdl
-            plain = [check.fp8_call(case, None) for case in cases]
+            plain = [check.fp8_call(case, None, launch) for case in cases]
             stamps = [torch.zeros(ctas, 8, dtype=torch.int64, device="cuda") for _ in cases]
             stamped = [
-                check.fp8_call(case, None, (("EXP_TIMESTAMPS", 2),), schedule_rows_out=s)
+                check.fp8_call(case, None, (("EXP_TIMESTAMPS", 2), *launch), schedule_rows_out=s)
                 for case, s in zip(cases, stamps)
             ]
             period = _period_us(plain, args.replays)
-            timeline = _timeline(stamped, cases, stamps, args.replays)
+            timeline = _timeline(stamped, cases, stamps, args.replays, args.cluster)
             print(
                 f"{next_n:6d} {block_size:2d} {batch:4d} {avg:6d} {pdl:>5} {period:7.2f} "
                 + " ".join(f"{timeline[c]:12.2f}" for c in columns)

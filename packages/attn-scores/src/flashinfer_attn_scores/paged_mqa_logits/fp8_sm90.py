@@ -453,9 +453,13 @@ def launch_parts(
 
     kernel = load_kernel(config.spec, q.device)
     grid, _, rows_out = schedule_arguments(schedule_meta, q.device, schedule_rows_out)
+    # EXP_CLUSTER (measurement only, tools/call_gaps.py --cluster): launch in clusters of that
+    # many CTAs along x; the kernel itself uses no cluster feature.
+    cluster = dict(config.experiment).get("EXP_CLUSTER")
     launch_kernel = kernel.prepare_launch(
         grid,
         config.threads,
+        cluster=(cluster, 1, 1) if cluster else None,
         shared_mem=config.shared_memory_bytes(config.stages),
         programmatic=programmatic_launch_enabled(),
         devices_checked=devices_checked,
