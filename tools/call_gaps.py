@@ -31,7 +31,8 @@ measured rate, its work movable at no cost):
                   --cluster 2) shared its units: the latest group's first full stage plus the
                   harmonic mean of its streaming times (the span itself with --cluster 1)
 
-`--cluster N` launches both graphs in clusters of N CTAs (the `EXP_CLUSTER` launch knob), so a
+`--define NAME=VALUE` (repeatable) compiles both graphs' kernels with that define, e.g. a
+measurement knob. `--cluster N` launches both graphs in clusters of N CTAs (the `EXP_CLUSTER` launch knob), so a
 group is what the hardware co-schedules in one GPC; `entry_max` then shows whether every
 cluster found room at once (a CTA entering after others exit means a second wave).
 """
@@ -155,8 +156,18 @@ def main() -> int:
     parser.add_argument(
         "--cluster", type=int, default=1, help="launch in clusters of this many CTAs (1: none)"
     )
+    parser.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a kernel define for both graphs (a measurement knob such as EXP_SWITCH_Q=1)",
+    )
     args = parser.parse_args()
     launch = (("EXP_CLUSTER", args.cluster),) if args.cluster > 1 else ()
+    for define in args.define:
+        name, _, value = define.partition("=")
+        launch += ((name, int(value)),)
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
