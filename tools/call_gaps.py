@@ -100,7 +100,10 @@ def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
             s.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        timelines = [s.cpu().double() / 1e3 for s in stamps]  # us
+        # us; in int64 until a base is subtracted (%globaltimer counts ns since an epoch,
+        # ~1.7e18, where a double's step is 256 ns)
+        base = min(int(s[:, 0].min()) for s in stamps)
+        timelines = [(s.cpu() - base).double() / 1e3 for s in stamps]
         for i in range(1, len(calls)):  # the first call of a replay waits for the host
             t = timelines[i]
             first = float(t[:, 0].min())

@@ -67,6 +67,23 @@ using Registers = RegisterSplit<kProducerRegs>;
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
+// EXP_STAMP_WALK (with EXP_TIMESTAMPS=2): slot 6 is producer warp 0 past its setmaxnreg (2), or
+// past that and its walker's start, just before its first block-table read (1), or thread 0
+// right after the rows' reading (3: the timer's own resolution), instead of staging warp 1
+// done with the first request.
+#ifndef EXP_STAMP_WALK
+#define EXP_STAMP_WALK 0
+#endif
+// The readings are kept in shared memory and written out at the kernel's end, so no global
+// store sits between a reading and the work it times. Two readings one instruction apart read
+// 0.8-1.0 us apart in the median (EXP_STAMP_WALK=3, H200, 2026-11-30): %globaltimer does not
+// resolve steps under about 1 us here.
+#if EXP_TIMESTAMPS
+__shared__ unsigned long long stamp_slots[8];
+__device__ __forceinline__ void stamp(int slot, unsigned long long value) { stamp_slots[slot] = value; }
+#else
+__device__ __forceinline__ void stamp(int, unsigned long long) {}
+#endif
 // EXP_PHASES=1: schedule_rows_out receives 64 64-bit slots per CTA, the consumer warpgroups'
 // cycles per phase (ConsumerPhases) and then the producer warps' (run_producer).
 
@@ -205,7 +222,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
     if (EXP_TIMESTAMPS == 2 && first_issue) {  // warp 0's first copy (lane 0 issues)
       first_issue = false;
-      if (threadIdx.x == 0) phases[8 * blockIdx.x + 4] = globaltimer();
+      if (threadIdx.x == 0) stamp(4, globaltimer());
     }
     mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
 #pragma unroll
@@ -224,9 +241,9 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   };
   auto stage_q_stamped = [&](int b, int slot, int part) {
     stage_q(b, slot, part);
-    if (EXP_TIMESTAMPS == 2 && first_staging) {  // staging warp 1 done with the first request
+    if (EXP_TIMESTAMPS == 2 && !EXP_STAMP_WALK && first_staging) {  // staging warp 1 done with the first request
       first_staging = false;
-      if (threadIdx.x == 32) phases[8 * blockIdx.x + 6] = globaltimer();
+      if (threadIdx.x == 32) stamp(6, globaltimer());
     }
   };
   run_producer(walk, block_tables, block_table_stride, bars, stage_q_stamped, issue,
@@ -433,7 +450,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       [&](int stage, int slot, const UnitWalker& unit) {
         if (EXP_TIMESTAMPS == 2 && first_unit) {  // the CTA's first full stage
           first_unit = false;
-          if (threadIdx.x == 128) phases[8 * blockIdx.x + 7] = globaltimer();
+          if (threadIdx.x == 128) stamp(7, globaltimer());
         }
         if (EXP_SKIP_MATH) {
           math.skip_math(stage, unit.b, unit.u);
@@ -447,7 +464,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       },
       [&](const UnitWalker& request, int slot) {
         if (EXP_TIMESTAMPS == 2 && first_unit && threadIdx.x == 128) {  // the first q slot held
-          phases[8 * blockIdx.x + 5] = globaltimer();
+          stamp(5, globaltimer());
         }
         math.enter_request(slot, request.b);
       });
@@ -472,13 +489,13 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     prefetch_tensor_map(&kv_map);
     bars.init();
   }
+  if (EXP_TIMESTAMPS && threadIdx.x < 8) stamp(threadIdx.x, 0);
   // No global memory is read or written before this point: with PDL this kernel may start
   // while the previous one is still writing q, seq_lens, the block table or the output.
   pdl_wait();
-  unsigned long long* stamps = reinterpret_cast<unsigned long long*>(schedule_rows_out) + 8 * blockIdx.x;
   if (EXP_TIMESTAMPS && threadIdx.x == 0) {
-    stamps[0] = globaltimer();
-    if (NUM_CONSUMERS <= 4 && EXP_TIMESTAMPS != 2) stamps[7] = sm_id();
+    stamp(0, globaltimer());
+    if (NUM_CONSUMERS <= 4 && EXP_TIMESTAMPS != 2) stamp(7, sm_id());
   }
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
   // scratch is stage 0's KV tile, which no copy has touched yet.
@@ -486,7 +503,8 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                                   EXP_TIMESTAMPS || EXP_PHASES ? nullptr : schedule_rows_out, bars.schedule_rows,
                                   smem + SharedLayout::kKv);
   __syncthreads();
-  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[1] = globaltimer();
+  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamp(1, globaltimer());
+  if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 3 && threadIdx.x == 0) stamp(6, globaltimer());
   if (EXP_EXIT == 2) return;
 
   // Each role starts its own walker after setmaxnreg, so nothing is live across the
@@ -495,18 +513,26 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     Registers::enter_producer();
+    if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 2 && threadIdx.x == 0) stamp(6, globaltimer());
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
+      if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 1 && threadIdx.x == 0) stamp(6, globaltimer());
       producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, walk, smem,
                reinterpret_cast<long long*>(schedule_rows_out));
-      if (EXP_TIMESTAMPS && threadIdx.x == 0) stamps[2] = globaltimer();
+      if (EXP_TIMESTAMPS && threadIdx.x == 0) stamp(2, globaltimer());
     }
   } else {
     Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
     consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
     if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0 && (EXP_TIMESTAMPS == 1 || warpgroup == 1)) {
-      stamps[2 + warpgroup] = globaltimer();
+      stamp(2 + warpgroup, globaltimer());
     }
   }
+#if EXP_TIMESTAMPS
+  __syncthreads();
+  if (threadIdx.x < 8) {
+    reinterpret_cast<unsigned long long*>(schedule_rows_out)[8 * blockIdx.x + threadIdx.x] = stamp_slots[threadIdx.x];
+  }
+#endif
 }
