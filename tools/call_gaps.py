@@ -31,7 +31,9 @@ measured rate, its work movable at no cost):
                   --cluster 2) shared its units: the latest group's first full stage plus the
                   harmonic mean of its streaming times (the span itself with --cluster 1)
 
-`--define NAME=VALUE` (repeatable) compiles both graphs' kernels with that define, e.g. a
+`--clock` adds, per shape, the median CTA's SM cycles (%clock64, exact inside one CTA) from its
+rows known to its walker start, first copy, first q slot held, first full stage and consumer 0's
+exit: %globaltimer does not resolve steps under about 1 us. `--define NAME=VALUE` (repeatable) compiles both graphs' kernels with that define, e.g. a
 measurement knob. `--cluster N` launches both graphs in clusters of N CTAs (the `EXP_CLUSTER` launch knob), so a
 group is what the hardware co-schedules in one GPC; `entry_max` then shows whether every
 cluster found room at once (a CTA entering after others exit means a second wave).
@@ -133,6 +135,38 @@ def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
     return result
 
 
+CLOCK_COLUMNS = (  # (name, slot) under EXP_STAMP_CLOCK=1 with EXP_STAMP_WALK=1
+    ("walker", 6),  # producer warp 0 past setmaxnreg and its walker's start
+    ("first_copy", 4),
+    ("q_held", 5),
+    ("first_full", 7),
+    ("c0_exit", 3),
+)
+
+
+def _cycles(calls, stamps, replays: int) -> dict:
+    """`--clock`: per CTA, SM cycles from its rows known (slot 1) to each CLOCK_COLUMNS reading;
+    the median CTA's, median over the calls after the first of each replay and the replays."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    samples: dict[str, list[float]] = {name: [] for name, _ in CLOCK_COLUMNS}
+    for _ in range(replays):
+        for s in stamps:
+            s.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for s in stamps[1:]:
+            t = s.cpu()
+            for name, slot in CLOCK_COLUMNS:
+                samples[name].append(float((t[:, slot] - t[:, 1]).double().median()))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def _requests_per_cta(seq_lens: torch.Tensor) -> list[int]:
     """How many requests each CTA's range of the schedule touches."""
     from flashinfer_schedule import compute_paged_mqa_logits_schedule
@@ -165,6 +199,11 @@ def main() -> int:
         default=[],
         metavar="NAME=VALUE",
         help="a kernel define for both graphs (a measurement knob such as EXP_SWITCH_Q=1)",
+    )
+    parser.add_argument(
+        "--clock",
+        action="store_true",
+        help="also print SM cycles from each CTA's rows known to its milestones (EXP_STAMP_CLOCK)",
     )
     args = parser.parse_args()
     launch = (("EXP_CLUSTER", args.cluster),) if args.cluster > 1 else ()
@@ -208,6 +247,26 @@ def main() -> int:
             ]
             period = _period_us(plain, args.replays)
             timeline = _timeline(stamped, cases, stamps, args.replays, args.cluster)
+            if args.clock:
+                clocked = [
+                    check.fp8_call(
+                        case,
+                        None,
+                        (
+                            ("EXP_TIMESTAMPS", 2),
+                            ("EXP_STAMP_CLOCK", 1),
+                            ("EXP_STAMP_WALK", 1),
+                            *launch,
+                        ),
+                        schedule_rows_out=s,
+                    )
+                    for case, s in zip(cases, stamps)
+                ]
+                cycles = _cycles(clocked, stamps, args.replays)
+                print(
+                    "    SM cycles from rows known (median CTA): "
+                    + ", ".join(f"{name} {value:.0f}" for name, value in cycles.items())
+                )
             print(
                 f"{next_n:6d} {block_size:2d} {batch:4d} {avg:6d} {pdl:>5} {period:7.2f} "
                 + " ".join(f"{timeline[c]:12.2f}" for c in columns)

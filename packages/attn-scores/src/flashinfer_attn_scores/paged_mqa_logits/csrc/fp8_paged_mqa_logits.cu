@@ -59,25 +59,33 @@ using Registers = RegisterSplit<kProducerRegs>;
 #define EXP_EXIT 0
 #endif
 // EXP_TIMESTAMPS=1: schedule_rows_out receives, per CTA, 8 globaltimer readings (ns) instead of
-// the schedule rows: entry (after the PDL wait), rows known, then the exit of the producer warp and of each
+// the schedule rows: entry (after the PDL wait) and rows known (both by the last consumer warp), then the exit of the producer warp and of each
 // consumer warpgroup; with at most 4 consumer warpgroups the last reading is the SM's id instead
 // (EXP_TIMESTAMPS=2, a finer start: only consumer warpgroup 0's exit, in slot 3; slot 4 producer
 // warp 0's first copy, slot 5 consumer 0 holding its first q slot, slot 6 staging warp 1 done
-// with the first request, slot 7 consumer 0 finding its first stage full).
+// with the first request, slot 7 consumer 0 finding its first stage full; those four are held
+// in registers and stored when their role is done).
 #ifndef EXP_TIMESTAMPS
 #define EXP_TIMESTAMPS 0
 #endif
-// EXP_STAMP_WALK (with EXP_TIMESTAMPS=2): slot 6 is producer warp 0 past its setmaxnreg (2), or
-// past that and its walker's start, just before its first block-table read (1), or thread 0
-// right after the rows' reading (3: the timer's own resolution), instead of staging warp 1
-// done with the first request.
+// EXP_STAMP_WALK (with EXP_TIMESTAMPS=2): reading 6 is, instead of staging warp 1 done with the
+// first request, producer warp 0 past its walker's start, just before its first block-table
+// read (1), or past its setmaxnreg (2); 3 and 4 check the readings themselves: thread 0 reads
+// again right after storing the rows reading (3), or reads twice before storing either (4). On
+// the H200 (2026-11-30) 4 read 2 cycles apart and 3 about 1400-1900: the store after
+// __syncthreads waited that long to read its register, and the next reading, which reuses the
+// register, waited for it. So a reading's own store can delay what the same thread does next.
 #ifndef EXP_STAMP_WALK
 #define EXP_STAMP_WALK 0
 #endif
 // The readings are kept in shared memory and written out at the kernel's end, so no global
-// store sits between a reading and the work it times. Two readings one instruction apart read
-// 0.8-1.0 us apart in the median (EXP_STAMP_WALK=3, H200, 2026-11-30): %globaltimer does not
-// resolve steps under about 1 us here.
+// store sits between a reading and the work it times.
+// EXP_STAMP_CLOCK=1: every reading is the SM's cycle counter (%clock64) instead, exact for
+// intervals inside one CTA, not comparable between SMs.
+#ifndef EXP_STAMP_CLOCK
+#define EXP_STAMP_CLOCK 0
+#endif
+__device__ __forceinline__ unsigned long long reading() { return EXP_STAMP_CLOCK ? clock64() : globaltimer(); }
 #if EXP_TIMESTAMPS
 __shared__ unsigned long long stamp_slots[8];
 __device__ __forceinline__ void stamp(int slot, unsigned long long value) { stamp_slots[slot] = value; }
@@ -218,12 +226,11 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     }
 #endif
   };
-  bool first_issue = true, first_staging = true;
+  // EXP_TIMESTAMPS=2: readings are held in registers and stored once the role is done (a
+  // reading's store can hold its thread back; see EXP_STAMP_WALK).
+  unsigned long long first_issue_at = 0, first_staged_at = 0;
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
-    if (EXP_TIMESTAMPS == 2 && first_issue) {  // warp 0's first copy (lane 0 issues)
-      first_issue = false;
-      if (threadIdx.x == 0) stamp(4, globaltimer());
-    }
+    if (EXP_TIMESTAMPS == 2 && first_issue_at == 0) first_issue_at = reading();  // warp 0's first copy
     mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * (HEAD_DIM + 4));
 #pragma unroll
     for (int s = 0; s < kBoxesPerTile; ++s) {
@@ -241,13 +248,12 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   };
   auto stage_q_stamped = [&](int b, int slot, int part) {
     stage_q(b, slot, part);
-    if (EXP_TIMESTAMPS == 2 && !EXP_STAMP_WALK && first_staging) {  // staging warp 1 done with the first request
-      first_staging = false;
-      if (threadIdx.x == 32) stamp(6, globaltimer());
-    }
+    if (EXP_TIMESTAMPS == 2 && first_staged_at == 0) first_staged_at = reading();  // staging warp 1 done with the first request
   };
   run_producer(walk, block_tables, block_table_stride, bars, stage_q_stamped, issue,
                EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
+  if (EXP_TIMESTAMPS == 2 && threadIdx.x == 0) stamp(4, first_issue_at);
+  if (EXP_TIMESTAMPS == 2 && !EXP_STAMP_WALK && threadIdx.x == 32) stamp(6, first_staged_at);
 }
 
 // A consumer warpgroup's math: the MMAs of one unit, and the epilogue.
@@ -444,14 +450,11 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
                                          uint8_t* smem, long long* phases) {
   ConsumerMath math(smem, out, out_stride);
   ConsumerPhases timing;
-  bool first_unit = true;
+  unsigned long long first_q_at = 0, first_full_at = 0;  // EXP_TIMESTAMPS=2, stored at the end
   run_consumer(
       consumer_index, walk, math.bars,
       [&](int stage, int slot, const UnitWalker& unit) {
-        if (EXP_TIMESTAMPS == 2 && first_unit) {  // the CTA's first full stage
-          first_unit = false;
-          if (threadIdx.x == 128) stamp(7, globaltimer());
-        }
+        if (EXP_TIMESTAMPS == 2 && first_full_at == 0) first_full_at = reading();  // the first full stage
         if (EXP_SKIP_MATH) {
           math.skip_math(stage, unit.b, unit.u);
           return;
@@ -463,12 +466,14 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
         if (EXP_PHASES) timing.unit(start, issued, math.mma_done, clock());
       },
       [&](const UnitWalker& request, int slot) {
-        if (EXP_TIMESTAMPS == 2 && first_unit && threadIdx.x == 128) {  // the first q slot held
-          stamp(5, globaltimer());
-        }
+        if (EXP_TIMESTAMPS == 2 && first_q_at == 0) first_q_at = reading();  // the first q slot held
         math.enter_request(slot, request.b);
       });
   if (EXP_PHASES) timing.store(phases, consumer_index);
+  if (EXP_TIMESTAMPS == 2 && threadIdx.x == 128) {
+    stamp(5, first_q_at);
+    stamp(7, first_full_at);
+  }
 }
 
 }  // namespace
@@ -493,8 +498,11 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   // No global memory is read or written before this point: with PDL this kernel may start
   // while the previous one is still writing q, seq_lens, the block table or the output.
   pdl_wait();
-  if (EXP_TIMESTAMPS && threadIdx.x == 0) {
-    stamp(0, globaltimer());
+  // The call-level readings come from the last consumer warp, which only waits at this point:
+  // thread 0 issues the first KV copy, and a reading's store can hold it back (EXP_STAMP_WALK).
+  constexpr unsigned kStampThread = kThreads - 32;
+  if (EXP_TIMESTAMPS && threadIdx.x == kStampThread) {
+    stamp(0, reading());
     if (NUM_CONSUMERS <= 4 && EXP_TIMESTAMPS != 2) stamp(7, sm_id());
   }
   // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows); the scan's
@@ -503,8 +511,16 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                                   EXP_TIMESTAMPS || EXP_PHASES ? nullptr : schedule_rows_out, bars.schedule_rows,
                                   smem + SharedLayout::kKv);
   __syncthreads();
-  if (EXP_TIMESTAMPS && threadIdx.x == 0) stamp(1, globaltimer());
-  if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 3 && threadIdx.x == 0) stamp(6, globaltimer());
+  if (EXP_TIMESTAMPS && threadIdx.x == kStampThread) stamp(1, reading());
+  if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 3 && threadIdx.x == 0) {
+    stamp(1, reading());
+    stamp(6, reading());
+  }
+  if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 4 && threadIdx.x == 0) {
+    const unsigned long long first = reading(), second = reading();
+    stamp(1, first);
+    stamp(6, second);
+  }
   if (EXP_EXIT == 2) return;
 
   // Each role starts its own walker after setmaxnreg, so nothing is live across the
@@ -513,20 +529,21 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     Registers::enter_producer();
-    if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 2 && threadIdx.x == 0) stamp(6, globaltimer());
+    unsigned long long walk_at = EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 2 ? reading() : 0;
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
       walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
-      if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 1 && threadIdx.x == 0) stamp(6, globaltimer());
+      if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 1) walk_at = reading();
       producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, walk, smem,
                reinterpret_cast<long long*>(schedule_rows_out));
-      if (EXP_TIMESTAMPS && threadIdx.x == 0) stamp(2, globaltimer());
+      if (EXP_TIMESTAMPS && threadIdx.x == 0) stamp(2, reading());
     }
+    if (EXP_TIMESTAMPS == 2 && (EXP_STAMP_WALK == 1 || EXP_STAMP_WALK == 2) && threadIdx.x == 0) stamp(6, walk_at);
   } else {
     Registers::enter_consumer();
     walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
     consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
     if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0 && (EXP_TIMESTAMPS == 1 || warpgroup == 1)) {
-      stamp(2 + warpgroup, globaltimer());
+      stamp(2 + warpgroup, reading());
     }
   }
 #if EXP_TIMESTAMPS
