@@ -19,11 +19,13 @@ class RecordingKernel:
         self.programmatic: list[bool] = []
 
         self.devices_checked: list[bool] = []
+        self.clusters: list = []
 
     def prepare_launch(
-        self, grid, block, *, shared_mem=0, programmatic=False, devices_checked=False
+        self, grid, block, *, cluster=None, shared_mem=0, programmatic=False, devices_checked=False
     ):
         self.devices_checked.append(devices_checked)
+        self.clusters.append(cluster)
 
         def launch(*args):
             self.launches.append((grid, block, args, shared_mem))
@@ -66,6 +68,7 @@ def test_fp8_prepared_launch_passes_the_kernel_signature_in_order(recorded):
     config = fp8_sm90.fp8_config(64, 128, 64, 2, torch.float32, torch.float32, torch.float32)
     assert specs == [config.spec]
     assert kernel.devices_checked == [False]  # by default the jit launch checks devices
+    assert kernel.clusters == [None]  # clusters only under the EXP_CLUSTER measurement knob
     grid, block, args, shared_mem = kernel.launches[0]
     assert (grid, block, shared_mem) == (
         DEFAULT_CPU_NUM_SMS,
