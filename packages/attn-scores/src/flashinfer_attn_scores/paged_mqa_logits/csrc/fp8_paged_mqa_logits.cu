@@ -511,7 +511,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                                   EXP_TIMESTAMPS || EXP_PHASES ? nullptr : schedule_rows_out, bars.schedule_rows,
                                   smem + SharedLayout::kKv);
   __syncthreads();
-  if (EXP_TIMESTAMPS && threadIdx.x == kStampThread) stamp(1, reading());
+  if (EXP_TIMESTAMPS && EXP_STAMP_WALK < 3 && threadIdx.x == kStampThread) stamp(1, reading());
   if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 3 && threadIdx.x == 0) {
     stamp(1, reading());
     stamp(6, reading());
