@@ -82,7 +82,8 @@ def _balanced_spans(starts: list[float], streaming: list[float], group: int) -> 
     return bal_all, bal_group
 
 
-def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
+def _captured(calls) -> torch.cuda.CUDAGraph:
+    """One graph of `calls`, each run once eagerly first (compiles, prepared launches)."""
     for call in calls:
         call()
     torch.cuda.synchronize()
@@ -90,6 +91,20 @@ def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         for call in calls:
             call()
+    return graph
+
+
+def _replayed(graph: torch.cuda.CUDAGraph, stamps) -> list[torch.Tensor]:
+    """The readings of one replay, on the host (the stamp tensors zeroed before it)."""
+    for s in stamps:
+        s.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    return [s.cpu() for s in stamps]
+
+
+def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
+    graph = _captured(calls)
     samples: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -98,14 +113,11 @@ def _timeline(calls, cases, stamps, replays: int, group: int = 1) -> dict:
     by_requests: dict[int, list[float]] = {}
     requests_per_cta = [_requests_per_cta(case["seq_lens"]) for case in cases]
     for _ in range(replays):
-        for s in stamps:
-            s.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
+        readings = _replayed(graph, stamps)
         # us; in int64 until a base is subtracted (%globaltimer counts ns since an epoch,
         # ~1.7e18, where a double's step is 256 ns)
-        base = min(int(s[:, 0].min()) for s in stamps)
-        timelines = [(s.cpu() - base).double() / 1e3 for s in stamps]
+        base = min(int(r[:, 0].min()) for r in readings)
+        timelines = [(r - base).double() / 1e3 for r in readings]
         for i in range(1, len(calls)):  # the first call of a replay waits for the host
             t = timelines[i]
             first = float(t[:, 0].min())
@@ -147,21 +159,10 @@ CLOCK_COLUMNS = (  # (name, slot) under EXP_STAMP_CLOCK=1 with EXP_STAMP_WALK=1
 def _cycles(calls, stamps, replays: int) -> dict:
     """`--clock`: per CTA, SM cycles from its rows known (slot 1) to each CLOCK_COLUMNS reading;
     the median CTA's, median over the calls after the first of each replay and the replays."""
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
+    graph = _captured(calls)
     samples: dict[str, list[float]] = {name: [] for name, _ in CLOCK_COLUMNS}
     for _ in range(replays):
-        for s in stamps:
-            s.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        for s in stamps[1:]:
-            t = s.cpu()
+        for t in _replayed(graph, stamps)[1:]:
             for name, slot in CLOCK_COLUMNS:
                 samples[name].append(float((t[:, slot] - t[:, 1]).double().median()))
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -1152,7 +1152,8 @@ def timestamp_experiments(runs: int = 5, shapes=TIMESTAMP_SHAPES) -> None:
             stamps.zero_()
             call()
             torch.cuda.synchronize()
-            t = (stamps.cpu() - stamps[:, 0].min().cpu()).double() / 1e3  # exact before the cast
+            raw = stamps.cpu()
+            t = (raw - raw[:, 0].min()).double() / 1e3  # exact before the cast
             start = t[:, 0].min()
             end = t[:, 3 : 3 + consumers].amax(dim=1) - start
             quantiles = torch.quantile(end, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64))
@@ -1194,9 +1195,10 @@ def sm_rate_experiments(calls: int = 40) -> None:
             flush.fill_(c)
             call()
             torch.cuda.synchronize()
-            t = (stamps.cpu() - stamps[:, 0].min().cpu()).double()  # slot 7 (%smid) is read apart
+            raw = stamps.cpu()
+            t = (raw - raw[:, 0].min()).double()  # exact before the cast; slot 7 (%smid) apart
             streaming = t[:, 3 : 3 + consumers].amax(dim=1) - t[:, 1]
-            sm = stamps[:, 7].cpu().long()
+            sm = raw[:, 7].long()
             if int(sm.max()) >= ctas:  # PTX allows gaps in %smid; none seen on the H200
                 raise RuntimeError(f"%smid {int(sm.max())} >= {ctas} SMs: index by rank instead")
             pace[c, sm] = streaming / streaming.median()
