@@ -1,30 +1,57 @@
+import bisect
+
 import pytest
 import torch
 from flashinfer_schedule import (
     DEFAULT_CPU_NUM_SMS,
+    SCHEDULE_REQUEST_ENTRY_UNITS,
     compute_paged_mqa_logits_schedule,
     passes_per_token,
 )
 
 TOKENS_PER_UNIT = 64  # the policy's segment size, restated here on purpose
+ENTRY_UNITS = 4  # the policy's charge for entering a request, restated here on purpose
 
 
-def loop_schedule(lens: list[int], num_sms: int, passes: int = 1) -> list[tuple[int, int]]:
-    """Independent reference: walk requests and SM start points with two pointers."""
-    units = [-(-max(n, 0) // TOKENS_PER_UNIT) * passes for n in lens]
-    total = sum(units)
+def unit_counts(lens: list[int], passes: int = 1) -> list[int]:
+    return [-(-max(n, 0) // TOKENS_PER_UNIT) * passes for n in lens]
+
+
+def split_starts(total: int, num_sms: int) -> list[int]:
+    """Virtual start of every SM and the end: sizes differ by at most one, larger first."""
     base, extra = divmod(total, num_sms)
     starts, g = [], 0
     for i in range(num_sms + 1):
         starts.append(g)
         g += base + (1 if i < extra else 0)
+    return starts
+
+
+def loop_schedule(
+    lens: list[int], num_sms: int, passes: int = 1, entry: int = ENTRY_UNITS
+) -> list[tuple[int, int]]:
+    """Independent reference: walk requests and SM start points with two pointers over the
+    virtual positions (`entry` per non-empty request, then one per unit)."""
+    costs = [u + entry if u > 0 else 0 for u in unit_counts(lens, passes)]
     rows, b, begin = [], 0, 0
-    for g in starts:
-        while b < len(units) and begin + units[b] <= g:
-            begin += units[b]
+    for g in split_starts(sum(costs), num_sms):
+        while b < len(costs) and begin + costs[b] <= g:
+            begin += costs[b]
             b += 1
-        rows.append((b, g - begin) if b < len(units) else (len(units), 0))
+        rows.append((b, max(0, g - begin - entry)) if b < len(costs) else (len(costs), 0))
     return rows
+
+
+def expanded_schedule(lens: list[int], num_sms: int, entry: int = ENTRY_UNITS) -> list:
+    """A second reference for small cases: list every virtual position with the unit that
+    holds it (a request's entry positions belong to its unit 0) and read the SM starts off."""
+    owners = []
+    for b, units in enumerate(unit_counts(lens)):
+        if units:
+            owners += [(b, 0)] * entry + [(b, u) for u in range(units)]
+    return [
+        owners[g] if g < len(owners) else (len(lens), 0) for g in split_starts(len(owners), num_sms)
+    ]
 
 
 def schedule_rows(lens, num_sms, **kw):
@@ -34,41 +61,72 @@ def schedule_rows(lens, num_sms, **kw):
     return [tuple(r) for r in sched.tolist()]
 
 
-def check_covers_every_unit_once(lens, rows, num_sms):
-    """Rows i..i+1 of each SM must tile [0, total) with per-SM sizes differing by <= 1."""
-    units = [-(-n // TOKENS_PER_UNIT) for n in lens]
-    begin = [0]
+def check_each_unit_goes_to_its_last_position(lens, rows, num_sms):
+    """The rows tile every unit once, in order, and unit u of request b belongs to the SM whose
+    even share of the virtual positions holds the unit's last position."""
+    units = unit_counts(lens)
+    first_unit = [0]  # global index of each request's unit 0
     for u in units:
-        begin.append(begin[-1] + u)
-    total = begin[-1]
-    global_starts = []
+        first_unit.append(first_unit[-1] + u)
+    global_rows = []
     for b, u in rows:
         if b == len(lens):
             assert u == 0
         else:
             assert 0 <= u < units[b], f"row ({b}, {u}) points outside request {b}'s units"
-        global_starts.append(begin[b] + u)
-    assert global_starts[0] == 0
-    assert global_starts[-1] == total
-    sizes = [global_starts[i + 1] - global_starts[i] for i in range(num_sms)]
-    assert all(s >= 0 for s in sizes)
-    assert sum(sizes) == total
-    assert max(sizes) - min(sizes) <= 1
+        global_rows.append(first_unit[b] + u)
+    assert global_rows[0] == 0 and global_rows[-1] == first_unit[-1]
+    assert global_rows == sorted(global_rows)
+    costs = [u + ENTRY_UNITS if u else 0 for u in units]
+    starts = split_starts(sum(costs), num_sms)
+    begin = 0
+    for b, count in enumerate(units):
+        for u in range(count):
+            last = begin + ENTRY_UNITS + u  # the unit's last (for u > 0 its only) position
+            sm = bisect.bisect_right(starts, last) - 1  # the last SM starting at or before it
+            g = first_unit[b] + u
+            assert global_rows[sm] <= g < global_rows[sm + 1], (b, u, sm)
+        begin += costs[b]
+
+
+def test_the_entry_charge_is_the_measured_one():
+    assert SCHEDULE_REQUEST_ENTRY_UNITS == ENTRY_UNITS
 
 
 def test_hand_computed_small_case():
-    # units: ceil(100/64)=2, 0, ceil(300/64)=5 -> 7 units over 4 SMs: 2, 2, 2, 1.
-    assert schedule_rows([100, 0, 300], 4) == [(0, 0), (2, 0), (2, 2), (2, 4), (3, 0)]
+    # units 2, 0, 5 -> costs 6, 0, 9 (4 entry positions each), total 15 over 4 SMs: 4, 4, 4, 3,
+    # starts 0, 4, 8, 12, 15. Position 4 is request 0's unit 0 (entry 0-3, unit 0 at 4), so
+    # SM 0 holds only entry positions and starts where SM 1 does. Position 8 is request 2's
+    # entry (6-9), 12 its unit 2 (10 + 2).
+    assert schedule_rows([100, 0, 300], 4) == [(0, 0), (0, 0), (2, 0), (2, 2), (3, 0)]
+
+
+def test_hand_computed_two_requests():
+    # 10 units each -> costs 14, 14, total 28 over 4 SMs: 7 each, starts 0, 7, 14, 21, 28.
+    # SM 0 and SM 2 pay an entry and stream 3 units, SM 1 and SM 3 stream 7.
+    assert schedule_rows([640, 640], 4) == [(0, 0), (0, 3), (1, 0), (1, 3), (2, 0)]
+
+
+def test_hand_computed_three_requests():
+    # 8 units each -> costs 12, 12, 12, total 36 over 4 SMs: 9 each, starts 0, 9, 18, 27, 36.
+    # SM 0 streams units 0-4 of request 0; SM 1 units 5-7 of request 0 and 0-1 of request 1
+    # (5 units and a switch); SM 2 units 2-7 of request 1, charged request 2's entry positions
+    # 24-26; SM 3 starts on request 2's last entry position (27) and
+    # streams all 8 of its units. Without the charge, 6 units each and SMs 1 and 2 switch.
+    rows = schedule_rows([512, 512, 512], 4)
+    assert rows == [(0, 0), (0, 5), (1, 2), (2, 0), (3, 0)]
 
 
 def test_hand_computed_zero_lengths_between():
-    # units: 0, 1, 0, 0, 2, 0 -> 3 units over 3 SMs, one each; boundaries skip empty requests.
-    assert schedule_rows([0, 64, 0, 0, 65, 0], 3) == [(1, 0), (4, 0), (4, 1), (6, 0)]
+    # units 0, 1, 0, 0, 2, 0 -> costs 0, 5, 0, 0, 6, 0, total 11 over 3 SMs: 4, 4, 3, starts 0,
+    # 4, 8, 11; positions 0 and 4 are request 1's, 8 is request 4's entry.
+    assert schedule_rows([0, 64, 0, 0, 65, 0], 3) == [(1, 0), (1, 0), (4, 0), (6, 0)]
 
 
-def test_hand_computed_fewer_units_than_sms():
-    # 2 units over 4 SMs: SMs 0 and 1 take one each, SMs 2 and 3 start at the sentinel.
-    assert schedule_rows([1, 64], 4) == [(0, 0), (1, 0), (2, 0), (2, 0), (2, 0)]
+def test_hand_computed_fewer_positions_than_sms():
+    # costs 5, 5 over 12 SMs: one position each for SMs 0-9; SMs 4 and 9 hold the units.
+    rows = schedule_rows([1, 64], 12)
+    assert rows == [(0, 0)] * 5 + [(1, 0)] * 5 + [(2, 0)] * 3
 
 
 def test_all_zero_lengths_give_sentinel_rows():
@@ -80,13 +138,13 @@ def test_empty_batch_gives_sentinel_rows():
 
 
 def test_one_huge_request():
-    # ceil((2**31 - 1) / 64) = 2**25 = 33554432 units; 132 SMs -> 254200 each, the first 32
-    # SMs take one more.
+    # ceil((2**31 - 1) / 64) = 2**25 units, cost 2**25 + 4 = 33554436 over 132 SMs: 254200
+    # each and the first 36 SMs one more. Row i is unit g(i) - 4, g(i) = 254200 i + min(i, 36).
     rows = schedule_rows([2**31 - 1], 132)
     assert rows[0] == (0, 0)
-    assert rows[1] == (0, 254201)
-    assert rows[32] == (0, 8134432)
-    assert rows[33] == (0, 8388632)
+    assert rows[1] == (0, 254197)
+    assert rows[36] == (0, 9151232)
+    assert rows[37] == (0, 9405432)
     assert rows[131] == (0, 33300232)
     assert rows[132] == (1, 0)
 
@@ -105,7 +163,8 @@ def test_matches_loop_reference(batch_size, num_sms):
     lens_list = lens.tolist()
     rows = schedule_rows(lens_list, num_sms)
     assert rows == loop_schedule(lens_list, num_sms)
-    check_covers_every_unit_once(lens_list, rows, num_sms)
+    assert rows == expanded_schedule(lens_list, num_sms)
+    check_each_unit_goes_to_its_last_position(lens_list, rows, num_sms)
 
 
 def test_large_batch_100k():
@@ -113,7 +172,7 @@ def test_large_batch_100k():
     lens = torch.randint(0, 300, (100_000,), generator=gen, dtype=torch.int32).tolist()
     rows = schedule_rows(lens, 132)
     assert rows == loop_schedule(lens, 132)
-    check_covers_every_unit_once(lens, rows, 132)
+    check_each_unit_goes_to_its_last_position(lens, rows, 132)
 
 
 @pytest.mark.parametrize(("variant", "next_n"), [("fp8", 1), ("fp8", 2), ("fp4", 4)])

@@ -2,6 +2,7 @@
 
 from flashinfer_schedule.schedule import (
     DEFAULT_CPU_NUM_SMS,
+    SCHEDULE_REQUEST_ENTRY_UNITS,
     SCHEDULE_TOKENS_PER_UNIT,
     compute_paged_mqa_logits_schedule,
     device_num_sms,
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CPU_NUM_SMS",
+    "SCHEDULE_REQUEST_ENTRY_UNITS",
     "SCHEDULE_TOKENS_PER_UNIT",
     "__version__",
     "compute_paged_mqa_logits_schedule",

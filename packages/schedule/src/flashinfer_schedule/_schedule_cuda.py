@@ -12,27 +12,34 @@ _THREADS = 1024
 
 
 @functools.cache
-def schedule_kernel_spec(tokens_per_unit: int):
+def schedule_kernel_spec(tokens_per_unit: int, entry_units: int):
     from flashinfer_jit import KernelSpec
 
     return KernelSpec.make(
-        "paged_mqa_logits_schedule", _SOURCE, {"TOKENS_PER_UNIT": tokens_per_unit}
+        "paged_mqa_logits_schedule",
+        _SOURCE,
+        {"TOKENS_PER_UNIT": tokens_per_unit, "ENTRY_UNITS": entry_units},
     )
 
 
 def all_kernel_specs():
     """Every configuration CI compiles for sm_90a (entry point `flashinfer_jit.kernels`)."""
-    from .schedule import SCHEDULE_TOKENS_PER_UNIT
+    from .schedule import SCHEDULE_REQUEST_ENTRY_UNITS, SCHEDULE_TOKENS_PER_UNIT
 
-    return [schedule_kernel_spec(SCHEDULE_TOKENS_PER_UNIT)]
+    return [schedule_kernel_spec(SCHEDULE_TOKENS_PER_UNIT, SCHEDULE_REQUEST_ENTRY_UNITS)]
 
 
 def launch_schedule_kernel(
-    seq_lens: torch.Tensor, num_sms: int, passes: int, tokens_per_unit: int, out: torch.Tensor
+    seq_lens: torch.Tensor,
+    num_sms: int,
+    passes: int,
+    tokens_per_unit: int,
+    entry_units: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     from flashinfer_jit import i32, i64, load_kernel
 
-    kernel = load_kernel(schedule_kernel_spec(tokens_per_unit), seq_lens.device)
+    kernel = load_kernel(schedule_kernel_spec(tokens_per_unit, entry_units), seq_lens.device)
     kernel.launch(
         1,
         _THREADS,

@@ -5,20 +5,35 @@ Policy (the SM90 kernels consume exactly this; every constant lives in this modu
 * Each request `b` is cut into work units of `SCHEDULE_TOKENS_PER_UNIT` (64) KV tokens, and a
   unit is visited `passes_per_token(variant, next_n)` times, so the request contributes
   `units_b = ceil(seq_lens[b] / 64) * passes` units. A zero-length request contributes none.
-* The `total = sum_b units_b` units, taken in request order, are split into `num_sms`
+* Entering a request costs a CTA about as much as streaming a few units (its block-table
+  row and first pages are dependent reads), so every non-empty request is charged
+  `cost_b = units_b + SCHEDULE_REQUEST_ENTRY_UNITS` virtual units: `E` virtual units of
+  entry, then one per unit. Unit 0 spans the entry and its own virtual unit.
+* The `total = sum_b cost_b` virtual units, taken in request order, are split into `num_sms`
   contiguous ranges whose sizes differ by at most one (the first `total % num_sms` SMs take
-  one unit more). SM `i` starts at global unit `g_i = (total // num_sms) * i +
+  one more). SM `i` starts at virtual position `g_i = (total // num_sms) * i +
   min(i, total % num_sms)` and stops where SM `i + 1` starts.
-* Row `i` of the schedule is `(request, unit within that request)` of global unit `g_i`. When
-  `g_i` sits on a request boundary the row names the next request that has work (zero-length
-  requests are skipped). A global index equal to `total` is written as `(batch_size, 0)`,
-  which is also the sentinel in the last row `num_sms`.
+* Row `i` of the schedule is the unit holding position `g_i`: `(b, max(0, g_i - begin_b - E))`
+  for the request `b` with `begin_b <= g_i < begin_b + cost_b` (`begin_b` the sum of the
+  earlier requests' costs), so zero-length requests are skipped. Equivalently, each unit goes
+  to the SM whose range holds the unit's last virtual position. `g_i == total` is written as
+  `(batch_size, 0)`, which is also the sentinel in the last row `num_sms`.
 
-Picture (`num_sms = 4`, units per request `[2, 0, 5]`, total 7, split 2/2/2/1):
+A CTA whose range crosses into another request therefore streams about `E` units fewer than
+one that stays inside a request: with an even split of plain units, the CTAs that switch
+requests set the call's time (kernel notes, thirty-fourth round).
 
-    global unit   0   1 | 2   3 | 4   5 | 6 | end
-    request       0   0 | 2   2 | 2   2 | 2 |
-    rows          (0,0)  (2,0)   (2,2)   (2,4) (3,0)
+Picture (`num_sms = 4`, `E = 2`, units per request `[2, 0, 5]`, costs `[4, 0, 7]`, total 11,
+split 3/3/3/2; `e` marks an entry position, a digit the unit a position belongs to):
+
+    virtual       0  1  2  3 | 4  5  6  7  8  9 10 | end
+    request b     0  0  0  0 | 2  2  2  2  2  2  2 |
+    unit          e  e  0  1 | e  e  0  1  2  3  4 |
+    SM            0  0  0  1   1  1  2  2  2  3  3
+    rows          (0,0)   (0,1)   (2,0)   (2,3)   (3,0)
+
+SM 0 streams unit (0, 0), SM 1 unit (0, 1) (and pays for request 2's entry, which it never
+makes), SM 2 units 0-2 and SM 3 units 3-4 of request 2.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from ._args import check_int, type_name
 
 __all__ = [
     "DEFAULT_CPU_NUM_SMS",
+    "SCHEDULE_REQUEST_ENTRY_UNITS",
     "SCHEDULE_TOKENS_PER_UNIT",
     "SCHEDULE_VARIANTS",
     "compute_paged_mqa_logits_schedule",
@@ -38,6 +54,11 @@ __all__ = [
 
 # KV tokens per schedule work unit.
 SCHEDULE_TOKENS_PER_UNIT = 64
+
+# Virtual units charged for entering a non-empty request (the policy above). A request switch
+# inside a CTA's run cost the H200's fp8 kernel 0.5-1.0 us of streaming (about 2-4 units at
+# next_n 1); charging 3-4 units measured best (kernel notes, thirty-fourth round).
+SCHEDULE_REQUEST_ENTRY_UNITS = 4
 
 # SM count assumed for CPU tensors: an H100 SXM / H200 has 132 SMs. CPU tensors run the
 # reference, which ignores the schedule, so this only fixes the shape a CPU `schedule_meta`
@@ -224,19 +245,22 @@ def _compute_schedule_torch(
     """Reference implementation of the policy in the module docstring (vectorised, no sync)."""
     passes = passes_per_token(variant, next_n)
     tokens = SCHEDULE_TOKENS_PER_UNIT
+    entry = SCHEDULE_REQUEST_ENTRY_UNITS
     # Negative lengths are meaningless; treat them as empty requests rather than letting
     # them cancel other requests' work in the running sum.
     lens = seq_lens.to(torch.int64).clamp_min(0)
     units = (lens + (tokens - 1)) // tokens * passes
-    unit_end = torch.cumsum(units, dim=0)  # inclusive prefix sum: end of request b's units
-    total = units.sum()
+    cost = torch.where(units > 0, units + entry, 0)
+    cost_end = torch.cumsum(cost, dim=0)  # inclusive prefix sum: end of request b's positions
+    total = cost.sum()
     sm = torch.arange(num_sms + 1, dtype=torch.int64, device=lens.device)
     start = (total // num_sms) * sm + torch.minimum(sm, total % num_sms)
-    # First request whose units end after `start`: skips zero-length requests, and gives
+    # First request whose positions end after `start`: skips zero-length requests, and gives
     # batch_size when `start == total`.
-    request = torch.searchsorted(unit_end, start, right=True)
-    unit_begin = torch.cat([unit_end - units, total.reshape(1)])
-    unit = start - unit_begin[request]
+    request = torch.searchsorted(cost_end, start, right=True)
+    cost_begin = torch.cat([cost_end - cost, total.reshape(1)])
+    # The entry positions belong to unit 0; the sentinel's `start - total - entry` is < 0.
+    unit = (start - cost_begin[request] - entry).clamp_min(0)
     out.copy_(torch.stack([request, unit], dim=1))
     return out
 
@@ -249,7 +273,9 @@ def _compute_schedule_cuda(
     from ._schedule_cuda import launch_schedule_kernel
 
     passes = passes_per_token(variant, next_n)
-    return launch_schedule_kernel(seq_lens, num_sms, passes, SCHEDULE_TOKENS_PER_UNIT, out)
+    return launch_schedule_kernel(
+        seq_lens, num_sms, passes, SCHEDULE_TOKENS_PER_UNIT, SCHEDULE_REQUEST_ENTRY_UNITS, out
+    )
 
 
 def compute_paged_mqa_logits_schedule(

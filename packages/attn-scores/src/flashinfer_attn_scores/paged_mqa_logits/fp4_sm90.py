@@ -12,6 +12,7 @@ import dataclasses
 import functools
 
 import torch
+from flashinfer_schedule import SCHEDULE_REQUEST_ENTRY_UNITS
 
 from .fp8_sm90 import (
     _ALIGNMENT_SLACK,
@@ -126,6 +127,7 @@ class Fp4KernelConfig:
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "SF_INTERLEAVED": int(self.interleaved),
+                "SCHEDULE_ENTRY_UNITS": SCHEDULE_REQUEST_ENTRY_UNITS,
                 **dict(self.experiment),
             },
             label=(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from flashinfer_schedule import SCHEDULE_REQUEST_ENTRY_UNITS
 
 CSRC = Path(__file__).with_name("csrc")
 
@@ -208,6 +209,7 @@ class Fp8KernelConfig:
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "ACC_FP16": int(self.acc_dtype == torch.float16),
+                "SCHEDULE_ENTRY_UNITS": SCHEDULE_REQUEST_ENTRY_UNITS,
                 **dict(self.experiment),
             },
             label=(

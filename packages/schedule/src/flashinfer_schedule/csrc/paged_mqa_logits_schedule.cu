@@ -1,11 +1,13 @@
 // CTA schedule for the persistent paged MQA logits kernels, computed on the GPU so that a
 // captured CUDA graph re-derives it from the current contents of seq_lens on every replay.
 //
-// Policy (identical to the pure-PyTorch version in schedule.py):
-//   units[b] = ceil(seq_lens[b] / TOKENS_PER_UNIT) * passes,  total = sum(units)
-//   SM i starts at global unit g(i) = (total / S) * i + min(i, total % S),  i = 0..S
-//   row i = (b, g(i) - prefix[b]) for the request b with prefix[b] <= g(i) < prefix[b] + units[b],
-//   or (batch_size, 0) when g(i) == total (row S is always that sentinel).
+// Policy (identical to the pure-PyTorch version in schedule.py, whose docstring has a picture):
+//   units[b] = ceil(seq_lens[b] / TOKENS_PER_UNIT) * passes
+//   cost[b] = units[b] + ENTRY_UNITS if units[b] > 0, else 0;  total = sum(cost)
+//   SM i starts at virtual position g(i) = (total / S) * i + min(i, total % S),  i = 0..S
+//   row i = (b, max(0, g(i) - prefix[b] - ENTRY_UNITS)) for the request b with
+//   prefix[b] <= g(i) < prefix[b] + cost[b], or (batch_size, 0) when g(i) == total (row S is
+//   always that sentinel).
 //
 // One CTA of 1024 threads: a reduction for the total, then a chunked exclusive scan in which
 // each non-empty request writes the rows whose g(i) falls inside it.
@@ -20,12 +22,13 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-__device__ __forceinline__ long long units_of(const int* seq_lens, long long stride, long long b,
-                                              int batch_size, int passes) {
+// Virtual units of request b: its units plus the entry charge, 0 when it is empty.
+__device__ __forceinline__ long long cost_of(const int* seq_lens, long long stride, long long b,
+                                             int batch_size, int passes) {
   if (b >= batch_size) return 0;
   const int len = seq_lens[b * stride];
   // ceil(len / TOKENS_PER_UNIT) without forming len + TOKENS_PER_UNIT - 1, which overflows int.
-  return len > 0 ? static_cast<long long>((len - 1) / TOKENS_PER_UNIT + 1) * passes : 0;
+  return len > 0 ? static_cast<long long>((len - 1) / TOKENS_PER_UNIT + 1) * passes + ENTRY_UNITS : 0;
 }
 
 __device__ __forceinline__ long long start_unit(long long i, long long per_sm, long long remainder) {
@@ -68,7 +71,7 @@ paged_mqa_logits_schedule(const int* seq_lens, long long seq_lens_stride, int ba
   long long total = 0;
   for (long long base = 0; base < batch_size; base += kThreads) {
     long long chunk_total;
-    block_inclusive_scan(units_of(seq_lens, seq_lens_stride, base + threadIdx.x, batch_size, passes),
+    block_inclusive_scan(cost_of(seq_lens, seq_lens_stride, base + threadIdx.x, batch_size, passes),
                          warp_sums, chunk_total);
     total += chunk_total;
   }
@@ -84,11 +87,11 @@ paged_mqa_logits_schedule(const int* seq_lens, long long seq_lens_stride, int ba
   long long carry = 0;
   for (long long base = 0; base < batch_size; base += kThreads) {
     const long long b = base + threadIdx.x;
-    const long long units = units_of(seq_lens, seq_lens_stride, b, batch_size, passes);
+    const long long cost = cost_of(seq_lens, seq_lens_stride, b, batch_size, passes);
     long long chunk_total;
-    const long long prefix = carry + block_inclusive_scan(units, warp_sums, chunk_total) - units;
+    const long long prefix = carry + block_inclusive_scan(cost, warp_sums, chunk_total) - cost;
     carry += chunk_total;
-    if (units == 0) continue;
+    if (cost == 0) continue;
     // First SM whose start unit is >= prefix (start_unit is non-decreasing in i).
     long long lo = 0, hi = num_sms;
     while (lo < hi) {
@@ -97,9 +100,10 @@ paged_mqa_logits_schedule(const int* seq_lens, long long seq_lens_stride, int ba
     }
     for (long long i = lo; i <= num_sms; ++i) {
       const long long g = start_unit(i, per_sm, remainder);
-      if (g >= prefix + units) break;
+      if (g >= prefix + cost) break;
+      const long long unit = g - prefix - ENTRY_UNITS;  // < 0 on the entry positions: unit 0
       schedule[2 * i] = static_cast<int>(b);
-      schedule[2 * i + 1] = static_cast<int>(g - prefix);
+      schedule[2 * i + 1] = static_cast<int>(unit > 0 ? unit : 0);
     }
   }
 }

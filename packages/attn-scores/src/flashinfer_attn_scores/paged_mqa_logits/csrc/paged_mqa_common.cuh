@@ -6,7 +6,8 @@
 //
 // Specialisation constants used here: BLOCK_SIZE, NUM_HEADS, NEXT_N, NUM_STAGES,
 // NUM_CONSUMERS, NUM_PRODUCERS (default 1), OUT_DTYPE, EPI_DTYPE (dtype codes: 0 = float32,
-// 1 = float16, 2 = bfloat16).
+// 1 = float16, 2 = bfloat16), SCHEDULE_ENTRY_UNITS (flashinfer_schedule's
+// SCHEDULE_REQUEST_ENTRY_UNITS).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -116,6 +117,15 @@ struct alignas(64) TensorMap {
 // than (len + kTile - 1) / kTile, which overflows for lengths within kTile of 2^31.
 __device__ __forceinline__ int units_of(int len) { return len > 0 ? (len - 1) / kTile + 1 : 0; }
 
+// The schedule's virtual units of a request: its units plus the entry charge, 0 when empty.
+constexpr int kEntryUnits = SCHEDULE_ENTRY_UNITS;
+static_assert(kEntryUnits >= 0 && kEntryUnits < 1024, "SCHEDULE_ENTRY_UNITS: a small charge");
+__device__ __forceinline__ int schedule_cost(int len) { return len > 0 ? units_of(len) + kEntryUnits : 0; }
+// The unit holding virtual position `offset` of its request (the entry positions: unit 0).
+__device__ __forceinline__ int unit_at(long long offset) {
+  return offset > kEntryUnits ? static_cast<int>(offset - kEntryUnits) : 0;
+}
+
 // The dynamic shared memory base rounded up to 1024 bytes (the 128-byte swizzle atom).
 // Offsetting the __shared__ array itself, rather than a uintptr_t, keeps the address space
 // visible to the compiler: shared accesses become LDS/STS instead of generic loads.
@@ -127,17 +137,16 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
 // Without a precomputed schedule every CTA derives its own two rows (blockIdx.x and
 // blockIdx.x + 1 of the [gridDim.x + 1, 2] schedule) from seq_lens, with exactly the policy
 // of flashinfer_schedule at one pass per token (its module docstring has the picture):
-//   units[b] = ceil(len_b / kTile), total = sum_b units[b], S = gridDim.x,
-//   g(i) = (total / S) * i + min(i, total % S),
-//   row i = (b, g(i) - prefix[b]) for the b with prefix[b] <= g(i) < prefix[b] + units[b],
-//           (batch_size, 0) when g(i) == total.
+//   cost[b] = ceil(len_b / kTile) + kEntryUnits (0 for len_b <= 0), total = sum_b cost[b],
+//   S = gridDim.x, g(i) = (total / S) * i + min(i, total % S),
+//   row i = (b, max(0, g(i) - prefix[b] - kEntryUnits)) for the b with
+//           prefix[b] <= g(i) < prefix[b] + cost[b], (batch_size, 0) when g(i) == total.
 // This replaces a separate schedule launch (and its round trip through global memory) on the
 // critical path of small batches. Thread t scans the contiguous requests
 // [t * P, (t + 1) * P), P = ceil(batch_size / blockDim.x): one batch of loads, one block-wide
 // scan of the per-thread sums, then a re-walk of its own requests (L1 hits).
-__device__ __forceinline__ long long request_units(const int* seq_lens, long long stride, int b) {
-  const int len = seq_lens[b * stride];
-  return units_of(len);
+__device__ __forceinline__ long long request_cost(const int* seq_lens, long long stride, int b) {
+  return schedule_cost(seq_lens[b * stride]);
 }
 // rows[4]: the length of request rows[0] (0 for the sentinel), so that the walkers start without
 // reading it again (an L1 or L2 round trip before the first block-table read of every call).
@@ -181,7 +190,7 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
   const int last = min(first + per_thread, batch_size);
   long long mine = 0;
 #pragma unroll 8
-  for (int b = first; b < last; ++b) mine += request_units(seq_lens, stride, b);
+  for (int b = first; b < last; ++b) mine += request_cost(seq_lens, stride, b);
   long long total;
   long long prefix = block_exclusive_scan(mine, total, scratch);
 
@@ -196,17 +205,17 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
   if (mine > 0 && prefix <= g1 && g0 < prefix + mine) {  // a row may fall in these requests
     for (int b = first; b < last; ++b) {
       const int len = seq_lens[b * stride];
-      const long long units = units_of(len);
-      if (g0 >= prefix && g0 < prefix + units) {
+      const long long cost = schedule_cost(len);
+      if (g0 >= prefix && g0 < prefix + cost) {
         rows[0] = b;
-        rows[1] = static_cast<int>(g0 - prefix);
+        rows[1] = unit_at(g0 - prefix);
         rows[4] = len;
       }
-      if (g1 >= prefix && g1 < prefix + units) {
+      if (g1 >= prefix && g1 < prefix + cost) {
         rows[2] = b;
-        rows[3] = static_cast<int>(g1 - prefix);
+        rows[3] = unit_at(g1 - prefix);
       }
-      prefix += units;
+      prefix += cost;
     }
   }
   __syncthreads();
@@ -214,10 +223,10 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
 
 // The same rows for batch_size <= 32 * kPerLane, by one warp with no block barrier: lane l
 // loads the lengths of requests [l * P, (l + 1) * P), P = ceil(batch_size / 32) <= kPerLane,
-// a warp scan of the lanes' unit counts gives the prefixes, and the lane whose requests hold
+// a warp scan of the lanes' costs gives the prefixes, and the lane whose requests hold
 // g(i) reports it. 32-bit arithmetic is exact for lengths within max_seq_len: the output-span
 // rule (batch_size * next_n * padded_seq_len(max_seq_len) < 2^31, always validated) keeps the
-// total below 2^31 units. (Lengths past max_seq_len are already undefined behaviour; the
+// units below 2^25, and at most 128 entry charges come on top. (Lengths past max_seq_len are already undefined behaviour; the
 // CTAs never wait on each other, so a wrong range cannot hang the kernel.)
 // Measured on the H200 (2026-11-29, a stream of calls that exit once their rows are known):
 // B = 1 and 8 take 1.3 us with kPerLane = 1 (1.6 us with kPerLane = 4, hence two instances);
@@ -231,14 +240,14 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
   const int lane = threadIdx.x % 32;
   const int per_lane = kPerLane == 1 ? 1 : (batch_size + 31) / 32;
   const int first = lane * per_lane;
-  int lens[kPerLane], units[kPerLane];
+  int lens[kPerLane], costs[kPerLane];
   int mine = 0;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int b = first + j;
     lens[j] = j < per_lane && b < batch_size ? seq_lens[b * stride] : 0;
-    units[j] = units_of(lens[j]);
-    mine += units[j];
+    costs[j] = schedule_cost(lens[j]);
+    mine += costs[j];
   }
   int inclusive = mine;
 #pragma unroll
@@ -254,19 +263,19 @@ __device__ __forceinline__ void compute_schedule_rows_warp(const int* seq_lens, 
   for (int end = 0; end < 2; ++end) {
     const unsigned i = blockIdx.x + end;
     const int g = static_cast<int>(per_cta * i + min(i, extra));
-    // At most one lane holds g (units > 0 and prefix <= g < inclusive); none when g == total.
+    // At most one lane holds g (cost > 0 and prefix <= g < inclusive); none when g == total.
     const bool mine_holds = mine > 0 && prefix <= g && g < inclusive;
     int b = 0, u = 0, len = 0;
     if (mine_holds) {
       int before = prefix;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
-        if (g >= before && g < before + units[j]) {
+        if (g >= before && g < before + costs[j]) {
           b = first + j;
-          u = g - before;
+          u = unit_at(g - before);
           len = lens[j];
         }
-        before += units[j];
+        before += costs[j];
       }
     }
     const unsigned holders = __ballot_sync(0xffffffffu, mine_holds);
