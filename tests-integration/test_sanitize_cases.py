@@ -26,10 +26,10 @@ def test_fp8_cases_cover_the_listed_shapes() -> None:
     float16_epilogue = [c for c, _ in calls if c.epi_dtype == torch.float16]
     assert sorted(c.next_n for c in float16_epilogue) == [2, 3]
     assert any(scheduled for _, scheduled in calls)
-    # Four requests per case, repeated 10 and 65 times in the two many-request cases (one or
-    # two requests per CTA, then several: q slots reused inside a CTA).
+    # Four requests per case, repeated 10, 65 and 260 times in the many-request cases (one or
+    # two requests per CTA, then several: q slots reused inside a CTA, then KV stages too).
     batches = sorted(c.args["seq_lens"].shape[0] for c, _ in calls)
-    assert batches == [4] * (len(calls) - 2) + [40, 260]
+    assert batches == [4] * (len(calls) - 3) + [40, 260, 1040]
     for call, _ in calls:
         lengths = call.args["seq_lens"].tolist()
         assert lengths == [1, 0, 129, 1000] * (len(lengths) // 4)
@@ -40,13 +40,14 @@ def test_eager_cases_pass_on_the_cpu_reference_path(capsys: pytest.CaptureFixtur
     assert sc.main(["--device", "cpu", "--only", "eager"]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert "13 of 13 cases match the reference" in out
+    assert "14 of 14 cases match the reference" in out
 
 
 def test_fp4_cases_include_both_16_bit_epilogues() -> None:
     calls = _sanitize_cases().fp4_calls(CPU)
     assert {c.epi_dtype for c in calls} == {torch.float32, torch.float16, torch.bfloat16}
     assert {c.interleaved for c in calls} == {False, True}
+    assert max(c.args["seq_lens"].shape[0] for c in calls) == 1040  # KV stages reused
 
 
 def test_an_fp4_interleaved_case_passes_on_the_cpu_reference_path() -> None:

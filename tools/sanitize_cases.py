@@ -285,7 +285,8 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
     )
     # More requests than one per lane of the scheduling warp: B = 40 takes schedule_rows'
     # one-warp path with up to 4 requests per lane and gives each CTA one or two requests;
-    # B = 260 takes the block-wide path and gives a CTA several, so q slots are reused.
+    # B = 260 takes the block-wide path and gives a CTA several, so q slots are reused, and
+    # some CTAs more units than the 12 KV stages, so stages are reused; B = 1040 all of them.
     batches = [
         build_call(
             f"fp8 bs=64 next_n=2 out=float32, B={4 * repeats}",
@@ -297,7 +298,7 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
             lengths=LENGTHS * repeats,
             seed=8 + repeats,
         )
-        for repeats in (10, 65)
+        for repeats in (10, 65, 260)
     ]
     float16_epilogue = [
         build_call(
@@ -321,8 +322,9 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
 
 
 def fp4_calls(device: torch.device) -> list[Call]:
-    # (block size, next_n, interleaved scales, requests): the last two reuse q slots in a CTA
-    # (next_n 1 runs five consumer warpgroups, next_n 2 three).
+    # (block size, next_n, interleaved scales, requests): the B = 260 ones reuse q slots in a
+    # CTA (next_n 1 runs five consumer warpgroups, next_n 2 three), and B = 1040 gives every CTA
+    # more units than next_n 1's 20 KV stages, so stages are reused too.
     # The last two: 16-bit epilogues (epilogue dtype, the rest float32).
     specs = [
         (32, 1, False, 1, torch.float32),
@@ -330,6 +332,7 @@ def fp4_calls(device: torch.device) -> list[Call]:
         (128, 2, True, 1, torch.float32),
         (64, 1, False, 65, torch.float32),
         (64, 2, False, 65, torch.float32),
+        (64, 1, False, 260, torch.float32),
         (64, 1, False, 1, torch.float16),
         (64, 3, False, 1, torch.bfloat16),
     ]

@@ -355,8 +355,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const uint4 packed1 = *reinterpret_cast<const uint4*>(tile + (row0 + 8) * kRowBytes + quad * 16);
     const uint32_t sf0 = token_scales(scales + stage * kScaleBytes, unit.u, row0);
     const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, unit.u, row0 + 8);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    mbar_arrive(&bars.empty[stage]);
     // This lane's first output of the unit: slot quad >> 1 (next_n 3: slot 0), row row0 + 8 * (quad & 1).
     Out* out_unit = kHoldRequest ? request_out + unit.u * kTile
                                  : out + static_cast<long long>(unit.b) * NEXT_N * out_stride +

@@ -422,8 +422,7 @@ struct ConsumerMath {
       add_half<0>(w, sums);
     }
     wait_half<kHalves - 1>();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    mbar_arrive(&bars.empty[stage]);
     if (EXP_SKIP_EPILOGUE) {
       if (quad == 0) slot_out[0] = to_out(to_float(to_epi(acc[0][0])) * scale);
       return;
@@ -440,8 +439,7 @@ struct ConsumerMath {
   // EXP_SKIP_MATH: release the stage and write the token scale only.
   __device__ __forceinline__ void skip_math(int stage, int b, int u) {
     const float scale = scales[stage * kTile + row0];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bars.empty[stage]);
+    mbar_arrive(&bars.empty[stage]);
     if (quad == 0) out[static_cast<long long>(b) * NEXT_N * out_stride + u * kTile + row0] = to_out(scale);
   }
 };

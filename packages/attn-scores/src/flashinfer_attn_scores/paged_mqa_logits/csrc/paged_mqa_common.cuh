@@ -506,7 +506,7 @@ __device__ __forceinline__ void staging_warps_sync() {
 }
 
 // mbarriers: full[s] (the producer's expect_tx arrival, completed by the copies), empty[s]
-// (one arrival per consumer warp), q_full[2] (every lane of the staging warps), q_empty[2]
+// (every lane of the consuming warpgroup), q_full[2] (every lane of the staging warps), q_empty[2]
 // (every consumer lane). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
 // r-th request of the walk. After them, the kScheduleRowInts ints of the in-kernel schedule rows.
 struct Barriers {
@@ -524,7 +524,7 @@ struct Barriers {
   __device__ void init() const {  // one thread, before the block-wide barrier
     for (int s = 0; s < NUM_STAGES; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 4);
+      mbar_init(&empty[s], 128);
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(&q_full[s], 32 * kStagingWarps);
@@ -650,8 +650,12 @@ struct ConsumerPhases {
 };
 
 // Consumer warpgroups. Unit k goes to consumer k % NUM_CONSUMERS, which waits for full[stage]
-// and calls `process(stage, slot, walk)`; `process` must arrive on empty[stage] (one arrival
-// per warp) once it no longer reads the stage. Every consumer waits on q_full for every
+// and calls `process(stage, slot, walk)`; `process` must arrive on empty[stage] from every
+// lane once it no longer reads the stage: an arrival releases only its own thread's reads, and
+// the token scales (and fp4's tiles) are read with generic loads that the producer's next
+// bulk copies overwrite. With one arrival per warp after __syncwarp(), which the PTX memory
+// model allows, compute-sanitizer's racecheck reported those loads once a CTA reused a stage
+// (H200, 2026-11-30, as it had for the q slots). Every consumer waits on q_full for every
 // request, even one it gets no unit of, so the q-slot phases stay in step.
 // `enter_request(walk, slot)` runs once the consumer holds a request's q slot, before that
 // request's first unit: what depends only on the request can be computed there once.
