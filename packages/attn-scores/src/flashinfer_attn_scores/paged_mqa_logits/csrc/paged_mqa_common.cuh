@@ -226,8 +226,9 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
 // a warp scan of the lanes' costs gives the prefixes, and the lane whose requests hold
 // g(i) reports it. 32-bit arithmetic is exact for lengths within max_seq_len: the output-span
 // rule (batch_size * next_n * padded_seq_len(max_seq_len) < 2^31, always validated) keeps the
-// units below 2^25, and at most 128 entry charges come on top. (Lengths past max_seq_len are already undefined behaviour; the
-// CTAs never wait on each other, so a wrong range cannot hang the kernel.)
+// units below 2^25, and at most 128 entry charges come on top. (Lengths past max_seq_len are
+// already undefined behaviour; the CTAs never wait on each other, so a wrong range cannot hang
+// the kernel.)
 // Measured on the H200 (2026-11-29, a stream of calls that exit once their rows are known):
 // B = 1 and 8 take 1.3 us with kPerLane = 1 (1.6 us with kPerLane = 4, hence two instances);
 // B = 33-128 take 1.6-1.7 us with kPerLane = 4 against 2.0-2.1 us block-wide (its barriers
@@ -506,8 +507,8 @@ __device__ __forceinline__ void staging_warps_sync() {
 }
 
 // mbarriers: full[s] (the producer's expect_tx arrival, completed by the copies), empty[s]
-// (every lane of the consuming warpgroup), q_full[2] (every lane of the staging warps), q_empty[2]
-// (every consumer lane). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
+// (every lane of the consuming warpgroup), q_full[2] (every lane of the staging warps),
+// q_empty[2] (every consumer lane). Stage s holds unit k with k % NUM_STAGES == s; q slot r & 1 holds the
 // r-th request of the walk. After them, the kScheduleRowInts ints of the in-kernel schedule rows.
 struct Barriers {
   static constexpr int kBytes = (2 * NUM_STAGES + 4) * 8 + (kScheduleRowInts * 4 + 15) / 16 * 16;
