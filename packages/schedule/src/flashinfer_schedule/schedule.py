@@ -321,9 +321,11 @@ def compute_paged_mqa_logits_schedule(
     Returns:
         `[num_sms + 1, 2]` int32 tensor on the target device: row `i < num_sms` is the
         `(request index, 64-token unit index within the request)` where SM `i` starts, and the
-        last row is the sentinel `(batch_size, 0)`. SMs left without work (fewer units than
-        SMs, or all lengths zero) start and stop at the same row, `(batch_size, 0)` when
-        nothing is left.
+        last row is the sentinel `(batch_size, 0)`. SMs left without work (fewer virtual units
+        than SMs, a share that holds only a request's entry charge, or all lengths zero)
+        start and stop at the same row, `(batch_size, 0)` when nothing is left. The policy
+        (an even split of the units plus `SCHEDULE_REQUEST_ENTRY_UNITS` per request) is in
+        the module docstring; treat the rows as opaque all the same.
 
     Raises:
         TypeError: `seq_lens`/`out` is not a dense tensor of dtype int32, or `variant`/
