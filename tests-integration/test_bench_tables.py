@@ -21,9 +21,15 @@ RUN17_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run17.json"
 RUN18_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run18.json"
 RUN19_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run19.json"
 RUN20_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run20.json"
+RUN21_FP8_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run21-fp8.json"
+RUN22_FP8_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run22-fp8.json"
+RUN23_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-run23.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
+SMALL34_JSON = (
+    REPO / "docs" / "assets" / "bench" / "session34-h200-2026-11-30" / "bench-small-batch.json"
+)
 PERFORMANCE_MD = REPO / "docs" / "performance.md"
 HISTORY_MD = REPO / "docs" / "performance-history.md"
 
@@ -310,7 +316,10 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
-    (RUN20_JSON, [PERFORMANCE_MD]),
+    (RUN23_JSON, [PERFORMANCE_MD]),
+    (RUN22_FP8_JSON, [HISTORY_MD]),
+    (RUN21_FP8_JSON, [HISTORY_MD]),
+    (RUN20_JSON, [HISTORY_MD]),
     (RUN19_JSON, [HISTORY_MD]),
     (RUN18_JSON, [HISTORY_MD]),
     (RUN17_JSON, [HISTORY_MD]),
@@ -328,7 +337,8 @@ PUBLISHED_RUNS = [
 @pytest.mark.parametrize(
     ("results", "pages"),
     PUBLISHED_RUNS,
-    ids=[results.stem.rsplit("-", 1)[-1] for results, _ in PUBLISHED_RUNS],  # "run20", ...
+    # "run23", "run22-fp8", ...
+    ids=[results.stem.split("-", 4)[-1] for results, _ in PUBLISHED_RUNS],
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     t = _tables()
@@ -336,8 +346,9 @@ def test_published_tables_are_generated_from_their_json(results, pages) -> None:
     report = t.markdown_report(t.load_results(results))
     tables = _tables_of(report)
     # run13 and later also have the full grid's table of single replays (run13 was the first
-    # run to time them).
-    assert len(tables) == (5 if results in _RUNS_BEFORE_SINGLE_REPLAYS else 6)
+    # run to time them); runs of fp8 alone lack the fp4 table and the fp4-against-fp8 one.
+    expected = 5 if results in _RUNS_BEFORE_SINGLE_REPLAYS else 6
+    assert len(tables) == (expected - 2 if results.stem.endswith("-fp8") else expected)
     names = " + ".join(page.name for page in pages)
     for table in tables:
         assert table in text, (
@@ -352,17 +363,22 @@ def test_published_small_batch_table_is_generated_from_its_json() -> None:
     assert table in HISTORY_MD.read_text()
 
 
-def test_one_graph_small_batch_table_and_its_caption_are_on_the_performance_page() -> None:
+@pytest.mark.parametrize(
+    ("results", "page"),
+    [(SMALL34_JSON, PERFORMANCE_MD), (SMALL28_JSON, HISTORY_MD)],
+    ids=["session34", "session28"],
+)
+def test_one_graph_small_batch_table_and_its_caption_are_published(results, page) -> None:
     t = _tables()
-    payload = t.load_results(SMALL28_JSON)
+    payload = t.load_results(results)
     table = t.small_batch_table(payload)
     # The header, the rule and 2 ops x 16 shapes (B 1 and 8, L 4k and 16k, next_n 1-4).
     assert table.count("\n") == 33
-    page = PERFORMANCE_MD.read_text()
-    assert table in page
+    text = page.read_text()
+    assert table in text
     caption = t.small_batch_caption(payload)
     assert "after an L2 flush" in caption
-    assert caption in page
+    assert caption in text
     # Runs taken with windows of different graphs keep their own caption.
     assert "windows of 32 one-call CUDA graphs" in t.small_batch_caption(t.load_results(RUN20_JSON))
 
