@@ -1,11 +1,15 @@
 """Many more seeded random calls than the GPU test suite runs (SM90 GPU only).
 
-    python tools/random_cases.py [--fp8 400] [--fp4 300] [--first-seed 100000]
+    python tools/random_cases.py [--fp8 400] [--fp4 300] [--first-seed 100000] [--shapes wide]
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
 `out=` or not) and checks it against the same independent float64 expectation with the same
-tolerance. The suite runs 32 fp8 and 20 fp4 seeds; this widens the search. Every kernel
+tolerance. The suite runs 32 fp8 and 20 fp4 seeds; this widens the search. `--shapes wide`
+draws fp8's (num_heads, head_dim, next_n) from everything the contract admits on SM90
+(`draw_wide_head_shape`: next_n * num_heads any multiple of 8 up to 256, head_dim up to what
+fits the shared memory) instead of the suite's seven head shapes; nearly every seed is then a
+configuration of its own, compiled first. Every kernel
 configuration the seeds need is compiled first, in parallel (`flashinfer_jit.precompile`).
 `--schedules N` also compares the schedule helper on CUDA with its CPU version, bit for bit,
 for N random length vectors (batch 1..20000, zeros, huge lengths, negative entries, strided
@@ -96,6 +100,9 @@ def main() -> int:
     parser.add_argument("--fp4", type=int, default=300, help="fp4 seeds to run")
     parser.add_argument("--schedules", type=int, default=0, help="random schedule comparisons")
     parser.add_argument("--first-seed", type=int, default=100000)
+    parser.add_argument(
+        "--shapes", choices=("suite", "wide"), default="suite", help="fp8 head shapes to draw"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("random_cases: needs an SM90 GPU")
@@ -103,7 +110,8 @@ def main() -> int:
     runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
     runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     configs = sorted(
-        {kernel_config(variant, draw_call(seed, variant)) for variant, seed in runs}, key=str
+        {kernel_config(variant, draw_call(seed, variant, args.shapes)) for variant, seed in runs},
+        key=str,
     )
     began = time.perf_counter()
     launcher.compile_paged_mqa_logits_kernels(configs, torch.device("cuda"))
@@ -114,7 +122,7 @@ def main() -> int:
     began = time.perf_counter()
     for variant, seed in runs:
         try:
-            check_random_call(variant, seed)
+            check_random_call(variant, seed, args.shapes)
         except Exception as exc:  # every failure is reported; none stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
@@ -134,7 +142,7 @@ def main() -> int:
     passed = len(runs) - len(failures)
     print(
         f"random cases: {passed} of {len(runs)} passed ({args.fp8} fp8, {args.fp4} fp4, seeds from"
-        f" {args.first_seed}) in {time.perf_counter() - began:.0f} s"
+        f" {args.first_seed}, {args.shapes} shapes) in {time.perf_counter() - began:.0f} s"
     )
     return 0 if not failures and not schedule_failures else 1
 

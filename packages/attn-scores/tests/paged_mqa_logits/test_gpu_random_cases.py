@@ -17,6 +17,7 @@ import flashinfer_attn_scores as fa
 import pytest
 import torch
 from attn_scores_cases import assert_rows_close, expected_logits, make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 from test_gpu import FP8_DTYPES, tolerance
 
@@ -55,7 +56,20 @@ def draw_lengths(rng: random.Random, batch_size: int) -> list[int]:
     return lens
 
 
-def draw_call(seed: int, variant: str) -> dict:
+def draw_wide_head_shape(rng: random.Random) -> tuple[int, int, int]:
+    """(num_heads, head_dim, next_n) from anywhere the fp8 contract admits on SM90: N =
+    next_n * num_heads a multiple of 8 in [8, 256], num_heads a multiple of 4, head_dim a
+    multiple of 32 up to the largest that fits the shared memory at that N."""
+    n = 8 * rng.randint(1, 32)
+    num_heads = rng.choice([h for h in range(4, n + 1, 4) if n % h == 0])
+    next_n = n // num_heads
+    largest = fp8_sm90.largest_fitting_head_dim(num_heads, next_n)
+    return num_heads, 32 * rng.randint(1, largest // 32), next_n
+
+
+def draw_call(seed: int, variant: str, shapes: str = "suite") -> dict:
+    """One random call. `shapes="wide"` draws fp8's head geometry from the whole admitted
+    space (`draw_wide_head_shape`) instead of `FP8_HEAD_SHAPES`; every other draw is the same."""
     rng = random.Random(seed)
     batch_size = rng.choice([1, 2, 3, 5, 8, 13, 24, 40])
     lens = draw_lengths(rng, batch_size)
@@ -78,12 +92,10 @@ def draw_call(seed: int, variant: str) -> dict:
             num_heads = 8
         if (next_n * num_heads) % 8:
             next_n = 2 * (next_n // 2) or 2
-        call.update(
-            next_n=next_n,
-            num_heads=num_heads,
-            head_dim=head_dim,
-            dtypes=rng.choice(FP8_DTYPES),
-        )
+        dtypes = rng.choice(FP8_DTYPES)
+        if shapes == "wide":
+            num_heads, head_dim, next_n = draw_wide_head_shape(rng)
+        call.update(next_n=next_n, num_heads=num_heads, head_dim=head_dim, dtypes=dtypes)
     else:
         dtypes = rng.choice(FP4_DTYPES)
         # Group scales far apart only where float16 cannot overflow (it saturates at 65504).
@@ -143,8 +155,8 @@ def test_random_fp4_call(seed):
     check_random_call("fp4", 1000 + seed)
 
 
-def check_random_call(variant: str, seed: int) -> None:
-    call = draw_call(seed, variant)
+def check_random_call(variant: str, seed: int, shapes: str = "suite") -> None:
+    call = draw_call(seed, variant, shapes)
     case = build_case(call, variant, seed)
     tables, lens = strided_views(case) if call["strided"] else (case.block_tables, case.seq_lens)
     next_n = case.next_n

@@ -1,0 +1,61 @@
+"""The random-call generator's wide head shapes (CPU): every draw is a shape the contract
+admits, and the draws reach the corners the fixed list of the suite does not."""
+
+import random
+
+import flashinfer_attn_scores as fa
+import torch
+from attn_scores_cases import expected_logits, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
+from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+from test_gpu_random_cases import FP8_HEAD_SHAPES, draw_call, draw_wide_head_shape
+
+
+def test_wide_head_shapes_are_admitted_and_spread():
+    shapes = [draw_wide_head_shape(random.Random(seed)) for seed in range(3000)]
+    for num_heads, head_dim, next_n in shapes:
+        n = next_n * num_heads
+        assert num_heads % 4 == 0 and head_dim % 32 == 0 and n % 8 == 0 and 8 <= n <= 256
+        assert fp8_sm90.fits_shared_memory(head_dim, num_heads, next_n)
+    assert max(n for _, _, n in shapes) >= 32
+    assert max(d for _, d, _ in shapes) > 1024
+    assert any(h & (h - 1) for h, _, _ in shapes)  # not a power of two
+    assert len(set(shapes)) > 1000
+
+
+def test_wide_draw_changes_only_the_head_shape():
+    for seed in range(50):
+        suite, wide = draw_call(seed, "fp8"), draw_call(seed, "fp8", "wide")
+        assert (suite["num_heads"], suite["head_dim"]) in FP8_HEAD_SHAPES or suite["num_heads"] == 8
+        for key in ("lens", "block_size", "max_seq_len", "strided", "use_out", "dtypes"):
+            assert suite[key] == wide[key]
+
+
+def test_cpu_path_takes_wide_shapes():
+    """The CPU op (validation, then the float64 reference) against the independent
+    expectation, for a few wide draws."""
+    for seed in range(6):
+        num_heads, head_dim, next_n = draw_wide_head_shape(random.Random(seed))
+        case = make_fp8_case(
+            [0, 5, 70],
+            next_n=next_n,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            block_size=32,
+            max_seq_len=80,
+            seed=seed,
+        )
+        got = fa.fp8_paged_mqa_logits(
+            case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, case.max_seq_len
+        )
+        expected = expected_logits(
+            case.q64,
+            case.k64,
+            case.token_scale64,
+            case.weights,
+            case.block_tables,
+            case.seq_lens,
+            case.max_seq_len,
+        )
+        mask = valid_mask(case.seq_lens, next_n, case.max_seq_len)
+        torch.testing.assert_close(got[mask].double(), expected[mask], rtol=1e-6, atol=1e-6)
