@@ -1,6 +1,7 @@
 """Many more seeded random calls than the GPU test suite runs (SM90 GPU only).
 
     python tools/random_cases.py [--fp8 400] [--fp4 300] [--first-seed 100000] [--shapes wide]
+    python tools/random_cases.py --fp8-seeds 3706131,3706245 --shapes wide   # chosen seeds only
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
@@ -103,12 +104,21 @@ def main() -> int:
     parser.add_argument(
         "--shapes", choices=("suite", "wide"), default="suite", help="fp8 head shapes to draw"
     )
+    parser.add_argument(
+        "--fp8-seeds",
+        help="comma-separated fp8 seeds to run instead of --fp8 and --fp4 (for example the"
+        " seeds of a compute-sanitizer run)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("random_cases: needs an SM90 GPU")
         return 2
-    runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
-    runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
+    if args.fp8_seeds:
+        runs = [("fp8", int(seed)) for seed in args.fp8_seeds.split(",")]
+        args.fp8, args.fp4 = len(runs), 0
+    else:
+        runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
+        runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     configs = sorted(
         {kernel_config(variant, draw_call(seed, variant, args.shapes)) for variant, seed in runs},
         key=str,
@@ -140,9 +150,10 @@ def main() -> int:
             f"schedules: {args.schedules - schedule_failures} of {args.schedules} equal to the CPU's"
         )
     passed = len(runs) - len(failures)
+    seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
     print(
-        f"random cases: {passed} of {len(runs)} passed ({args.fp8} fp8, {args.fp4} fp4, seeds from"
-        f" {args.first_seed}, {args.shapes} shapes) in {time.perf_counter() - began:.0f} s"
+        f"random cases: {passed} of {len(runs)} passed ({args.fp8} fp8, {args.fp4} fp4, {seeds},"
+        f" {args.shapes} shapes) in {time.perf_counter() - began:.0f} s"
     )
     return 0 if not failures and not schedule_failures else 1
 

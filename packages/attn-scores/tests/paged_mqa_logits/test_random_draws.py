@@ -1,5 +1,6 @@
 """The random-call generator's wide head shapes (CPU): every draw is a shape the contract
-admits, and the draws reach the corners the fixed list of the suite does not."""
+admits, and the draws reach the corners the fixed list of the suite does not. Also: CI's
+compile check covers every parametric shape the GPU tests run."""
 
 import random
 
@@ -8,6 +9,7 @@ import torch
 from attn_scores_cases import expected_logits, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+from test_gpu import PARAMETRIC_SHAPES
 from test_gpu_random_cases import FP8_HEAD_SHAPES, draw_call, draw_wide_head_shape
 
 
@@ -59,3 +61,14 @@ def test_cpu_path_takes_wide_shapes():
         )
         mask = valid_mask(case.seq_lens, next_n, case.max_seq_len)
         torch.testing.assert_close(got[mask].double(), expected[mask], rtol=1e-6, atol=1e-6)
+
+
+def test_compile_check_covers_the_parametric_shapes():
+    """Every (num_heads, head_dim, next_n) of test_gpu.py's parametric tests is among the
+    configurations `flashinfer_jit compile-check` builds, so a spill there fails CI."""
+    compiled = {spec.label for spec in fp8_sm90.all_kernel_specs()}
+    f32 = torch.float32
+    for num_heads, head_dim, next_n in PARAMETRIC_SHAPES:
+        for block_size in (32, 64, 128):
+            config = fp8_sm90.fp8_config(block_size, head_dim, num_heads, next_n, f32, f32, f32)
+            assert config.spec.label in compiled, config.spec.label

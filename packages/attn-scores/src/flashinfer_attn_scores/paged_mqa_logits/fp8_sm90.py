@@ -301,6 +301,20 @@ def all_kernel_specs():
         (160, 4, 2),
         (160, 8, 1),
         (64, 32, 2),
+        # The rest of test_gpu.py's PARAMETRIC_SHAPES: wide heads down to two KV stages, and
+        # head_dim / 16 a multiple of 7 (224, 896), whose q staging once spilled.
+        (128, 4, 2),
+        (160, 12, 2),
+        (320, 64, 1),
+        (640, 64, 1),
+        (512, 16, 1),
+        (256, 32, 3),
+        (224, 64, 3),
+        (256, 64, 3),
+        (896, 64, 1),
+        (352, 64, 4),
+        (128, 100, 2),
+        (32, 4, 2),
     ]:
         configs += [
             fp8_config(bs, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32)

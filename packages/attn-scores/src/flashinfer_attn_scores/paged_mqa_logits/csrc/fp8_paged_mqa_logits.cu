@@ -205,7 +205,9 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       if (idx < kN) w[i] = w_src[idx];
     }
 #endif
-#pragma unroll 4
+    // Unrolled only where the row split is a shift: with head_dim/16 a multiple of 7 (head_dim
+    // 224, 448, 896) the unrolled divisions spilled 4-24 bytes at the producers' 56 registers.
+#pragma unroll (kUnitsPerRow & (kUnitsPerRow - 1)) == 0 ? 4 : 1
     for (int idx = part * 32 + lane; idx < kUnits; idx += kStride) {
       const int row = idx / kUnitsPerRow, unit = idx % kUnitsPerRow;
       const int chunk = unit / kUnitsPerChunkRow, unit_in_chunk = unit % kUnitsPerChunkRow;
