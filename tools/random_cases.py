@@ -115,7 +115,6 @@ def main() -> int:
         return 2
     if args.fp8_seeds:
         runs = [("fp8", int(seed)) for seed in args.fp8_seeds.split(",")]
-        args.fp8, args.fp4 = len(runs), 0
     else:
         runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
         runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
@@ -150,10 +149,11 @@ def main() -> int:
             f"schedules: {args.schedules - schedule_failures} of {args.schedules} equal to the CPU's"
         )
     passed = len(runs) - len(failures)
+    fp8_runs = sum(variant == "fp8" for variant, _ in runs)
     seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
     print(
-        f"random cases: {passed} of {len(runs)} passed ({args.fp8} fp8, {args.fp4} fp4, {seeds},"
-        f" {args.shapes} shapes) in {time.perf_counter() - began:.0f} s"
+        f"random cases: {passed} of {len(runs)} passed ({fp8_runs} fp8, {len(runs) - fp8_runs} fp4,"
+        f" {seeds}, {args.shapes} shapes) in {time.perf_counter() - began:.0f} s"
     )
     return 0 if not failures and not schedule_failures else 1
 
