@@ -185,6 +185,57 @@ def test_new_shapes_recompile_without_graph_breaks():
         assert_same_valid_region(got, fa.fp8_paged_mqa_logits(*case.fp8_args()), case.seq_lens, 2)
 
 
+# Batches of three sizes, none equal to another of the call's sizes (dynamo would otherwise
+# tie them by duck sizing and retrace once), with their own max_seq_len.
+DYNAMIC_BATCHES = ([37, 0, 400, 5, 90], [700, 12, 3, 0, 9, 1, 60], [1, 64, 65, 129, 0, 7, 8, 11, 5])
+
+
+DYNAMIC_NEXT_N = {"fp8": 2, "fp4": 3}
+
+
+def dynamic_case(variant: str, lens: list[int], seed: int):
+    next_n = DYNAMIC_NEXT_N[variant]
+    if variant == "fp8":  # a parametric head geometry, every size of it a symbol in the trace
+        return make_fp8_case(lens, next_n=next_n, num_heads=20, head_dim=96, seed=seed)
+    return make_fp4_case(lens, next_n=next_n, block_size=64, seed=seed)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_dynamic_shapes_compile_once_and_match_eager(variant):
+    """torch.compile(dynamic=True): one graph for every batch size and max_seq_len, with the
+    sizes as symbols through the validation, the output allocation and the op's fake."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(op, backend=counter, fullgraph=True, dynamic=True)
+    for seed, lens in enumerate(DYNAMIC_BATCHES):
+        case = dynamic_case(variant, lens, seed=100 + seed)
+        args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+        cols = fa.padded_seq_len(case.max_seq_len) + 64 * seed  # out's pitch varies too
+        out = poisoned(
+            case.rows + 1 + seed, cols, torch.float32 if variant == "fp8" else torch.bfloat16
+        )
+        got = compiled(*args, out=out)
+        assert got.shape == (case.rows, case.max_seq_len) and got.data_ptr() == out.data_ptr()
+        next_n = DYNAMIC_NEXT_N[variant]
+        assert_same_valid_region(got, op(*args), case.seq_lens, next_n)
+        assert torch.isnan(out[case.rows :]).all(), "a row past batch*next_n written"
+        assert_empty_rows_untouched(out, case.seq_lens, next_n)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_call_refuses_a_head_geometry_that_does_not_fit(dynamic):
+    # At next_n * num_heads = 8 the largest head_dim that fits is 1600.
+    case = make_fp8_case([40, 3], next_n=1, num_heads=8, head_dim=1632, seed=111)
+    compiled = torch.compile(fa.fp8_paged_mqa_logits, fullgraph=True, dynamic=dynamic)
+    with pytest.raises(ValueError, match="largest head_dim that fits is 1600"):
+        compiled(*case.fp8_args())
+    with pytest.raises(ValueError, match="largest head_dim that fits is 1600"):
+        fa.fp8_paged_mqa_logits(*case.fp8_args())
+
+
 def test_validate_mode_is_skipped_while_compiling(monkeypatch):
     """FLASHINFER_VALIDATE_INPUTS reads device data, which would break the graph."""
     monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
@@ -350,3 +401,30 @@ def test_compiled_with_cuda_graphs_follows_new_seq_lens(variant):
         expected = call(*args)
         torch.cuda.synchronize()
         assert_same_valid_region(got, expected, case.seq_lens, next_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_dynamic_shapes_compile_once_and_match_eager_on_gpu(variant):
+    """As the CPU test: one dynamic-shape graph for three batch sizes, each result bitwise the
+    eager call's and within the tolerance of the float64 reference."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(op, backend=counter, fullgraph=True, dynamic=True)
+    for seed, lens in enumerate(DYNAMIC_BATCHES):
+        case = dynamic_case(variant, lens, seed=120 + seed)
+        args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+        expected = case.expected()
+        case = case.to("cuda")
+        args = tuple(a.to("cuda") if isinstance(a, torch.Tensor) else a for a in args)
+        got = compiled(*args)
+        eager = op(*args)
+        torch.cuda.synchronize()
+        next_n = DYNAMIC_NEXT_N[variant]
+        assert_same_valid_region(got, eager, case.seq_lens, next_n)
+        mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+        tol = 1e-6 if variant == "fp8" else 1e-2  # bfloat16 output for fp4
+        assert_rows_close(got.cpu(), expected, mask, tol)
+    assert counter.frame_count == 1

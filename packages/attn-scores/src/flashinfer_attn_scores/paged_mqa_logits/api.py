@@ -131,25 +131,20 @@ def _check_common(
     )
 
 
-@torch.compiler.assume_constant_result
-def _fp8_fits_shared_memory(num_heads: int, head_dim: int, next_n: int) -> bool:
-    """`fp8_sm90.fits_shared_memory`, run once while torch.compile traces (dynamo cannot trace
-    the kernel configuration's cached properties); the shapes are static in a trace."""
-    return fp8_sm90.fits_shared_memory(head_dim, num_heads, next_n)
-
-
 def _check_fp8_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> None:
     """The spec's last head-geometry restriction: q's two slots plus at least two KV stages
-    must fit one SM90 CTA's shared memory."""
-    if _fp8_fits_shared_memory(num_heads, head_dim, next_n):
+    must fit one SM90 CTA's shared memory.
+
+    Not while torch.compile traces: with dynamic shapes (`dynamic=True`) these sizes can be
+    symbols, which the shared-memory sizing cannot take, and dynamo cannot trace it anyway.
+    The custom op then runs the check itself, on the real sizes, whenever the compiled code
+    runs (`custom_ops.fp8_paged_mqa_logits_into`), so the error still comes on the first call.
+    """
+    if torch.compiler.is_compiling():
         return
-    largest = fp8_sm90.largest_fitting_head_dim(num_heads, next_n)
-    raise ValueError(
-        f"head_dim={head_dim} with num_heads={num_heads} and next_n={next_n} does not fit the "
-        f"SM90 kernel's shared memory (227 KiB per CTA: two q slots of next_n*num_heads*head_dim "
-        f"bytes and at least two KV stages of 64*head_dim bytes); at next_n*num_heads = "
-        f"{next_n * num_heads} the largest head_dim that fits is {largest}"
-    )
+    message = fp8_sm90.shared_memory_fit_error(num_heads, head_dim, next_n)
+    if message:
+        raise ValueError(message)
 
 
 def _check_call_outputs(

@@ -15,12 +15,14 @@ Ops (namespace `flashinfer_attn_scores`, reachable as `torch.ops.flashinfer_attn
   out_storage, schedule_meta, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved)
   -> ()`
 
-They do no argument checking: call the public functions, which do.
+They do no argument checking (call the public functions, which do) but one: the FP8 ops
+check that the head geometry fits the kernel's shared memory, which a torch.compile trace
+with symbolic head sizes leaves to them (see `api._check_fp8_shared_memory_fit`).
 """
 
 import torch
 
-from . import launcher
+from . import fp8_sm90, launcher
 from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
 
 __all__ = ["NAMESPACE", "fp4_paged_mqa_logits_into", "fp8_paged_mqa_logits_into"]
@@ -41,6 +43,13 @@ def _write_computed_region(
     row_lens = seq_lens.to(torch.int64).repeat_interleave(next_n)
     computed = torch.arange(max_seq_len)[None, :] < row_lens[:, None]
     logits[computed] = expected[computed].to(out_storage.dtype)
+
+
+def _check_fp8_head_geometry_fits(q: torch.Tensor) -> None:
+    _, next_n, num_heads, head_dim = q.shape
+    message = fp8_sm90.shared_memory_fit_error(num_heads, head_dim, next_n)
+    if message:
+        raise ValueError(message)
 
 
 @torch.library.custom_op(
@@ -64,6 +73,7 @@ def fp8_paged_mqa_logits_into(
     CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta`,
     `epi_dtype` and `acc_dtype` do not change it.
     """
+    _check_fp8_head_geometry_fits(q)
     if q.shape[0] == 0:
         return
     expected = fp8_paged_mqa_logits_reference(
@@ -86,6 +96,7 @@ def fp8_paged_mqa_logits_into_cuda(
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
 ) -> None:
+    _check_fp8_head_geometry_fits(q)
     if q.shape[0] == 0:
         return
     launcher.launch_fp8_paged_mqa_logits(
