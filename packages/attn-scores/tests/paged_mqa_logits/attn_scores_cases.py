@@ -83,6 +83,20 @@ class PagedCase:
             self.max_seq_len,
         )
 
+    def dot_magnitude(self) -> torch.Tensor:
+        """The float64 sums of |products| (sum_h |w_h| sum_d |q_hd| |k_d|, times the token
+        scale): what the tensor cores' accumulation error scales with (`assert_rows_close`'s
+        `dot_magnitude`)."""
+        return expected_logits(
+            self.q64.abs(),
+            self.k64.abs(),
+            self.token_scale64,
+            self.weights.abs(),
+            self.block_tables,
+            self.seq_lens,
+            self.max_seq_len,
+        )
+
 
 def _paging(
     gen: torch.Generator,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import assert_rows_close, expected_logits, make_fp4_case, make_fp8_case
+from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import api, custom_ops
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
@@ -426,22 +426,13 @@ def test_dynamic_shapes_compile_once_and_match_eager_on_gpu(variant):
         assert_same_valid_region(got, eager, case.seq_lens, next_n)
         # Heads as few as 20 and rows of one valid position: the accumulation term of
         # assert_rows_close, as in the random-call tests.
-        dot_magnitude = expected_logits(
-            case.q64.abs(),
-            case.k64.abs(),
-            case.token_scale64,
-            case.weights.abs(),
-            case.block_tables,
-            case.seq_lens,
-            case.max_seq_len,
-        )
         assert_rows_close(
             got,
             case.expected(),
             valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len),
             tolerance(output_dtype),
             case.expected(abs_weights=True),
-            dot_magnitude,
+            case.dot_magnitude(),
             ACCUMULATION_ERROR[torch.float32],
         )
     assert counter.frame_count == 1
