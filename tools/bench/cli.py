@@ -76,8 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python tools/bench",
         description=(
-            "Check and time the paged MQA logits ops over the PERFORMANCE.md grid. Without an "
-            "SM90 GPU, runs the CPU reference path on small shapes to exercise the pipeline."
+            "Check and time the paged MQA logits ops over the benchmark grid (docs/performance.md). "
+            "Without an SM90 GPU, runs the CPU reference path on small shapes to exercise the "
+            "pipeline."
         ),
     )
     parser.add_argument("--quick", action="store_true", help="a small slice of the grid")

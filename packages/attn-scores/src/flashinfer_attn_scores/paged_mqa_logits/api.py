@@ -372,8 +372,9 @@ def fp8_paged_mqa_logits(
                                            * relu(q[b, t, h, :] . k[p, :])
 
     The per-head dot product accumulates over `head_dim` on the tensor cores in `acc_dtype`;
-    the ReLU, the weight multiply, the head sum and the multiply by the token's scale run in
-    `epi_dtype`, and the result is rounded to `output_dtype` when stored. The ReLU acts on
+    the ReLU, the weight multiply and the head sum run in `epi_dtype`, the head sum is
+    multiplied by the token's scale in float32, and the result is rounded to `output_dtype`
+    when stored. The ReLU acts on
     each head separately, before the weighted sum, so negative weights can make a logit
     negative. `next_n = q.shape[1]` is the number of query positions per request (the
     speculative/MTP draft depth, 1 for plain decode); slot `t = 0` is the oldest draft
@@ -429,9 +430,10 @@ def fp8_paged_mqa_logits(
             `seq_lens[::next_n]` works without a copy). No entry may exceed `max_seq_len`
             (DeepGEMM calls this `context_lens`).
         max_seq_len: int, the logits' column count, `>= max(seq_lens)`. A smaller value is an
-            out-of-bounds device write (undefined behaviour), not a checked error. Both this
-            and the table width are checked, on the host, only when the environment variable
-            `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call); the check is a
+            out-of-bounds device write (undefined behaviour), not a checked error. On CUDA,
+            both this and the table width are checked, on the host, only when the environment
+            variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call; CPU tensors,
+            which run the reference, are always checked); the check is a
             development aid and is skipped during CUDA-graph capture and in code traced by
             `torch.compile` (it copies device data to the host, which would break the
             graph), so validate in eager mode.
@@ -660,7 +662,8 @@ def fp4_paged_mqa_logits(
         max_seq_len: int, the logits' column count, `>= max(seq_lens)`; a smaller value is an
             out-of-bounds device write. Set `FLASHINFER_VALIDATE_INPUTS=1` (read on each call,
             skipped during CUDA-graph capture and in code traced by `torch.compile`) to have
-            these preconditions checked.
+            these preconditions checked on CUDA; CPU tensors, which run the reference, are
+            always checked.
         sf_vec_size: FP4 values per UE8M0 scale; must be 32. Fixes the packing of both `q_sf`
             and the cache's scale bytes.
         output_dtype: bfloat16 (default), float32 or float16. The FP8 variant defaults to
