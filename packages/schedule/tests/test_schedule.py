@@ -375,6 +375,36 @@ def test_cuda_device_without_cuda_is_a_value_error(device):
         compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), device)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_seq_lens_on_a_meta_device_is_a_value_error(device):
+    lens = torch.zeros(2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="seq_lens must be on a CUDA or CPU device, got meta"):
+        compute_paged_mqa_logits_schedule(lens, device)
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "match"),
+    [
+        (True, TypeError, "device must be a torch.device, str or int, got bool"),
+        (1.0, TypeError, "device must be a torch.device, str or int, got float"),
+        ("xyz", ValueError, "device: cannot parse 'xyz' as a torch device"),
+        (-1, ValueError, "device: cannot parse -1 as a torch device"),
+    ],
+)
+def test_resolve_device_names_what_it_cannot_use(device, error, match):
+    from flashinfer_schedule import resolve_device
+
+    with pytest.raises(error, match=match):
+        resolve_device(device)
+
+
+def test_resolve_device_returns_other_device_types_for_the_caller_to_refuse():
+    from flashinfer_schedule import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("meta")) == torch.device("meta")
+
+
 @pytest.mark.parametrize("device", ["cuda:2", "cuda:5", torch.device("cuda", 7)])
 def test_cuda_device_index_past_device_count_is_a_value_error(monkeypatch, device):
     from flashinfer_schedule import device_num_sms

@@ -131,6 +131,18 @@ def test_all_requests_empty():
     assert torch.isnan(out).all()
 
 
+def test_an_empty_pool_refuses_lengths_that_would_read_it():
+    # On CUDA this is the caller's precondition (no kernel runs on a pool of no blocks); the
+    # CPU reference checks every block id it reads, even with validate mode off.
+    case = make_fp8_case([40, 10], next_n=1, max_seq_len=50, seed=8)
+    args = list(case.fp8_args())
+    args[1] = args[1][:0]
+    with pytest.raises(ValueError, match=r"outside kv_fused's \[0, 0\) blocks"):
+        fa.fp8_paged_mqa_logits(*args)
+    args[4] = torch.zeros(2, dtype=torch.int32)
+    assert torch.isnan(fa.fp8_paged_mqa_logits(*args, out=torch.full((2, 256), float("nan")))).all()
+
+
 def test_strided_block_tables_and_seq_lens():
     next_n = 3
     case = make_fp8_case([150, 0, 64, 65], next_n=next_n, seed=7)

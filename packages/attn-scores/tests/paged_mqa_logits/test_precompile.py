@@ -71,6 +71,9 @@ PRECOMPILE_ERRORS = {
     "batch_size_0": ({"batch_sizes": (0,)}, ValueError, "batch_sizes entry 0: must be >= 1"),
     "device_meta": ({"device": "meta"}, ValueError, "device must be a CUDA or CPU device"),
     "device_float": ({"device": 1.5}, TypeError, "device must be a torch.device"),
+    "device_bool": ({"device": True}, TypeError, "device must be a torch.device"),
+    "device_unparsable": ({"device": "xyz"}, ValueError, "device: cannot parse 'xyz'"),
+    "device_negative": ({"device": -1}, ValueError, "device: cannot parse -1"),
 }
 
 
@@ -81,6 +84,14 @@ def test_precompile_argument_errors(kwargs, error, match):
     kwargs = {"device": "cpu", **kwargs}
     with pytest.raises(error, match=match):
         fa.precompile_paged_mqa_logits(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without usable CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_precompile_for_cuda_without_cuda_is_a_value_error(device):
+    # torch itself answers with a bare AssertionError ("Torch not compiled with CUDA enabled").
+    with pytest.raises(ValueError, match=r"device: got .*CUDA is not available"):
+        fa.precompile_paged_mqa_logits(device)
 
 
 @pytest.mark.gpu

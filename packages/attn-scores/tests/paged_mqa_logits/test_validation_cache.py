@@ -61,3 +61,20 @@ def test_unhashable_arguments_fall_back_to_the_checks(counted_checks):
     args[-1] = [int(args[-1])]  # a list is not an int
     with pytest.raises(TypeError, match="max_seq_len"):
         fa.fp8_paged_mqa_logits(*args)
+
+
+def test_a_sparse_tensor_after_an_expanded_one_of_its_shape_is_still_refused(counted_checks):
+    # A sparse COO tensor reports all-zero strides, as an expand()ed dense one does, so a
+    # signature holding such a tensor is not remembered.
+    case = make_fp8_case([40, 40], next_n=2, num_heads=8, head_dim=32, max_seq_len=64, seed=6)
+    args = list(case.fp8_args())
+    args[4] = case.seq_lens[:1].expand(2)
+    expanded = fa.fp8_paged_mqa_logits(*args)
+    fa.fp8_paged_mqa_logits(*args)
+    assert counted_checks == ["fp8", "fp8"]
+    mask = valid_mask(case.seq_lens, 2, case.max_seq_len)
+    assert torch.equal(expanded[mask], fa.fp8_paged_mqa_logits(*case.fp8_args())[mask])
+    args[4] = case.seq_lens.to_sparse()
+    assert args[4].stride() == (0,)
+    with pytest.raises(TypeError, match=r"seq_lens must be a dense \(torch.strided\) tensor"):
+        fa.fp8_paged_mqa_logits(*args)

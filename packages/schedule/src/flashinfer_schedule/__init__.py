@@ -7,6 +7,7 @@ from flashinfer_schedule.schedule import (
     compute_paged_mqa_logits_schedule,
     device_num_sms,
     passes_per_token,
+    resolve_device,
 )
 from flashinfer_schedule.sizes import min_block_table_width, padded_seq_len
 
@@ -22,4 +23,5 @@ __all__ = [
     "min_block_table_width",
     "padded_seq_len",
     "passes_per_token",
+    "resolve_device",
 ]

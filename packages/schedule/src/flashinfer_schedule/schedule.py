@@ -124,7 +124,23 @@ def passes_per_token(variant: str, next_n: int) -> int:
     return 1
 
 
-def _resolve_device(device: object) -> torch.device:
+def resolve_device(device: object) -> torch.device:
+    """The `torch.device` a `device` argument names, as the schedule helpers read it (also
+    used by `flashinfer_attn_scores.precompile_paged_mqa_logits`).
+
+    Args:
+        device: A `torch.device`, a str such as `"cuda:1"` or `"cpu"`, or an int (a CUDA
+            index). A CUDA device without an index is the current one.
+
+    Returns:
+        The device, with its index filled in for CUDA. Any device type is returned; callers
+        check the types they support.
+
+    Raises:
+        TypeError: `device` is of another type (bool included).
+        ValueError: It does not parse as a device, CUDA is not available in this process, or
+            the CUDA index is not that of a visible device.
+    """
     if isinstance(device, torch.device):
         resolved = device
     elif isinstance(device, (str, int)) and not isinstance(device, bool):
@@ -207,7 +223,7 @@ def device_num_sms(device: torch.device | str | int) -> int:
         ValueError: The device type is neither CUDA nor CPU, CUDA is not available, or the
             CUDA device index is not that of a visible device.
     """
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda":
         return _cuda_multiprocessors(dev.index)
     if dev.type == "cpu":
@@ -339,6 +355,8 @@ def compute_paged_mqa_logits_schedule(
     if not isinstance(seq_lens, torch.Tensor):
         raise TypeError(f"seq_lens must be a torch.Tensor, got {type_name(seq_lens)}")
     _check_dense("seq_lens", seq_lens)
+    if seq_lens.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"seq_lens must be on a CUDA or CPU device, got {seq_lens.device}")
     if seq_lens.dtype != torch.int32:
         raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
     if seq_lens.dim() != 1:
@@ -351,7 +369,7 @@ def compute_paged_mqa_logits_schedule(
             f"got {seq_lens.shape[0]}"
         )
     next_n = _check_variant_next_n(variant, next_n)
-    target = seq_lens.device if device is None else _resolve_device(device)
+    target = seq_lens.device if device is None else resolve_device(device)
     if target.type not in ("cuda", "cpu"):
         raise ValueError(f"device: expected a CUDA or CPU device, got {target}")
     if num_sms is None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from flashinfer_schedule import padded_seq_len
+from flashinfer_schedule import padded_seq_len, resolve_device
 
 from .. import _validation as v
 from . import custom_ops, fp8_sm90, launcher
@@ -231,12 +231,24 @@ def _signature(
     return tuple(parts)
 
 
+def _memoizable(key: tuple | None) -> bool:
+    """Whether a validated signature may be remembered. Not when a tensor's strides are all 0
+    (an `expand()`ed tensor): a sparse COO tensor of the same dtype, device and shape reports
+    the same strides, and must still meet the dense-layout check."""
+    if key is None:
+        return False
+    for part in key:
+        if type(part) is tuple and len(part) == 4 and part[3] and not any(part[3]):
+            return False
+    return True
+
+
 def _validated(validate: Callable[[], _Problem], key: tuple | None) -> _Problem:
     """`validate()`'s problem sizes, memoised by the arguments' signature `key`."""
     problem = _VALIDATED.get(key) if key is not None else None
     if problem is None:
         problem = validate()
-        if key is not None:
+        if _memoizable(key):
             if len(_VALIDATED) >= _VALIDATED_LIMIT:
                 _VALIDATED.clear()
             _VALIDATED[key] = problem
@@ -335,13 +347,14 @@ def _run(
         )
     logits = storage[: problem.rows, : problem.max_seq_len]
     # Nothing to launch. An empty pool leaves a valid call only zero-length requests, whose
-    # rows are never written (and TMA cannot describe a pool of no blocks).
-    if problem.rows == 0 or problem.num_blocks == 0:
+    # rows are never written (and TMA cannot describe a pool of no blocks). On CPU the
+    # reference still runs, so a length that would read a block is refused as elsewhere.
+    if problem.rows == 0 or (problem.num_blocks == 0 and q.is_cuda):
         return logits
     if q.is_cuda and not torch.compiler.is_compiling():
         run = prepare(storage)
         run(*tensors, storage, schedule_meta)
-        if key is not None:
+        if _memoizable(key):
             if len(_EAGER_CALLS) >= _VALIDATED_LIMIT:
                 _EAGER_CALLS.clear()
             _EAGER_CALLS[key] = _EagerCall(run, problem, storage, allocates=out is None)
@@ -983,16 +996,13 @@ def precompile_paged_mqa_logits(
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: A requested configuration violates the ops' restrictions.
+        ValueError: A requested configuration violates the ops' restrictions, or `device`
+            does not name a CPU or visible CUDA device (`flashinfer_schedule.resolve_device`).
         RuntimeError: The target is a GPU other than SM90.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
-        raise TypeError(f"device must be a torch.device, str, int or None, got {device!r}")
-    target = torch.device(device)
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
+    target = resolve_device(device)
     if target.type not in v.SUPPORTED_DEVICE_TYPES:
         raise ValueError(f"device must be a CUDA or CPU device, got {target}")
 
