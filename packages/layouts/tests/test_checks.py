@@ -1,7 +1,9 @@
-"""The switch for the checks that read tensor contents (shared spelling across packages)."""
+"""Shared checks: the switch for the checks that read tensor contents (shared spelling
+across packages), and the dense-layout check every tensor argument goes through."""
 
 from __future__ import annotations
 
+import flashinfer_layouts as fl
 import pytest
 import torch
 from flashinfer_layouts import _checks
@@ -32,3 +34,37 @@ def test_validate_inputs_spellings_match_attn_scores(monkeypatch, setting, enabl
 def test_cpu_tensors_are_always_checked(monkeypatch):
     monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "0")
     assert _checks.device_data_checks_enabled(torch.empty(1))
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: fl.quantize_fp8_per_token(torch.ones(2, 128).to_sparse()), "x"),
+        (
+            lambda: fl.pack_fp8_kv_cache(
+                torch.ones(1, 2, 4).to(torch.float8_e4m3fn), torch.ones(1, 2).to_sparse()
+            ),
+            "scales",
+        ),
+        (
+            lambda: fl.unpack_fp8_kv_cache(torch.ones(1, 2, 1, 8, dtype=torch.uint8).to_sparse()),
+            "kv_fused",
+        ),
+        (lambda: fl.quantize_mxfp4(torch.ones(2, 128).to_sparse()), "x"),
+        (lambda: fl.nvfp4_quantize(torch.ones(2, 16), torch.ones(1).to_sparse()), "a_global_sf"),
+        (lambda: fl.swizzle_128x4_offset(torch.tensor([1, 0]).to_sparse(), 0, 4), "row"),
+        (
+            lambda: fl.write_fp8_kv_cache(
+                torch.zeros(1, 2, 1, 132, dtype=torch.uint8),
+                torch.ones(1, 128),
+                torch.tensor([1]).to_sparse(),
+            ),
+            "slot_mapping",
+        ),
+    ],
+)
+def test_sparse_tensors_are_refused_naming_the_argument(call, name):
+    with pytest.raises(
+        TypeError, match=rf"^{name} must be a dense \(torch.strided\) tensor; got torch.sparse_coo$"
+    ):
+        call()

@@ -236,3 +236,16 @@ def test_unpack_exact_for_representable_and_bounded_for_random():
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 4])
+def test_zero_pages_pack_and_unpack_to_empty(num_kv_heads):
+    k = torch.zeros(0, num_kv_heads, 128, 128)
+    pages = fl.pack_nvfp4_msa_pages(k, k.clone(), 1.0, 1.0)
+    assert pages.shape == (0, 18432 * num_kv_heads) and pages.dtype == torch.uint8
+    k_hat, v_hat = fl.unpack_nvfp4_msa_pages(pages, num_kv_heads, 1.0, 1.0, dtype=torch.bfloat16)
+    for t in (k_hat, v_hat):
+        assert t.shape == (0, num_kv_heads, 128, 128) and t.dtype == torch.bfloat16
+    k_data, k_scale, v_data, v_scale = fl.msa_page_views(pages, num_kv_heads)
+    assert k_data.shape == v_data.shape == (0, num_kv_heads, 128, 64)
+    assert k_scale.shape == v_scale.shape == (0, num_kv_heads, 128, 8)

@@ -327,7 +327,8 @@ def test_quantize_kv_cache_round_trip_both_orders():
                 torch.zeros(2, 24, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8)
             ),
             ValueError,
-            r"^packed: head_dim \(2 \* packed.shape\[-1\]\) must be a multiple of 32; got 48$",
+            r"^packed: head_dim \(2 \* packed.shape\[-1\]\) must be a multiple of "
+            r"32 \(sf_vec_size\); got 48$",
         ),
         (
             lambda: fl.mxfp4_interleaved_token_of_slot(128, device="gpu0"),
@@ -377,3 +378,92 @@ def test_scale_byte_255_decodes_as_two_to_the_128():
     scales = torch.full((1, 1), 255, dtype=torch.uint8)
     got = fl.dequantize_mxfp4(packed, scales, dtype=torch.float64)
     assert got[0, :2].tolist() == [2.0**127, 2.0**128]
+
+
+@pytest.mark.parametrize("sf_vec_size", [16, 32])
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)])
+def test_empty_rows_quantize_and_dequantize_to_empty(lead, sf_vec_size):
+    # The shapes the non-empty formula gives: [..., D/2] and [..., D/sf_vec_size] uint8.
+    packed, scales = fl.quantize_mxfp4(torch.zeros(*lead, 128), sf_vec_size=sf_vec_size)
+    assert packed.shape == (*lead, 64) and packed.dtype == torch.uint8
+    assert scales.shape == (*lead, 128 // sf_vec_size) and scales.dtype == torch.uint8
+    out = fl.dequantize_mxfp4(packed, scales, sf_vec_size=sf_vec_size, dtype=torch.bfloat16)
+    assert out.shape == (*lead, 128) and out.dtype == torch.bfloat16
+
+
+def test_dequantize_an_empty_head_dim_gives_empty_rows():
+    packed, scales = torch.zeros(3, 0, dtype=torch.uint8), torch.zeros(3, 0, dtype=torch.uint8)
+    out = fl.dequantize_mxfp4(packed, scales, dtype=torch.float64)
+    assert out.shape == (3, 0) and out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("shape", [(0, 1, 64), (2, 0, 64), (2, 1, 0)])
+def test_empty_q_round_trips_to_empty(shape):
+    q_packed, q_sf = fl.quantize_mxfp4_q(torch.zeros(*shape, 128))
+    assert q_packed.shape == (*shape, 64) and q_packed.dtype == torch.uint8
+    assert q_sf.shape == shape and q_sf.dtype == torch.int32
+    out = fl.dequantize_mxfp4_q(q_packed, q_sf, dtype=torch.float16)
+    assert out.shape == (*shape, 128) and out.dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    ("nb", "bs", "interleaved"), [(0, 32, False), (0, 128, True), (2, 0, False)]
+)
+def test_empty_kv_cache_round_trips_to_empty(nb, bs, interleaved):
+    kv = fl.quantize_mxfp4_kv_cache(torch.zeros(nb, bs, 128), interleaved=interleaved)
+    assert kv.shape == (nb, bs, 1, 68) and kv.dtype == torch.uint8
+    out = fl.dequantize_mxfp4_kv_cache(kv, interleaved=interleaved, dtype=torch.float64)
+    assert out.shape == (nb, bs, 128) and out.dtype == torch.float64
+    packed, scales = fl.unpack_mxfp4_kv_cache(kv, interleaved=interleaved)
+    assert packed.shape == (nb, bs, 64) and scales.shape == (nb, bs, 4)
+
+
+def test_dequantize_an_empty_pool_without_quantizing():
+    out = fl.dequantize_mxfp4_kv_cache(torch.zeros(0, 32, 1, 68, dtype=torch.uint8))
+    assert out.shape == (0, 32, 128) and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("sf_vec_size", [2**40, 256, 130])
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        (lambda s: fl.quantize_mxfp4(torch.ones(2, 128), sf_vec_size=s), "x"),
+        (
+            lambda s: fl.dequantize_mxfp4(
+                torch.zeros(2, 64, dtype=torch.uint8),
+                torch.zeros(2, 1, dtype=torch.uint8),
+                sf_vec_size=s,
+            ),
+            "packed",
+        ),
+    ],
+)
+def test_sf_vec_size_larger_than_head_dim_is_blamed_on_sf_vec_size(call, arg, sf_vec_size):
+    with pytest.raises(
+        ValueError,
+        match=rf"^sf_vec_size must be an even divisor of {arg}'s head_dim \(128\); "
+        rf"got {sf_vec_size}$",
+    ):
+        call(sf_vec_size)
+
+
+@pytest.mark.parametrize(
+    ("sf_vec_size", "exc", "match"),
+    [
+        (0, ValueError, r"^sf_vec_size must be positive; got 0$"),
+        (-32, ValueError, r"^sf_vec_size must be positive; got -32$"),
+        (3, ValueError, r"^sf_vec_size must be even .*; got 3$"),
+        (32.0, TypeError, r"^sf_vec_size must be an int; got float$"),
+        (True, TypeError, r"^sf_vec_size must be an int; got bool$"),
+        # both could be at fault: the message names the argument and sf_vec_size
+        (
+            12,
+            ValueError,
+            r"^x: the last dimension \(head_dim\) must be a multiple of 12 \(sf_vec_size\); "
+            r"got 128$",
+        ),
+    ],
+)
+def test_sf_vec_size_is_checked_before_x(sf_vec_size, exc, match):
+    with pytest.raises(exc, match=match):
+        fl.quantize_mxfp4(torch.ones(2, 128), sf_vec_size=sf_vec_size)

@@ -263,3 +263,76 @@ def test_zero_matrix_and_tensor_global_scale():
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("sf_vec_size", [16, 32])
+def test_empty_matrix_quantizes_and_dequantizes_to_empty(sf_vec_size):
+    n_sf = 64 // sf_vec_size
+    a_fp4, a_sf = fl.nvfp4_quantize(torch.zeros(0, 64), 1.0, sf_vec_size=sf_vec_size)
+    assert a_fp4.shape == (0, 32) and a_fp4.dtype == torch.uint8
+    assert a_sf.shape == (0, 4) and a_sf.dtype == torch.uint8  # 0 rows; cols padded to 4
+    a_fp4_l, a_sf_l = fl.nvfp4_quantize(
+        torch.zeros(0, 64), 1.0, sf_vec_size=sf_vec_size, swizzled=False
+    )
+    assert a_fp4_l.shape == (0, 32) and a_sf_l.shape == (0, n_sf) and a_sf_l.dtype == torch.uint8
+    for sf, swizzled in ((a_sf, True), (a_sf_l, False)):
+        out = fl.nvfp4_dequantize(
+            a_fp4, sf, 1.0, sf_vec_size=sf_vec_size, swizzled=swizzled, dtype=torch.float16
+        )
+        assert out.shape == (0, 64) and out.dtype == torch.float16
+
+
+def test_empty_columns_quantize_and_dequantize_to_empty():
+    a_fp4, a_sf = fl.nvfp4_quantize(torch.zeros(5, 0), 2.0)
+    assert a_fp4.shape == (5, 0) and a_sf.shape == (128, 0)  # rows padded to 128
+    _, a_sf_l = fl.nvfp4_quantize(torch.zeros(5, 0), 2.0, swizzled=False)
+    assert a_sf_l.shape == (5, 0)
+    out = fl.nvfp4_dequantize(a_fp4, a_sf, 2.0, dtype=torch.float64)
+    assert out.shape == (5, 0) and out.dtype == torch.float64
+
+
+def test_swizzle_offset_of_tensors_matches_ints():
+    rows = torch.tensor([r for r, _, _ in HAND_OFFSETS], dtype=torch.int32)
+    cols = torch.tensor([c for _, c, _ in HAND_OFFSETS])
+    got = fl.swizzle_128x4_offset(rows, cols, 6)
+    assert got.tolist() == [offset for _, _, offset in HAND_OFFSETS]
+    grid = fl.swizzle_128x4_offset(torch.arange(300).unsqueeze(1), torch.arange(6), 6)
+    assert grid.shape == (300, 6) and len(set(grid.flatten().tolist())) == 300 * 6
+    empty = fl.swizzle_128x4_offset(torch.zeros(0, dtype=torch.int64), 0, 6)
+    assert empty.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("row", "col", "num_cols", "exc", "match"),
+    [
+        (-1, 0, 3, ValueError, r"^row must be >= 0; got -1$"),
+        (0, -1, 3, ValueError, r"^col must be in \[0, 3\); got -1$"),
+        # column 4 of a 3-column buffer would alias scale (128, 0) at byte 512
+        (0, 4, 3, ValueError, r"^col must be in \[0, 3\); got 4$"),
+        (0, 3, 3, ValueError, r"^col must be in \[0, 3\); got 3$"),
+        (0, 0, 0, ValueError, r"^num_cols must be positive; got 0$"),
+        (1.5, 0, 3, TypeError, r"^row must be an int or an int32 / int64 tensor; got float$"),
+        (float("nan"), 0, 3, TypeError, r"^row must be an int or an int32 / int64 tensor"),
+        (True, 0, 3, TypeError, r"^row must be an int or an int32 / int64 tensor; got bool$"),
+        (None, 0, 3, TypeError, r"^row must be an int or an int32 / int64 tensor; got NoneType$"),
+        (0, "1", 3, TypeError, r"^col must be an int or an int32 / int64 tensor; got str$"),
+        (0, 0, 3.0, TypeError, r"^num_cols must be an int; got float$"),
+        (0, 0, True, TypeError, r"^num_cols must be an int; got bool$"),
+        (torch.tensor([0, -2]), 0, 3, ValueError, r"^row must be >= 0; got -2$"),
+        (0, torch.tensor([[0], [5]]), 3, ValueError, r"^col must be in \[0, 3\); got 5$"),
+        (torch.tensor([1.0]), 0, 3, TypeError, r"^row must have dtype torch.int32 or torch.int64"),
+        # uint8 row * 16 would wrap around
+        (torch.tensor([31], dtype=torch.uint8), 0, 3, TypeError, r"^row must have dtype"),
+        (torch.tensor([True]), 0, 3, TypeError, r"^row must have dtype"),
+        (
+            torch.tensor([0, 1]),
+            torch.tensor([0, 1, 2]),
+            3,
+            ValueError,
+            r"^row and col must broadcast together; got shapes \(2,\) and \(3,\)$",
+        ),
+    ],
+)
+def test_swizzle_offset_argument_errors(row, col, num_cols, exc, match):
+    with pytest.raises(exc, match=match):
+        fl.swizzle_128x4_offset(row, col, num_cols)

@@ -225,3 +225,57 @@ POOL4 = torch.zeros(2, 64, 1, 68, dtype=torch.uint8)
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+WRITERS = [
+    pytest.param(fl.write_fp8_kv_cache, 132, id="fp8"),
+    pytest.param(fl.write_mxfp4_kv_cache, 68, id="mxfp4"),
+]
+
+
+@pytest.mark.parametrize(("write", "width"), WRITERS)
+def test_overlapping_blocks_are_refused(write, width):
+    # One block's storage seen as three: writing block 1 would overwrite block 0.
+    pool = torch.zeros(1, 32, 1, width, dtype=torch.uint8).expand(3, 32, 1, width)
+    with pytest.raises(ValueError, match=r"^kv_fused blocks must not overlap: stride\(0\)"):
+        write(pool, torch.randn(2, 128), torch.tensor([0, 32], dtype=torch.int32))
+    assert int(pool.count_nonzero()) == 0
+
+
+@pytest.mark.parametrize(("write", "width"), WRITERS)
+def test_token_expanded_pool_is_refused(write, width):
+    pool = torch.zeros(3, 1, 1, width, dtype=torch.uint8).expand(3, 32, 1, width)
+    with pytest.raises(ValueError, match=r"^kv_fused must store each block .* contiguously"):
+        write(pool, torch.randn(2, 128), torch.tensor([0, 1]))
+    assert int(pool.count_nonzero()) == 0
+
+
+@pytest.mark.parametrize(("write", "width"), WRITERS)
+def test_every_other_token_view_is_refused(write, width):
+    big = torch.zeros(2, 64, 1, width, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"^kv_fused must store each block"):
+        write(big[:, ::2], torch.randn(1, 128), torch.tensor([3]))
+    assert int(big.count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_write_into_one_layer_of_a_layer_interleaved_cache(fmt):
+    gen = torch.Generator().manual_seed(48)
+    num_blocks, num_layers, layer, block_size = 4, 3, 1, 32
+    width = 132 if fmt == "fp8" else 68
+    cache = random_pool(gen, num_blocks, num_layers, block_size, 1, width)
+    before = cache.clone()
+    pool = cache[:, layer]  # blocks contiguous, pitch num_layers blocks wide
+    assert pool.stride(0) == num_layers * block_size * width
+    k = torch.randn(3, 128, generator=gen)
+    slots = [5, -1, 100]
+    if fmt == "fp8":
+        fl.write_fp8_kv_cache(pool, k, torch.tensor(slots))
+        written = fp8_expected(before[:, layer].contiguous(), k, slots)
+    else:
+        fl.write_mxfp4_kv_cache(pool, k, torch.tensor(slots))
+        written = mxfp4_expected(before[:, layer].contiguous(), k, slots, interleaved=False)
+    expected = before.clone()
+    expected[:, layer] = written
+    assert torch.equal(cache, expected)  # the other layers are untouched
+    assert not torch.equal(written, before[:, layer])

@@ -8,6 +8,7 @@ and the received value, so a caller can fix the call without reading this code.
 from __future__ import annotations
 
 import builtins
+import math
 import os
 from collections.abc import Sequence
 
@@ -51,9 +52,15 @@ def flag(name: str, value: object) -> bool:
 
 
 def tensor(name: str, value: object) -> torch.Tensor:
-    """Return ``value`` if it is a tensor, else raise TypeError naming ``name``."""
+    """Return ``value`` if it is a dense (strided) tensor, else raise TypeError naming ``name``.
+
+    Sparse and other non-strided layouts are refused here: the helpers index, view and
+    reshape their inputs, which such tensors do not support.
+    """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type_name(value)}")
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (torch.strided) tensor; got {value.layout}")
     return value
 
 
@@ -86,9 +93,20 @@ def dim_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -> 
         )
 
 
-def divisible(name: str, value: int, divisor: int, what: str) -> None:
+def in_range(name: str, value: int, low: int, high: int | None = None) -> None:
+    """Raise ValueError unless ``low <= value`` (and ``value < high`` when ``high`` is given)."""
+    if value < low or (high is not None and value >= high):
+        expected = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"{name} must be {expected}; got {value}")
+
+
+def divisible(
+    name: str, value: int, divisor: int, what: str, divisor_name: str | None = None
+) -> None:
+    """``value`` must be a multiple of ``divisor`` (named in the message when it is an argument)."""
     if divisor <= 0 or value % divisor != 0:
-        raise ValueError(f"{name}: {what} must be a multiple of {divisor}; got {value}")
+        expected = divisor if divisor_name is None else f"{divisor} ({divisor_name})"
+        raise ValueError(f"{name}: {what} must be a multiple of {expected}; got {value}")
 
 
 def same_shape(name: str, t: torch.Tensor, expected: Sequence[int], layout: str) -> None:
@@ -100,6 +118,46 @@ def same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) ->
     if t.device != ref.device:
         raise ValueError(
             f"{name} must be on the same device as {ref_name} ({ref.device}); got {t.device}"
+        )
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def blocks_contiguous(name: str, t: torch.Tensor) -> None:
+    """Each ``t[i]`` (a block) must be one contiguous run of memory; ``stride(0)`` is free.
+
+    Strides of dimensions of size 1 are never used, so they are not checked.
+    """
+    expected = 1
+    for dim in range(t.dim() - 1, 0, -1):
+        if t.shape[dim] > 1 and t.stride(dim) != expected:
+            raise ValueError(
+                f"{name} must store each block (each {name}[i]) contiguously: strides of "
+                f"dims 1..{t.dim() - 1} must be {_contiguous_strides(t.shape[1:])}; "
+                f"got strides {t.stride()} for shape {tuple(t.shape)}"
+            )
+        expected *= t.shape[dim]
+
+
+def blocks_disjoint(name: str, t: torch.Tensor) -> None:
+    """Blocks ``t[i]`` must not overlap: ``stride(0)`` at least one block's element count.
+
+    A wider pitch (one layer of a layer-interleaved cache, a slice of every other block) is
+    fine. Assumes `blocks_contiguous` holds, so a block spans exactly ``t[0].numel()``.
+    """
+    if t.shape[0] <= 1:
+        return  # one block: the stride is never used
+    block_size = math.prod(t.shape[1:])
+    if t.stride(0) < block_size:
+        raise ValueError(
+            f"{name} blocks must not overlap: stride(0) must be >= the {block_size} elements "
+            f"of one block; got strides {t.stride()} for shape {tuple(t.shape)}"
         )
 
 
@@ -153,6 +211,7 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
             raise ValueError(f"{name} must be a finite positive number; got {value}")
         return torch.tensor(number, dtype=torch.float32, device=device)
     if isinstance(value, torch.Tensor):
+        tensor(name, value)
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a floating tensor; got dtype {value.dtype}")
         if value.numel() != 1:

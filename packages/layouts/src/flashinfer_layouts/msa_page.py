@@ -181,11 +181,10 @@ def pack_nvfp4_msa_pages(
     k_sf = _checks.global_scale("k_global_sf", k_global_sf, k.device)
     v_sf = _checks.global_scale("v_global_sf", v_global_sf, k.device)
 
-    num_pages = k.shape[0]
     k_data, k_scale = quantize_rows(k, k_sf, NVFP4_SF_VEC_SIZE)
     v_data, v_scale = quantize_rows(v, v_sf, NVFP4_SF_VEC_SIZE)
     regions = (k_data, k_scale, v_data, swizzle_msa_v_scales(v_scale))
-    return torch.cat([r.reshape(num_pages, -1) for r in regions], dim=1)
+    return torch.cat([r.flatten(1) for r in regions], dim=1)
 
 
 def _check_pages(pages: torch.Tensor, num_kv_heads: int) -> MsaPageOffsets:

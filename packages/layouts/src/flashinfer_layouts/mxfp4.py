@@ -92,8 +92,17 @@ def _check_sf_vec_size(
     sf_vec_size: int, head_dim: int, arg: str, what: str = "the last dimension (head_dim)"
 ) -> None:
     _checks.positive_int("sf_vec_size", sf_vec_size)
-    _checks.divisible("sf_vec_size", sf_vec_size, 2, "sf_vec_size")
-    _checks.divisible(arg, head_dim, sf_vec_size, what)
+    if sf_vec_size % 2 != 0:
+        raise ValueError(
+            f"sf_vec_size must be even (a multiple of 2: two nibbles per byte); got {sf_vec_size}"
+        )
+    # Larger than a non-empty head_dim, it cannot be a group size: the fault is sf_vec_size.
+    if 0 < head_dim < sf_vec_size:
+        raise ValueError(
+            f"sf_vec_size must be an even divisor of {arg}'s head_dim ({head_dim}); "
+            f"got {sf_vec_size}"
+        )
+    _checks.divisible(arg, head_dim, sf_vec_size, what, "sf_vec_size")
 
 
 def quantize_mxfp4(
@@ -129,7 +138,9 @@ def quantize_mxfp4(
 
     Raises:
         TypeError: ``x`` is not a floating tensor or ``sf_vec_size`` is not an int.
-        ValueError: ``x`` is 0-D or ``head_dim`` is not a multiple of ``sf_vec_size``.
+        ValueError: ``sf_vec_size`` is not positive and even or exceeds ``head_dim``, ``x``
+            is 0-D or has an empty last dimension, or ``head_dim`` is not a multiple of
+            ``sf_vec_size``.
     """
     _check_float_rows("x", x, sf_vec_size)
     return _quantize(x, sf_vec_size)
@@ -145,11 +156,12 @@ def _check_float_rows(name: str, x: object, sf_vec_size: int) -> None:
 
 
 def _quantize(x: torch.Tensor, sf_vec_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lead = x.shape[:-1]
-    groups = x.to(torch.float64).reshape(*lead, -1, sf_vec_size)
+    # Explicit sizes, not -1: a reshape of an empty tensor cannot infer a dimension.
+    *lead, head_dim = x.shape
+    groups = x.to(torch.float64).reshape(*lead, head_dim // sf_vec_size, sf_vec_size)
     scales = ue8m0_scale_bytes(groups.abs().amax(dim=-1))
     inv_scale = exp2_float64(127 - scales.to(torch.int64)).unsqueeze(-1)
-    codes = e2m1_encode(groups * inv_scale).reshape(*lead, -1)
+    codes = e2m1_encode(groups * inv_scale).reshape(*lead, head_dim)
     return pack_nibbles(codes), scales
 
 
@@ -176,9 +188,10 @@ def dequantize_mxfp4(
         ``[..., head_dim]`` tensor of ``dtype``.
 
     Raises:
-        TypeError: a dtype is wrong.
-        ValueError: shapes disagree, ``head_dim`` is not a multiple of ``sf_vec_size`` or
-            the tensors are on different devices.
+        TypeError: a dtype is wrong or ``sf_vec_size`` is not an int.
+        ValueError: shapes disagree, ``sf_vec_size`` is not positive and even or exceeds
+            ``head_dim``, ``head_dim`` is not a multiple of ``sf_vec_size`` or the tensors
+            are on different devices.
     """
     packed = _checks.tensor("packed", packed)
     scales = _checks.tensor("scales", scales)
@@ -197,10 +210,12 @@ def dequantize_mxfp4(
 def _dequantize(
     packed: torch.Tensor, scales: torch.Tensor, sf_vec_size: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    lead = packed.shape[:-1]
-    values = e2m1_decode(unpack_nibbles(packed), torch.float64).reshape(*lead, -1, sf_vec_size)
+    *lead, half = packed.shape
+    head_dim = 2 * half
+    values = e2m1_decode(unpack_nibbles(packed), torch.float64)
+    values = values.reshape(*lead, head_dim // sf_vec_size, sf_vec_size)
     scale = exp2_float64(scales.to(torch.int64) - 127).unsqueeze(-1)
-    return (values * scale).reshape(*lead, -1).to(dtype)
+    return (values * scale).reshape(*lead, head_dim).to(dtype)
 
 
 # --- q / q_sf -------------------------------------------------------------------------------

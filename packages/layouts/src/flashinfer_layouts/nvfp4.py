@@ -85,21 +85,61 @@ def swizzle_128x4_offset(
     ``((row // 128) * (C // 4) + col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
     + col % 4`` with ``C = ceil(num_cols / 4) * 4``.
 
+    The ranges of tensor ``row`` / ``col`` are read (a host synchronisation), so they are
+    checked as in `write_fp8_kv_cache`: always on CPU, on a GPU only with
+    ``FLASHINFER_VALIDATE_INPUTS=1`` outside CUDA-graph capture.
+
     Args:
-        row: scale row, an int or an integer tensor.
-        col: scale column, an int or an integer tensor (broadcast with ``row``).
-        num_cols: unpadded (or padded) scale column count of the buffer.
+        row: scale row, ``>= 0``: an int or an int32 / int64 tensor.
+        col: scale column, in ``[0, num_cols)``: an int or an int32 / int64 tensor
+            (broadcast with ``row``).
+        num_cols: unpadded (or padded) scale column count of the buffer, ``>= 1``.
 
     Returns:
         The offset(s), same kind as the inputs.
 
     Raises:
-        ValueError: ``num_cols`` is not positive.
+        TypeError: ``num_cols`` is not an int, or ``row`` / ``col`` is neither an int nor an
+            int32 / int64 tensor (a bool or float is refused too).
+        ValueError: ``num_cols < 1``, ``row < 0``, ``col`` outside ``[0, num_cols)``, or
+            tensor ``row`` and ``col`` that do not broadcast.
     """
     _checks.positive_int("num_cols", num_cols)
+    _check_scale_index("row", row, None)
+    _check_scale_index("col", col, num_cols)
+    if isinstance(row, torch.Tensor) and isinstance(col, torch.Tensor):
+        _check_broadcast("row", row, "col", col)
     padded_cols = _round_up(num_cols, _TILE_COLS)
     tile = (row // _TILE_ROWS) * (padded_cols // _TILE_COLS) + col // _TILE_COLS
     return tile * 512 + (row % 32) * 16 + ((row % _TILE_ROWS) // 32) * 4 + col % _TILE_COLS
+
+
+def _check_scale_index(name: str, value: object, high: int | None) -> None:
+    """``value`` must be an int or an int32/int64 tensor with entries in ``[0, high)``."""
+    if isinstance(value, torch.Tensor):
+        # Narrower integer dtypes would overflow in the offset arithmetic (row * 16).
+        _checks.dtype(name, _checks.tensor(name, value), _checks.INDEX_DTYPES)
+        if value.numel() == 0 or not _checks.device_data_checks_enabled(value):
+            return
+        low_value, high_value = int(value.min()), int(value.max())
+        _checks.in_range(name, low_value, 0, high)
+        _checks.in_range(name, high_value, 0, high)
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} must be an int or an int32 / int64 tensor; got {_checks.type_name(value)}"
+        )
+    _checks.in_range(name, value, 0, high)
+
+
+def _check_broadcast(name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    try:
+        torch.broadcast_shapes(t.shape, other.shape)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{name} and {other_name} must broadcast together; got shapes {tuple(t.shape)} "
+            f"and {tuple(other.shape)}"
+        ) from error
 
 
 def swizzle_128x4(sf: torch.Tensor) -> torch.Tensor:
@@ -212,8 +252,9 @@ def quantize_rows(
     Every rounding is the correctly rounded float32 one (see `div_to_float32`,
     `mul_to_float32`) or integer / comparison arithmetic, so all devices give the same bytes.
     """
-    lead = x.shape[:-1]
-    groups = x.to(torch.float32).reshape(*lead, -1, sf_vec_size)
+    # Explicit sizes, not -1: a reshape of an empty tensor cannot infer a dimension.
+    *lead, k = x.shape
+    groups = x.to(torch.float32).reshape(*lead, k // sf_vec_size, sf_vec_size)
     amax = groups.abs().amax(dim=-1)
     # fl32(fl32(amax / 6) * global_sf), rounded to e4m3 with saturation at 448 (the clamp).
     scale_target = mul_to_float32(div_to_float32(amax, E2M1_MAX), global_sf)
@@ -222,7 +263,7 @@ def quantize_rows(
     encode = torch.where(
         scale_f32 == 0, torch.zeros_like(scale_f32), div_to_float32(global_sf, scale_f32)
     )
-    codes = e2m1_encode(mul_to_float32(groups, encode.unsqueeze(-1))).reshape(*lead, -1)
+    codes = e2m1_encode(mul_to_float32(groups, encode.unsqueeze(-1))).reshape(*lead, k)
     return pack_nibbles(codes), scale_bits
 
 
@@ -239,14 +280,16 @@ def dequantize_rows(
     exact to float64 and, for other dtypes, rounded once to float32 (`div_to_float32`)
     before the cast to ``dtype``.
     """
-    lead = packed.shape[:-1]
-    values = e2m1_decode(unpack_nibbles(packed), torch.float32).reshape(*lead, -1, sf_vec_size)
+    *lead, half = packed.shape
+    k = 2 * half
+    values = e2m1_decode(unpack_nibbles(packed), torch.float32)
+    values = values.reshape(*lead, k // sf_vec_size, sf_vec_size)
     scale = scales.view(torch.float8_e4m3fn).to(torch.float32).unsqueeze(-1)
     if dtype == torch.float64:
         out = (values * scale).to(torch.float64) / global_sf.to(torch.float64)
     else:
         out = div_to_float32(values * scale, global_sf).to(dtype)
-    return out.reshape(*lead, -1)
+    return out.reshape(*lead, k)
 
 
 def _check_sf_vec_size(sf_vec_size: object) -> int:

@@ -51,6 +51,13 @@ def _check_rows(
             )
 
 
+def _check_pool_layout(kv_fused: torch.Tensor) -> None:
+    # The scatter writes through whatever strides it is given: overlapping blocks (an
+    # expanded pool) would silently overwrite each other. The kernels read the same layout.
+    _checks.blocks_contiguous("kv_fused", kv_fused)
+    _checks.blocks_disjoint("kv_fused", kv_fused)
+
+
 def _resolve_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Map every row to the row whose bytes it writes, without reading data on the host.
 
@@ -107,6 +114,10 @@ def write_fp8_kv_cache(
     only with ``FLASHINFER_VALIDATE_INPUTS=1`` outside CUDA-graph capture. An out-of-range
     slot that is not checked is a device-side indexing error.
 
+    The pool may be a view whose blocks are further apart than one block (``stride(0)``
+    larger than a block's bytes, e.g. one layer of a layer-interleaved cache), but each
+    block's bytes must be contiguous and blocks must not overlap, as the kernels read them.
+
     Args:
         kv_fused: ``[num_blocks, block_size, 1, head_dim + 4]`` uint8 pool, modified in place.
         k: ``[num_tokens, head_dim]`` float16, bfloat16, float32 or float64 new rows.
@@ -115,10 +126,12 @@ def write_fp8_kv_cache(
 
     Raises:
         TypeError: a dtype is wrong.
-        ValueError: a rank, shape or device mismatch, an unknown ``scale_mode``, or (when
-            checked) a slot outside ``[-1, num_blocks * block_size)``.
+        ValueError: a rank, shape or device mismatch, a pool whose blocks are not contiguous
+            or overlap, an unknown ``scale_mode``, or (when checked) a slot outside
+            ``[-1, num_blocks * block_size)``.
     """
     head_dim = fp8_kv_cache_head_dim(kv_fused)
+    _check_pool_layout(kv_fused)
     _check_rows(kv_fused, k, slot_mapping, head_dim)
     _checks.choice("scale_mode", scale_mode, FP8_SCALE_MODES)
     if k.shape[0] == 0 or kv_fused.numel() == 0:  # nothing to write, or no slot (all -1)
@@ -149,8 +162,8 @@ def write_mxfp4_kv_cache(
     ``block_size * head_dim/2 + (head_dim/32) * k`` of that block, where ``k = offset``
     (token order) or, with ``interleaved=True`` (block size 128),
     ``k = 4 * (offset % 32) + offset // 32``. No other byte changes. Slot -1 skips the row;
-    duplicate slots leave which row lands unspecified. Slot range checks as in
-    `write_fp8_kv_cache`.
+    duplicate slots leave which row lands unspecified. Slot range checks and the pool's
+    layout rules (contiguous, non-overlapping blocks) as in `write_fp8_kv_cache`.
 
     Args:
         kv_fused: ``[num_blocks, block_size, 1, head_dim/2 + head_dim/32]`` uint8 pool,
@@ -161,11 +174,12 @@ def write_mxfp4_kv_cache(
 
     Raises:
         TypeError: a dtype is wrong or ``interleaved`` is not a bool.
-        ValueError: a rank, shape or device mismatch, ``interleaved`` with
-            ``block_size != 128``, or (when checked) a slot outside
-            ``[-1, num_blocks * block_size)``.
+        ValueError: a rank, shape or device mismatch, a pool whose blocks are not contiguous
+            or overlap, ``interleaved`` with ``block_size != 128``, or (when checked) a slot
+            outside ``[-1, num_blocks * block_size)``.
     """
     head_dim = mxfp4_kv_cache_head_dim(kv_fused)
+    _check_pool_layout(kv_fused)
     block_size = kv_fused.shape[1]
     _check_interleaved_flag(interleaved, block_size)
     _check_rows(kv_fused, k, slot_mapping, head_dim)
