@@ -375,6 +375,12 @@ def test_cuda_device_without_cuda_is_a_value_error(device):
         compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), device)
 
 
+def test_a_negated_seq_lens_is_refused():
+    lens = torch._neg_view(torch.tensor([-100, -5], dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"seq_lens is a negated view .*resolve_neg\(\)"):
+        compute_paged_mqa_logits_schedule(lens, "cpu")
+
+
 @pytest.mark.parametrize("device", [None, "cpu"])
 def test_seq_lens_on_a_meta_device_is_a_value_error(device):
     lens = torch.zeros(2, dtype=torch.int32, device="meta")

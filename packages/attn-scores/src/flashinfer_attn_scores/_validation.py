@@ -53,12 +53,23 @@ def _type_name(value: object) -> str:
 
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
-    """Raise TypeError unless `value` is a dense (strided) tensor."""
+    """Raise TypeError unless `value` is a dense (strided) tensor whose memory holds its values.
+
+    A negated view (`is_neg()`, e.g. the `.imag` of a `conj()` view) holds -value in memory:
+    the kernels read memory, so it is refused rather than silently negated. Not checked while
+    torch.compile traces (dynamo cannot trace `is_neg()`); the dispatcher then resolves a
+    negated input before the custom op runs.
+    """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(value)}")
     if value.layout != torch.strided or value.is_nested:
         layout = "nested" if value.is_nested else str(value.layout)
         raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {layout}")
+    if not torch.compiler.is_compiling() and value.is_neg():
+        raise TypeError(
+            f"{name} is a negated view (is_neg() is True), whose memory holds the negated "
+            f"values; pass {name}.resolve_neg()"
+        )
     return value
 
 

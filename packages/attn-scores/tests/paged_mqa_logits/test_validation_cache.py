@@ -78,3 +78,35 @@ def test_a_sparse_tensor_after_an_expanded_one_of_its_shape_is_still_refused(cou
     assert args[4].stride() == (0,)
     with pytest.raises(TypeError, match=r"seq_lens must be a dense \(torch.strided\) tensor"):
         fa.fp8_paged_mqa_logits(*args)
+
+
+@pytest.mark.parametrize(
+    "index", [0, 1, 2, 3, 4], ids=["q", "kv_fused", "weights", "tables", "lens"]
+)
+def test_a_negated_view_is_refused(index):
+    # A negated view (is_neg()) holds the negated values in memory, which a kernel reads.
+    case = make_fp8_case([40, 70], next_n=1, seed=7)
+    args = list(case.fp8_args())
+    name = ["q", "kv_fused", "weights", "block_tables", "seq_lens"][index]
+    negated = torch._neg_view(args[index])
+    assert negated.is_neg()
+    args[index] = negated
+    with pytest.raises(TypeError, match=rf"{name} is a negated view .*{name}\.resolve_neg\(\)"):
+        fa.fp8_paged_mqa_logits(*args)
+
+
+def test_a_negated_weights_or_out_of_a_known_signature_is_refused(counted_checks):
+    # The float tensors a negated view comes from in public PyTorch (.imag of a conj() view)
+    # are tested on every call, after the signature is remembered.
+    case = make_fp8_case([40, 70], next_n=1, seed=8)
+    out = torch.full((case.rows, 256), float("nan"))
+    fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
+    assert counted_checks == ["fp8"]
+    conj_imag = torch.complex(torch.zeros_like(case.weights), -case.weights).conj().imag
+    assert conj_imag.is_neg() and torch.equal(conj_imag, case.weights)
+    args = list(case.fp8_args())
+    args[2] = conj_imag
+    with pytest.raises(TypeError, match=r"weights is a negated view"):
+        fa.fp8_paged_mqa_logits(*args, out=out)
+    with pytest.raises(TypeError, match=r"out is a negated view"):
+        fa.fp8_paged_mqa_logits(*case.fp8_args(), out=torch._neg_view(out))

@@ -234,6 +234,10 @@ def device_num_sms(device: torch.device | str | int) -> int:
 def _check_dense(name: str, t: torch.Tensor) -> None:
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {t.layout}")
+    # A negated view's memory holds the negated values, which the CUDA kernel would read.
+    # (Not while torch.compile traces: dynamo cannot trace is_neg().)
+    if not torch.compiler.is_compiling() and t.is_neg():
+        raise TypeError(f"{name} is a negated view (is_neg() is True); pass {name}.resolve_neg()")
 
 
 def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:

@@ -200,6 +200,10 @@ def _device_data_checks_wanted() -> bool:
 # run per call in `_run`), so a call with a known signature skips the Python checks, which
 # cost more host time than the launches themselves.
 _VALIDATED: dict[tuple, _Problem] = {}
+# _NEGATED_VIEWS: a negated view (`is_neg()`) has the metadata of a plain tensor, so the
+# signature does not tell them apart; `v.check_tensor` refuses one. The public functions also
+# test weights and out on every call, the float tensors a negated view can come from in
+# public PyTorch (the `.imag` of a `conj()` view); the others would need `torch._neg_view`.
 _VALIDATED_LIMIT = 1024
 _SCALAR_TYPES = frozenset({bool, int, float, str, torch.dtype, type(None)})
 
@@ -529,6 +533,8 @@ def fp8_paged_mqa_logits(
     key = _signature(
         "fp8", tensors, (max_seq_len, output_dtype, epi_dtype, acc_dtype), (schedule_meta, out)
     )
+    if key is not None and (weights.is_neg() or (out is not None and out.is_neg())):
+        key = None  # validate, which refuses it (see _NEGATED_VIEWS)
     eager = _eager_call(key)
     if eager is not None:
         return eager(tensors, schedule_meta, out)
@@ -749,6 +755,8 @@ def fp4_paged_mqa_logits(
         (max_seq_len, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved),
         (schedule_meta, out),
     )
+    if key is not None and (weights.is_neg() or (out is not None and out.is_neg())):
+        key = None  # validate, which refuses it (see _NEGATED_VIEWS)
     eager = _eager_call(key)
     if eager is not None:
         return eager(tensors, schedule_meta, out)
