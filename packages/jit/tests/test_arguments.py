@@ -120,6 +120,14 @@ def test_scalar_wrappers_check_their_range(wrapper, value, error):
         wrapper(value)
 
 
+@pytest.mark.parametrize(("wrapper", "value"), [(f32, 2**1024), (f64, 10**400)], ids=["f32", "f64"])
+def test_integers_beyond_the_double_range_are_a_value_error(wrapper, value):
+    with pytest.raises(
+        ValueError, match=rf"{wrapper.__name__}: expected a value within the double"
+    ):
+        wrapper(value)
+
+
 def test_scalar_wrappers_accept_integer_like_values():
     assert i32(torch.tensor(5, dtype=torch.int32).item()).value == 5
     assert f32(torch.tensor(0.5).item()).value == 0.5

@@ -59,6 +59,11 @@ def spec_module(tmp_path, monkeypatch):
 
             def empty():
                 return []
+
+            def with_a_folder():
+                return good() + [KernelSpec("good_kernel", HERE, label="folder")]
+
+            NOT_SPECS = 5
             """
         )
     )
@@ -155,3 +160,48 @@ def test_module_entry_point_runs(cache_dir):
         timeout=120,
     )
     assert f"cache root: {cache_dir}" in result.stdout
+
+
+def test_compile_check_reports_a_folder_source_as_one_failed_spec(spec_module, cache_dir, capsys):
+    assert main(_check("jit_cli_specs:with_a_folder", cache_dir, "-j", "2")) == 1
+    out = capsys.readouterr().out
+    assert "FAILED folder (" in out and "kernel source for 'folder' is a folder, not a .cu" in out
+    assert "3 compiled, 1 failed" in out
+
+
+def test_an_empty_ptxas_option_fails_the_spec_not_the_process(spec_module, cache_dir):
+    """NVRTC aborts the process on `-Xptxas=`; the option is refused before it gets there."""
+    command = ["inspect", str(spec_module / "good.cu"), "-D", "SCALE=1", "--option=-Xptxas="]
+    result = subprocess.run(
+        [sys.executable, "-m", "flashinfer_jit", *command, "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "bad value in '-Xptxas=': -Xptxas expects ptxas options" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragment"),
+    [
+        (["inspect", "{dir}/good.cu", "-D", "1BAD=4"], "macro name must be a C identifier"),
+        (["inspect", "{dir}/good.cu", "--kernel", ""], "argument --kernel: expected a non-empty"),
+        (["inspect", "{dir}/good.cu", "--cache-dir", ""], "argument --cache-dir: expected a non"),
+        (["inspect", "{dir}"], "is a folder; expected a .cu file or 'package.module:callable'"),
+        (["inspect", "jit_cli_specs"], "expected a .cu file or 'package.module:callable', got"),
+        (["inspect", "no_such_module_zz:f"], "ModuleNotFoundError: No module named"),
+        (["inspect", "jit_cli_specs:nope"], "AttributeError: module 'jit_cli_specs' has no"),
+        (["inspect", "jit_cli_specs:NOT_SPECS"], "TypeError: jit_cli_specs:NOT_SPECS: expected"),
+        (["compile-check", "-j", "0"], "argument -j/--jobs: expected a positive int, got '0'"),
+    ],
+)
+def test_a_malformed_command_line_is_one_error_line_and_status_2(
+    spec_module, capsys, arguments, fragment
+):
+    with pytest.raises(SystemExit) as info:
+        main([a.format(dir=spec_module) for a in arguments])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err.splitlines()[-1]
+    assert "Traceback" not in err

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flashinfer_jit import KernelCompileError, KernelSpec, compile_kernel
+from flashinfer_jit import KernelCompileError, KernelSpec, compile_kernel, lookup_kernel
 from flashinfer_jit.cache import (
     CUBIN_FILE,
     MANIFEST_FILE,
@@ -21,6 +21,7 @@ from flashinfer_jit.cache import (
     read_entry,
     schema_root,
 )
+from flashinfer_jit.compiler import program_options_kwargs
 
 KERNEL = """\
 #include <cuda/std/cstdint>
@@ -113,6 +114,14 @@ def test_unsupported_options_are_rejected(source, cache_dir, option, fragment):
         compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
 
 
+@pytest.mark.parametrize("option", ["-Xptxas=", "--ptxas-options=", "-Xptxas= \t"])
+def test_an_empty_ptxas_option_is_rejected_before_nvrtc_sees_it(source, option):
+    """NVRTC 13 aborts the process (std::out_of_range) on an empty ptxas option value."""
+    spec = KernelSpec.make("add_value", source, {"VALUE": 1}, options=[option])
+    with pytest.raises(ValueError, match=r"bad value in .*expects ptxas options"):
+        program_options_kwargs(spec, "sm_90a")
+
+
 def test_malformed_arch_is_rejected(source, cache_dir):
     with pytest.raises(ValueError, match="sm_90a"):
         compile_kernel(
@@ -120,47 +129,193 @@ def test_malformed_arch_is_rejected(source, cache_dir):
         )
 
 
+def test_an_arch_with_a_trailing_newline_is_rejected_and_caches_nothing(source, cache_dir):
+    spec = KernelSpec.make("add_value", source, {"VALUE": 1})
+    with pytest.raises(ValueError, match=r"got 'sm_90a\\n'"):
+        compile_kernel(spec, "sm_90a\n", cache_dir=cache_dir)
+    with pytest.raises(ValueError, match="arch"):
+        lookup_kernel(spec, "sm_90a\n", cache_dir=cache_dir)
+    assert not schema_root(cache_dir).exists()
+
+
+@pytest.mark.parametrize("function", [compile_kernel, lookup_kernel])
+def test_spec_must_be_a_kernel_spec(function, cache_dir):
+    with pytest.raises(TypeError, match="spec: expected a KernelSpec, got NoneType"):
+        function(None, "sm_90a", cache_dir=cache_dir)
+
+
 @pytest.mark.parametrize(
-    "damage",
-    [
-        "truncate_cubin",
-        "flip_cubin_byte",
-        "garbage_manifest",
-        "manifest_fields",
-        "missing_cubin",
-        "file_instead_of_folder",
-    ],
+    ("cache_dir", "error", "fragment"),
+    [("", ValueError, "cache_dir: expected a folder, got an empty str"), (5, TypeError, "got int")],
 )
+def test_cache_dir_must_be_a_non_empty_path(
+    source, tmp_path, monkeypatch, cache_dir, error, fragment
+):
+    monkeypatch.chdir(tmp_path)  # where "" or 5 would have put a cache
+    spec = KernelSpec.make("add_value", source, {"VALUE": 1})
+    for function in (compile_kernel, lookup_kernel):
+        with pytest.raises(error, match=fragment):
+            function(spec, "sm_90a", cache_dir=cache_dir)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [source.name]
+
+
+def test_a_folder_as_source_is_an_error_naming_the_spec_and_the_path(tmp_path, cache_dir):
+    spec = KernelSpec("folder_kernel", tmp_path)
+    with pytest.raises(IsADirectoryError) as info:
+        compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert str(info.value) == (
+        f"kernel source for 'folder_kernel' is a folder, not a .cu file: {tmp_path}"
+    )
+
+
+def _edit_manifest(entry: Path, edit) -> None:
+    """Change manifest fields; the key, cubin size and SHA-256 stay intact."""
+    manifest = json.loads((entry / MANIFEST_FILE).read_text())
+    edit(manifest)
+    (entry / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def _replace_by_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "stray").write_text("x")
+
+
+def _replace_by_symlink_loop(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    path.symlink_to(path)
+
+
+def _set_function_field(key: str, value) -> object:
+    return lambda m: m["functions"]["add_value"].__setitem__(key, value)
+
+
+DAMAGE = {
+    "truncate_cubin": lambda e, cubin: (e / CUBIN_FILE).write_bytes(cubin[: len(cubin) // 2]),
+    "flip_cubin_byte": lambda e, cubin: (e / CUBIN_FILE).write_bytes(
+        cubin[:100] + bytes([cubin[100] ^ 0xFF]) + cubin[101:]
+    ),
+    "garbage_manifest": lambda e, cubin: (e / MANIFEST_FILE).write_text("{not json"),
+    "deeply_nested_manifest": lambda e, cubin: (e / MANIFEST_FILE).write_text(
+        "[" * 100_000 + "]" * 100_000
+    ),
+    "missing_cubin": lambda e, cubin: (e / CUBIN_FILE).unlink(),
+    "file_instead_of_folder": lambda e, cubin: (
+        shutil.rmtree(e),
+        e.write_text("a file where the entry's folder should be"),
+    ),
+    "manifest_is_a_folder": lambda e, cubin: _replace_by_folder(e / MANIFEST_FILE),
+    "cubin_is_a_folder": lambda e, cubin: _replace_by_folder(e / CUBIN_FILE),
+    "manifest_symlink_loop": lambda e, cubin: _replace_by_symlink_loop(e / MANIFEST_FILE),
+    "entry_symlink_loop": lambda e, cubin: _replace_by_symlink_loop(e),
+    "functions_not_dicts": lambda e, cubin: _edit_manifest(
+        e, lambda m: m.__setitem__("functions", {"add_value": "garbage"})
+    ),
+    "functions_empty": lambda e, cubin: _edit_manifest(e, lambda m: m.__setitem__("functions", {})),
+    "entry_missing_from_functions": lambda e, cubin: _edit_manifest(
+        e, lambda m: m["functions"].pop("add_value")
+    ),
+    "entry_is_not_an_entry_point": lambda e, cubin: _edit_manifest(
+        e, _set_function_field("is_entry", False)
+    ),
+    "registers_a_str": lambda e, cubin: _edit_manifest(e, _set_function_field("registers", "abc")),
+    "spill_stores_a_str": lambda e, cubin: _edit_manifest(
+        e, _set_function_field("spill_store_bytes", "5")
+    ),
+    "spill_stores_null": lambda e, cubin: _edit_manifest(
+        e, _set_function_field("spill_store_bytes", None)
+    ),
+    "log_a_dict": lambda e, cubin: _edit_manifest(e, lambda m: m.__setitem__("log", {"a": 1})),
+    "compile_seconds_a_str": lambda e, cubin: _edit_manifest(
+        e, lambda m: m.__setitem__("compile_seconds", "abc")
+    ),
+}
+
+
+# Damage to the ptxas report's functions; some cuda-core/NVRTC versions return no report.
+NEEDS_A_REPORT = {
+    "functions_empty",
+    "entry_missing_from_functions",
+    "entry_is_not_an_entry_point",
+    "registers_a_str",
+    "spill_stores_a_str",
+    "spill_stores_null",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_entry_is_detected_recompiled_and_replaced(source, cache_dir, caplog, damage):
     spec = KernelSpec.make("add_value", source, {"VALUE": 5})
     good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
-    cubin_path = good.cache_path / CUBIN_FILE
-    if damage == "truncate_cubin":
-        cubin_path.write_bytes(good.cubin[: len(good.cubin) // 2])
-    elif damage == "flip_cubin_byte":
-        data = bytearray(good.cubin)
-        data[len(data) // 2] ^= 0xFF
-        cubin_path.write_bytes(bytes(data))
-    elif damage == "garbage_manifest":
-        (good.cache_path / MANIFEST_FILE).write_text("{not json")
-    elif damage == "manifest_fields":  # valid JSON, key, size and SHA intact; a field is not
-        manifest = json.loads((good.cache_path / MANIFEST_FILE).read_text())
-        manifest["functions"] = {"add_value": "garbage"}
-        (good.cache_path / MANIFEST_FILE).write_text(json.dumps(manifest))
-    elif damage == "file_instead_of_folder":
-        shutil.rmtree(good.cache_path)
-        good.cache_path.write_text("a file where the entry's folder should be")
-    else:
-        cubin_path.unlink()
+    if damage in NEEDS_A_REPORT and not good.functions:
+        pytest.skip("this NVRTC/cuda-core returned no ptxas report: no functions to damage")
+    DAMAGE[damage](good.cache_path, good.cubin)
 
     with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        assert lookup_kernel(spec, "sm_90a", cache_dir=cache_dir) is None
         again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
     assert not again.from_cache  # recompiled, not served damaged
     assert again.cubin == good.cubin
     assert "damaged cache entry" in caplog.text
+    assert "cannot" not in caplog.text  # neither "cannot read" nor "cannot write" the cache
     repaired = read_entry(cache_dir, good.key)
     assert repaired is not None and repaired.cubin == good.cubin
+    cached = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert cached.from_cache and cached.functions == again.functions
+
+
+def _without_a_report(manifest: dict) -> None:
+    """What a toolchain that returns no NVRTC log writes."""
+    manifest["functions"], manifest["log"] = {}, ""
+
+
+@pytest.mark.parametrize("report", [True, False], ids=["with_report", "without_report"])
+def test_a_damaged_lowered_name_is_recompiled(tmp_path, cache_dir, caplog, report):
+    path = tmp_path / "tmpl.cu"
+    path.write_text("template <int N> __global__ void fill(int* out) { out[threadIdx.x] = N; }\n")
+    spec = KernelSpec.make("fill<9>", path, name_expressions=["fill<9>"])
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+
+    def damage(manifest: dict) -> None:
+        manifest["lowered_names"] = {"fill<9>": "nope"}
+        if not report:
+            _without_a_report(manifest)
+
+    _edit_manifest(good.cache_path, damage)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert not again.from_cache and again.entry_name == good.entry_name
+    assert "damaged cache entry" in caplog.text
     assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache
+
+
+def test_an_entry_without_a_ptxas_report_is_served(source, cache_dir, caplog):
+    spec = KernelSpec.make("add_value", source, {"VALUE": 5})
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    _edit_manifest(good.cache_path, _without_a_report)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        cached = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert cached.from_cache and cached.functions == {} and cached.entry_name == "add_value"
+    assert caplog.text == ""
+
+
+def test_a_name_that_is_not_an_entry_point_of_a_shared_entry_is_an_error(source, cache_dir):
+    """extern "C" kernels of one source and specialisation share an entry: asking it for a
+    name it lacks is the caller's mistake, not damage, and the entry stays."""
+    good = compile_kernel(
+        KernelSpec.make("add_value", source, {"VALUE": 5}), "sm_90a", cache_dir=cache_dir
+    )
+    other = KernelSpec.make("no_such_kernel", source, {"VALUE": 5})
+    for function in (lookup_kernel, compile_kernel):
+        with pytest.raises(ValueError, match=r"entry points found: \['add_value'\]"):
+            function(other, "sm_90a", cache_dir=cache_dir)
+    assert (
+        read_entry(cache_dir, good.key).manifest["created_unix"]
+        == json.loads((good.cache_path / MANIFEST_FILE).read_text())["created_unix"]
+    )
 
 
 def test_unwritable_cache_still_compiles(source, tmp_path, caplog):

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from flashinfer_jit import arch_for_capability, make_tensor_map, require_supported_arch
+from flashinfer_jit import (
+    arch_for_capability,
+    device_arch,
+    device_info,
+    load_kernel,
+    make_tensor_map,
+    max_shared_memory_per_block_optin,
+    precompile,
+    require_supported_arch,
+    sm_count,
+    tensor_map_for,
+)
 from flashinfer_jit import device as device_module
+from flashinfer_jit import kernel as kernel_module
+from flashinfer_jit.selftest import SCALE_ADD
 from flashinfer_jit.tma import validate_tensor_map_args
 
 
@@ -21,6 +35,78 @@ from flashinfer_jit.tma import validate_tensor_map_args
 )
 def test_arch_for_capability(capability, arch):
     assert arch_for_capability(*capability) == arch
+
+
+@pytest.mark.parametrize(
+    ("capability", "error", "fragment"),
+    [
+        (("9", "0"), TypeError, "major: expected an int, got str"),
+        ((9.0, 0), TypeError, "major: expected an int, got float"),
+        ((True, 0), TypeError, "major: expected an int, got bool"),
+        ((9, None), TypeError, "minor: expected an int, got NoneType"),
+        ((-1, 0), ValueError, r"minor in \[0, 9\], got -1\.0"),
+        ((9, 10), ValueError, r"minor in \[0, 9\], got 9\.10"),
+        ((9, -1), ValueError, r"minor in \[0, 9\], got 9\.-1"),
+    ],
+)
+def test_arch_for_capability_rejects_what_is_no_capability(capability, error, fragment):
+    with pytest.raises(error, match=fragment):
+        arch_for_capability(*capability)
+
+
+def _without_cuda(exc: BaseException):
+    def current_device() -> int:
+        raise exc
+
+    return current_device
+
+
+NO_CUDA = [
+    AssertionError("Torch not compiled with CUDA enabled"),  # a CPU-only torch build
+    RuntimeError("Found no NVIDIA driver on your system."),  # a CUDA build without a GPU
+]
+
+
+@pytest.mark.parametrize("exc", NO_CUDA, ids=["cpu_torch", "no_driver"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        device_info,
+        device_arch,
+        sm_count,
+        max_shared_memory_per_block_optin,
+        require_supported_arch,
+        pytest.param(device_module.resolve_device_index, id="resolve_device_index"),
+        pytest.param(
+            lambda device: precompile([SCALE_ADD], device, progress=False), id="precompile"
+        ),
+        pytest.param(
+            lambda device: precompile(
+                [SCALE_ADD], device, arch="sm_90a", load=True, progress=False
+            ),
+            id="precompile_load",
+        ),
+    ],
+)
+@pytest.mark.parametrize("device", [None, "cuda"])
+def test_the_current_device_without_cuda_is_a_clear_runtime_error(monkeypatch, exc, query, device):
+    monkeypatch.setattr(torch.cuda, "current_device", _without_cuda(exc))
+    with pytest.raises(
+        RuntimeError,
+        match="device: without an index it is PyTorch's current CUDA device, but there is none",
+    ) as info:
+        query(device)
+    assert str(exc) in str(info.value)
+
+
+@pytest.mark.parametrize("exc", NO_CUDA, ids=["cpu_torch", "no_driver"])
+def test_load_kernel_on_the_current_device_without_cuda_is_a_clear_runtime_error(monkeypatch, exc):
+    monkeypatch.setattr(kernel_module, "_current_device", _without_cuda(exc))
+    with pytest.raises(
+        RuntimeError,
+        match="device: without an index it is PyTorch's current CUDA device, but there is none",
+    ):
+        load_kernel(SCALE_ADD)
 
 
 def _fake_device(monkeypatch, name: str, capability: tuple[int, int]) -> None:
@@ -109,3 +195,9 @@ def test_tensor_map_needs_a_cuda_tensor():
 def test_tensor_map_rejects_unknown_option_names():
     with pytest.raises(ValueError, match="swizzle"):
         make_tensor_map(0x1000, torch.float32, (16,), (), (16,), swizzle="256B")
+
+
+@pytest.mark.parametrize("value", [None, np.zeros((64, 64), dtype=np.float32), [[1.0]]])
+def test_tensor_map_for_needs_a_tensor(value):
+    with pytest.raises(TypeError, match=r"tensor: expected a CUDA torch\.Tensor, got"):
+        tensor_map_for(value, (64, 64))

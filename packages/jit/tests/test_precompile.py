@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import pickle
+from pathlib import Path
+
 import pytest
 from flashinfer_jit import KernelSpec, compile_kernel
 from flashinfer_jit.precompile import PrecompileError, precompile
+
+# The module; `flashinfer_jit.precompile` as an attribute is the function of that name.
+precompile_module = importlib.import_module("flashinfer_jit.precompile")
 
 KERNEL = """\
 extern "C" __global__ void fill(float* out) { out[threadIdx.x] = VALUE; }
@@ -65,3 +73,101 @@ def test_max_workers_must_be_positive(source, cache_dir):
             max_workers=0,
             cache_dir=cache_dir,
         )
+
+
+def test_a_dying_worker_fails_only_the_spec_it_was_compiling(source, cache_dir, monkeypatch):
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setattr(precompile_module, "WORKER_MODULE", "dying_compile_worker")
+    dying = [KernelSpec.make("fill", source, {"VALUE": v}, label=f"die {v}") for v in (1, 2)]
+    fine = [KernelSpec.make("fill", source, {"VALUE": v}) for v in (3, 4, 5)]
+    summary = precompile(
+        dying + fine,
+        arch="sm_90a",
+        max_workers=2,
+        progress=False,
+        cache_dir=cache_dir,
+        raise_on_error=False,
+    )
+    assert [r.spec for r in summary.failures] == dying
+    for failure in summary.failures:
+        assert failure.error == "compile worker died (exit code 86) compiling it"
+    assert summary.compiled == 3
+    for spec in fine:
+        assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache
+
+
+def test_an_empty_ptxas_option_fails_its_spec_not_the_worker(source, cache_dir):
+    crashing = KernelSpec.make("fill", source, {"VALUE": 1}, options=["-Xptxas="])
+    fine = [KernelSpec.make("fill", source, {"VALUE": v}) for v in (2, 3)]
+    summary = precompile(
+        [crashing, *fine],
+        arch="sm_90a",
+        max_workers=2,
+        progress=False,
+        cache_dir=cache_dir,
+        raise_on_error=False,
+    )
+    assert [r.spec for r in summary.failures] == [crashing]
+    assert "-Xptxas expects ptxas options" in summary.failures[0].error
+    assert summary.compiled == 2
+
+
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_a_folder_as_source_fails_its_spec_only(source, tmp_path, cache_dir, max_workers):
+    folder = KernelSpec("fill", tmp_path)
+    fine = KernelSpec.make("fill", source, {"VALUE": 1})
+    summary = precompile(
+        [folder, fine],
+        arch="sm_90a",
+        max_workers=max_workers,
+        progress=False,
+        cache_dir=cache_dir,
+        raise_on_error=False,
+    )
+    assert summary.compiled == 1
+    assert [r.error for r in summary.failures] == [
+        f"kernel source for 'fill' is a folder, not a .cu file: {tmp_path}"
+    ]
+
+
+def test_precompile_error_survives_pickling(tmp_path, cache_dir):
+    summary = precompile(
+        [KernelSpec.make("fill", tmp_path / "missing.cu")],
+        arch="sm_90a",
+        progress=False,
+        cache_dir=cache_dir,
+        raise_on_error=False,
+    )
+    error = PrecompileError(summary)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is PrecompileError
+    assert str(again) == str(error) and again.summary == summary
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "fragment"),
+    [
+        ({"specs": "one spec"}, TypeError, "specs: expected an iterable of KernelSpec"),
+        ({"specs": None}, TypeError, "specs: expected an iterable of KernelSpec"),
+        ({"specs": [["nested"]]}, TypeError, "specs: expected KernelSpec items, got list"),
+        ({"max_workers": "2"}, TypeError, "max_workers: expected a positive int"),
+        ({"max_workers": 1.5}, TypeError, "max_workers: expected a positive int"),
+        ({"max_workers": True}, TypeError, "max_workers: expected a positive int"),
+        ({"cache_dir": 5}, TypeError, "cache_dir: expected None, a str or a pathlib.Path"),
+        ({"cache_dir": ""}, ValueError, "cache_dir: expected a folder"),
+    ],
+)
+def test_bad_arguments_are_rejected_before_any_work(
+    source, tmp_path, monkeypatch, arguments, error, fragment
+):
+    monkeypatch.chdir(tmp_path)  # where cache_dir=5 or "" would have written
+    spec = KernelSpec.make("fill", source, {"VALUE": 1})
+    arguments = {"specs": [spec], "cache_dir": tmp_path / "cache", **arguments}
+    if arguments["specs"] == "one spec":
+        arguments["specs"] = spec
+    with pytest.raises(error, match=fragment):
+        precompile(arch="sm_90a", progress=False, **arguments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [source.name]

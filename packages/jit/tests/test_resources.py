@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from flashinfer_jit.resources import FunctionResources, parse_ptxas_report, resources_from_json
 
 # A real report (NVRTC 13, sm_90a, --maxrregcount=32) of two kernels and a device function.
@@ -53,3 +54,22 @@ def test_manifest_round_trip():
 
 def test_empty_log_gives_no_functions():
     assert parse_ptxas_report("") == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"registers": "abc"}, r"functions\['spill'\]\.registers: expected an int >= 0, got 'abc'"),
+        ({"spill_store_bytes": None}, r"\.spill_store_bytes: expected an int >= 0, got None"),
+        ({"barriers": True}, r"\.barriers: expected an int >= 0, got True"),
+        ({"stack_frame_bytes": -1}, r"\.stack_frame_bytes: expected an int >= 0, got -1"),
+        ({"is_entry": 1}, "a bool is_entry"),
+        ({"name": "other"}, "its own name"),
+        ({"bogus": 1}, "expected the fields"),
+    ],
+)
+def test_manifest_fields_of_another_type_are_rejected(change, fragment):
+    data = {k: v.to_json() for k, v in parse_ptxas_report(REPORT).items()}
+    data["spill"].update(change)
+    with pytest.raises(ValueError, match=fragment):
+        resources_from_json(data)

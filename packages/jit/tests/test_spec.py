@@ -63,3 +63,42 @@ def test_bare_string_options_are_rejected():
 def test_name_must_be_a_name_expression_when_templates_are_used():
     with pytest.raises(ValueError, match="name_expressions"):
         KernelSpec.make("f<1>", "/x/k.cu", name_expressions=["f<2>"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("include_dirs", "/tmp"), ("options", "-w"), ("name_expressions", "abc")],
+)
+def test_make_rejects_a_bare_str_like_the_constructor(field, value):
+    """A bare str is a sequence of characters: `make` must not split it up."""
+    with pytest.raises(TypeError) as from_constructor:
+        KernelSpec("abc", Path("/x/k.cu"), **{field: value})
+    with pytest.raises(TypeError, match=f"KernelSpec.{field}: expected a sequence") as from_make:
+        KernelSpec.make("abc", "/x/k.cu", **{field: value})
+    assert str(from_make.value) == str(from_constructor.value)
+
+
+def test_a_macro_name_with_a_trailing_newline_is_not_an_identifier():
+    with pytest.raises(ValueError, match=r"C identifier, got 'OFFSET\\n'"):
+        KernelSpec.make("k", "/x/k.cu", {"OFFSET\n": 1})
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"source": ""}, "KernelSpec.source: expected a path, got an empty str"),
+        ({"source": "/x/a\x00b.cu"}, "KernelSpec.source: path contains a NUL byte"),
+        ({"include_dirs": ["/inc\x00"]}, "KernelSpec.include_dirs: path contains a NUL byte"),
+    ],
+)
+def test_paths_that_cannot_name_a_file_are_rejected(fields, fragment):
+    arguments = {"name": "k", "source": "/x/k.cu", **fields}
+    with pytest.raises(ValueError, match=fragment):
+        KernelSpec.make(**arguments)
+    with pytest.raises(ValueError, match=fragment):
+        KernelSpec(**arguments)
+
+
+def test_make_names_the_source_when_it_is_not_a_path():
+    with pytest.raises(TypeError, match=r"KernelSpec\.source: expected a pathlib\.Path or str"):
+        KernelSpec.make("k", None)  # type: ignore[arg-type]

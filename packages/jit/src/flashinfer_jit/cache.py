@@ -12,6 +12,7 @@ and replaced by a fresh compile.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -56,6 +57,33 @@ def default_cache_dir() -> Path:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "flashinfer-hopper" / "jit"
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Return the cache root for a `cache_dir` argument.
+
+    Args:
+        cache_dir: A folder, or None for `default_cache_dir()`.
+
+    Returns:
+        The root as a Path.
+
+    Raises:
+        TypeError: `cache_dir` is not None, a str or a path.
+        ValueError: `cache_dir` is an empty str (which would silently mean the current
+            directory).
+    """
+    if cache_dir is None:
+        return default_cache_dir()
+    if isinstance(cache_dir, os.PathLike):
+        cache_dir = os.fspath(cache_dir)
+    if not isinstance(cache_dir, str):
+        raise TypeError(
+            f"cache_dir: expected None, a str or a pathlib.Path, got {type(cache_dir).__name__}"
+        )
+    if not cache_dir:
+        raise ValueError("cache_dir: expected a folder, got an empty str")
+    return Path(cache_dir)
 
 
 @dataclass(frozen=True)
@@ -143,6 +171,40 @@ class CorruptEntry(Exception):
     """Raised internally when an entry exists but fails validation."""
 
 
+# Errors that mean a path of the entry is not the plain file it should be (a folder, a
+# symlink loop, a file where a folder should be): damage, unlike permission or I/O errors.
+_DAMAGE_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP})
+
+
+def _read_entry_file(folder: Path, name: str) -> bytes:
+    try:
+        return (folder / name).read_bytes()
+    except OSError as exc:
+        # Without the entry path itself (a file or a loop where a shard folder should be),
+        # there is no entry to move aside: the caller sees a missing entry or a read error.
+        if exc.errno not in _DAMAGE_ERRNOS or not os.path.lexists(folder):
+            raise
+        if not folder.is_dir():
+            raise CorruptEntry(f"{folder}: not a folder ({exc.strerror})") from None
+        raise CorruptEntry(f"{folder / name}: not a readable file ({exc.strerror})") from None
+
+
+def _parse_manifest(folder: Path, data: bytes, digest: str) -> dict[str, Any]:
+    try:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        raise CorruptEntry(f"{folder}: unreadable manifest ({type(exc).__name__})") from None
+    if not isinstance(manifest, dict) or manifest.get("key") != digest:
+        raise CorruptEntry(f"{folder}: manifest does not belong to key {digest}")
+    size, sha256 = manifest.get("cubin_size"), manifest.get("cubin_sha256")
+    if type(size) is not int or not isinstance(sha256, str):
+        raise CorruptEntry(
+            f"{folder}: manifest cubin_size/cubin_sha256 should be an int and a str, got "
+            f"{size!r} and {sha256!r}"
+        )
+    return manifest
+
+
 def read_entry(root: Path, digest: str) -> CacheEntry | None:
     """Read and validate the entry for `digest`.
 
@@ -154,33 +216,27 @@ def read_entry(root: Path, digest: str) -> CacheEntry | None:
         The entry, or None when there is none.
 
     Raises:
-        CorruptEntry: The entry exists but its manifest or cubin is damaged.
+        CorruptEntry: The entry exists but its manifest or cubin is damaged, or one of its
+            paths is not what it should be (a folder or a symlink loop instead of a file).
         OSError: The cache cannot be read (permissions, I/O error).
     """
     folder = entry_dir(root, digest)
     try:
-        manifest_bytes = (folder / MANIFEST_FILE).read_bytes()
+        manifest_bytes = _read_entry_file(folder, MANIFEST_FILE)
     except (FileNotFoundError, NotADirectoryError):
-        if folder.is_dir():
-            raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
-        if folder.exists():
-            raise CorruptEntry(f"{folder}: not a folder") from None
-        return None
+        if not os.path.lexists(folder):
+            return None  # no entry, or another process moved a damaged one aside meanwhile
+        raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
+    manifest = _parse_manifest(folder, manifest_bytes, digest)
     try:
-        manifest = json.loads(manifest_bytes)
-    except ValueError as exc:
-        raise CorruptEntry(f"{folder}: unreadable manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("key") != digest:
-        raise CorruptEntry(f"{folder}: manifest does not belong to key {digest}")
-    try:
-        cubin = (folder / CUBIN_FILE).read_bytes()
+        cubin = _read_entry_file(folder, CUBIN_FILE)
     except FileNotFoundError:
         raise CorruptEntry(f"{folder}: no {CUBIN_FILE}") from None
-    if len(cubin) != manifest.get("cubin_size"):
+    if len(cubin) != manifest["cubin_size"]:
         raise CorruptEntry(
-            f"{folder}: cubin is {len(cubin)} bytes, manifest says {manifest.get('cubin_size')}"
+            f"{folder}: cubin is {len(cubin)} bytes, manifest says {manifest['cubin_size']}"
         )
-    if hashlib.sha256(cubin).hexdigest() != manifest.get("cubin_sha256"):
+    if hashlib.sha256(cubin).hexdigest() != manifest["cubin_sha256"]:
         raise CorruptEntry(f"{folder}: cubin SHA-256 does not match the manifest")
     return CacheEntry(folder, cubin, manifest)
 
@@ -237,7 +293,7 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
             try:
                 os.rename(tmp, final)
             except OSError:
-                if not final.exists():
+                if not os.path.lexists(final):  # lexists: a symlink loop there is damage too
                     raise
                 # Another entry sits there: a concurrent publisher won (keep theirs, it was
                 # built from identical inputs) or it is damaged (move it aside and retry).
@@ -264,12 +320,12 @@ def discard_entry(root: Path, digest: str) -> None:
     """
     final = entry_dir(root, digest)
     trash_parent = schema_root(root) / "tmp"
-    trash_parent.mkdir(parents=True, exist_ok=True)
     trash = trash_parent / f"corrupt.{digest[:16]}.{uuid.uuid4().hex}"
     try:
+        trash_parent.mkdir(parents=True, exist_ok=True)
         os.rename(final, trash)
     except OSError:
-        return  # someone else already moved or replaced it
+        return  # someone else already moved or replaced it, or the cache is read-only
     _remove(trash)
 
 

@@ -28,6 +28,26 @@ _EXTERN_C_KERNEL = re.compile(
 )
 
 
+class UsageError(Exception):
+    """A bad command line: reported in one line with exit status 2, as argparse does."""
+
+
+def _non_empty(value: str) -> str:
+    if not value:
+        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value!r}")
+    return number
+
+
 def find_sass_tool() -> tuple[str, list[str]] | None:
     """Locate a SASS disassembler: nvdisasm (preferred) or cuobjdump.
 
@@ -56,40 +76,59 @@ def _parse_defines(items: Sequence[str]) -> dict[str, str | int]:
     for item in items:
         name, sep, value = item.partition("=")
         if not name:
-            raise SystemExit(f"-D expects NAME or NAME=VALUE, got {item!r}")
+            raise UsageError(f"-D expects NAME or NAME=VALUE, got {item!r}")
         if not sep:
             value = "1"
         defines[name] = int(value) if re.fullmatch(r"-?\d+", value) else value
     return defines
 
 
+def _spec_from_file(args: argparse.Namespace, path: Path) -> KernelSpec:
+    if not path.is_file():
+        raise UsageError(f"target: no such file: {path}")
+    name = args.kernel
+    if name is None:
+        found = _EXTERN_C_KERNEL.findall(path.read_bytes())
+        if not found:
+            raise UsageError(f'{path}: no extern "C" __global__ kernel found; pass --kernel NAME')
+        name = found[0].decode()
+    try:
+        return KernelSpec.make(
+            name,
+            path.resolve(),
+            _parse_defines(args.define),
+            include_dirs=[Path(d).resolve() for d in args.include],
+            options=args.option,
+            name_expressions=[name] if args.template else (),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _specs_from_module(target: str) -> tuple[KernelSpec, ...]:
+    module, sep, attribute = target.partition(":")
+    if not (module and sep and attribute):
+        raise UsageError(
+            f"target: expected a .cu file or 'package.module:callable', got {target!r}"
+        )
+    try:
+        return load_target(target)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise UsageError(f"target {target!r}: {type(exc).__name__}: {exc}") from None
+
+
 def _specs_from_target(args: argparse.Namespace) -> tuple[KernelSpec, ...]:
     target: str = args.target
     path = Path(target)
     if path.suffix in (".cu", ".cuh") or path.is_file():
-        if not path.is_file():
-            raise SystemExit(f"no such file: {path}")
-        name = args.kernel
-        if name is None:
-            found = _EXTERN_C_KERNEL.findall(path.read_bytes())
-            if not found:
-                raise SystemExit(
-                    f'{path}: no extern "C" __global__ kernel found; pass --kernel NAME'
-                )
-            name = found[0].decode()
-        return (
-            KernelSpec.make(
-                name,
-                path.resolve(),
-                _parse_defines(args.define),
-                include_dirs=[Path(d).resolve() for d in args.include],
-                options=args.option,
-                name_expressions=[name] if args.template else (),
-            ),
+        return (_spec_from_file(args, path),)
+    if path.is_dir():
+        raise UsageError(
+            f"target: {target!r} is a folder; expected a .cu file or 'package.module:callable'"
         )
     if args.define or args.include or args.option:
-        raise SystemExit("-D/-I/--option apply only to a .cu path target")
-    specs = load_target(target)
+        raise UsageError("-D/-I/--option apply only to a .cu path target")
+    specs = _specs_from_module(target)
     if args.kernel:
         specs = tuple(s for s in specs if args.kernel in (s.name, s.label))
     return specs
@@ -181,7 +220,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for spec in specs:
         try:
             compiled = compile_kernel(spec, args.arch, cache_dir=args.cache_dir)
-        except (KernelCompileError, ValueError, FileNotFoundError) as exc:
+        except (KernelCompileError, ValueError, OSError) as exc:
             print(f"== {spec.label}: FAILED\n{exc}", file=sys.stdout)
             status = 1
             continue
@@ -270,6 +309,9 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     return 0
 
 
+_CACHE_DIR_HELP = "cache root (default: FLASHINFER_JIT_CACHE_DIR)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of `python -m flashinfer_jit`."""
     parser = argparse.ArgumentParser(
@@ -311,13 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OPT",
         help="NVRTC option for a .cu target, e.g. --option=--use_fast_math",
     )
-    inspect.add_argument("--kernel", help="entry point (.cu target) or name/label filter")
+    inspect.add_argument(
+        "--kernel", type=_non_empty, help="entry point (.cu target) or name/label filter"
+    )
     inspect.add_argument(
         "--template", action="store_true", help="treat --kernel as a template name expression"
     )
     inspect.add_argument("--sass", action="store_true", help="also dump SASS")
-    inspect.add_argument("--cache-dir", help="cache root (default: FLASHINFER_JIT_CACHE_DIR)")
-    inspect.set_defaults(handler=cmd_inspect)
+    inspect.add_argument("--cache-dir", type=_non_empty, help=_CACHE_DIR_HELP)
+    inspect.set_defaults(handler=cmd_inspect, parser=inspect)
 
     check = commands.add_parser(
         "compile-check",
@@ -338,15 +382,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--group", default=ENTRY_POINT_GROUP, help="entry-point group")
     check.add_argument(
-        "-j", "--jobs", type=int, default=None, help="worker processes (default: CPU count)"
+        "-j",
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="worker processes (default: CPU count)",
     )
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
-    check.add_argument("--cache-dir", help="cache root (default: FLASHINFER_JIT_CACHE_DIR)")
-    check.set_defaults(handler=cmd_compile_check)
+    check.add_argument("--cache-dir", type=_non_empty, help=_CACHE_DIR_HELP)
+    check.set_defaults(handler=cmd_compile_check, parser=check)
 
     info = commands.add_parser("cache-info", help="print the cache location and size")
-    info.add_argument("--cache-dir", help="cache root (default: FLASHINFER_JIT_CACHE_DIR)")
-    info.set_defaults(handler=cmd_cache_info)
+    info.add_argument("--cache-dir", type=_non_empty, help=_CACHE_DIR_HELP)
+    info.set_defaults(handler=cmd_cache_info, parser=info)
     return parser
 
 
@@ -360,4 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status.
     """
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        args.parser.error(str(exc))  # exits with status 2
+        raise  # unreachable: error() exits

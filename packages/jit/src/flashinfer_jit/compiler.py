@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .cache import (
+    CacheEntry,
     CacheKey,
     CorruptEntry,
+    cache_root,
     compute_key,
-    default_cache_dir,
     discard_entry,
     publish_entry,
     read_entry,
@@ -29,7 +30,7 @@ from .toolchain import PACKAGE_INCLUDE_DIR, cuda_header_dirs
 
 logger = logging.getLogger("flashinfer_jit")
 
-_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
 
 # The first import of cuda.core is not thread-safe (cuda-core 1.2 picks its cu12/cu13 build in
 # its package __init__; a second thread importing meanwhile can see the half-initialised module
@@ -82,6 +83,14 @@ def _int_list(value: str) -> list[int]:
     return [int(v) for v in value.split(",") if v]
 
 
+def _ptxas_value(value: str, option: str) -> str:
+    # NVRTC 13 aborts the whole process (an uncaught std::out_of_range) on an empty or blank
+    # --ptxas-options value instead of reporting an error.
+    if not value.strip():
+        raise ValueError(f"{option} expects ptxas options, for example {option}=-O3; got {value!r}")
+    return value
+
+
 # NVRTC option spelling -> (ProgramOptions field, converter of the text after "=").
 # `cuda.core.ProgramOptions` has no raw pass-through, so spec options are mapped onto its
 # typed fields; anything else is rejected with the supported list.
@@ -101,8 +110,8 @@ _VALUED_OPTIONS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "--diag-suppress": ("diag_suppress", lambda v, o: _int_list(v)),
     "--diag-error": ("diag_error", lambda v, o: _int_list(v)),
     "--diag-warn": ("diag_warn", lambda v, o: _int_list(v)),
-    "--ptxas-options": ("ptxas_options", lambda v, o: v),
-    "-Xptxas": ("ptxas_options", lambda v, o: v),
+    "--ptxas-options": ("ptxas_options", _ptxas_value),
+    "-Xptxas": ("ptxas_options", _ptxas_value),
     "--split-compile": ("split_compile", lambda v, o: int(v)),
 }
 _FLAG_OPTIONS: dict[str, str] = {
@@ -234,8 +243,13 @@ class CompiledKernel:
 
 
 def _check_arch(arch: str) -> None:
-    if not isinstance(arch, str) or not _ARCH.match(arch):
+    if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
         raise ValueError(f"arch: expected a full SM target such as 'sm_90a', got {arch!r}")
+
+
+def _check_spec(spec: KernelSpec) -> None:
+    if not isinstance(spec, KernelSpec):
+        raise TypeError(f"spec: expected a KernelSpec, got {type(spec).__name__} ({spec!r:.80})")
 
 
 def _nvrtc_compile(
@@ -265,22 +279,26 @@ def _nvrtc_compile(
     return bytes(object_code.code), log.getvalue().replace("\x00", "").strip(), lowered
 
 
-def _entry_name(spec: KernelSpec, lowered: dict[str, str]) -> str:
+def _entry_name(spec: KernelSpec, lowered: dict[str, str], name: str | None = None) -> str:
+    """The symbol of `name` (default `spec.name`): lowered for a name expression."""
+    name = spec.name if name is None else name
     if spec.name_expressions:
-        if spec.name not in lowered:
+        if name not in lowered:
             raise RuntimeError(
-                f"NVRTC returned no lowered name for {spec.name!r}; got {sorted(lowered)}"
+                f"NVRTC returned no lowered name for {name!r}; got {sorted(lowered)}"
             )
-        return lowered[spec.name]
-    return spec.name
+        return lowered[name]
+    return name
+
+
+def _is_entry_point(entry: str, functions: dict[str, FunctionResources]) -> bool:
+    # No ptxas report in the NVRTC log (some cuda-core/NVRTC versions return no log for a
+    # clean compile): loading the module still fails clearly on a missing entry point.
+    return not functions or (entry in functions and functions[entry].is_entry)
 
 
 def _check_entry(spec: KernelSpec, entry: str, functions: dict[str, FunctionResources]) -> None:
-    if not functions:
-        # No ptxas report in the NVRTC log (some cuda-core/NVRTC versions return no log for
-        # a clean compile): loading the module still fails clearly on a missing entry point.
-        return
-    if entry not in functions or not functions[entry].is_entry:
+    if not _is_entry_point(entry, functions):
         entries = sorted(name for name, f in functions.items() if f.is_entry)
         raise ValueError(
             f"kernel {spec.name!r} ({spec.label}) is not an entry point of {spec.source}; "
@@ -289,10 +307,71 @@ def _check_entry(spec: KernelSpec, entry: str, functions: dict[str, FunctionReso
         )
 
 
+def _is_str_dict(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _publisher_name(manifest: dict[str, Any]) -> object:
+    published_spec = manifest.get("spec")
+    return published_spec.get("name") if isinstance(published_spec, dict) else None
+
+
+def _check_field_types(manifest: dict[str, Any]) -> None:
+    seconds = manifest.get("compile_seconds")
+    if not (
+        _is_str_dict(manifest.get("lowered_names"))
+        and isinstance(manifest.get("log"), str)
+        and isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and isinstance(_publisher_name(manifest), str)
+    ):
+        raise CorruptEntry(
+            "lowered_names, log, compile_seconds or spec.name is missing or of the wrong type"
+        )
+
+
+def _cached_fields(
+    spec: KernelSpec, entry: CacheEntry
+) -> tuple[dict[str, FunctionResources], str, str, float]:
+    """Check the compiler's fields of a cached manifest against what `compile_kernel` writes.
+
+    Returns:
+        `(functions, entry name of spec, log, compile seconds)`.
+
+    Raises:
+        CorruptEntry: A field is missing or of another type, or the entry contradicts
+            itself: the kernel that published it is not an entry point of it (not in the
+            cubin, or not an entry function of the ptxas report), although `compile_kernel`
+            checked exactly that before publishing.
+    """
+    manifest = entry.manifest
+    try:
+        functions = resources_from_json(manifest.get("functions"))
+    except ValueError as exc:
+        raise CorruptEntry(str(exc)) from None
+    _check_field_types(manifest)
+    lowered, log, publisher = manifest["lowered_names"], manifest["log"], _publisher_name(manifest)
+    try:  # every name expression is lowered when compiling
+        published_entry = _entry_name(spec, lowered, publisher)  # type: ignore[arg-type]
+        entry_name = _entry_name(spec, lowered)
+    except RuntimeError as exc:
+        raise CorruptEntry(str(exc)) from None
+    # The symbol is in the cubin's ELF string table; this holds without a ptxas report too.
+    in_cubin = f"{published_entry}\0".encode() in entry.cubin
+    if not (in_cubin and _is_entry_point(published_entry, functions)):
+        raise CorruptEntry(f"{publisher!r}, which published the entry, is not an entry point of it")
+    if not functions and parse_ptxas_report(log):
+        raise CorruptEntry("no functions, although the log holds a ptxas report")
+    return functions, entry_name, log, float(manifest["compile_seconds"])
+
+
 def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> CompiledKernel | None:
     try:
         entry = read_entry(root, key.digest)
     except CorruptEntry as exc:
+        # Moved aside when the recompiled entry is published (see publish_entry).
         logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
         return None
     except OSError as exc:
@@ -300,18 +379,15 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
         return None
     if entry is None:
         return None
-    manifest = entry.manifest
     try:
-        functions = resources_from_json(manifest.get("functions", {}))
-        entry_name = _entry_name(spec, manifest.get("lowered_names", {}))
-        log = str(manifest.get("log", ""))
-        compile_seconds = float(manifest.get("compile_seconds", 0.0))
-    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError) as exc:
+        functions, entry_name, log, compile_seconds = _cached_fields(spec, entry)
+    except CorruptEntry as exc:
         # The size and SHA-256 checks passed, so the fields themselves are damaged. Moved
         # aside, or publishing the recompiled entry would keep this one as a concurrent win.
-        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s: %r", entry.path, exc)
+        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s: %s", entry.path, exc)
         discard_entry(root, key.digest)
         return None
+    # Can fail for a valid entry: an extern "C" kernel of another name shares it.
     _check_entry(spec, entry_name, functions)
     _log("cache hit %s for %s (%s)", spec.label, arch, key.digest[:12])
     return CompiledKernel(
@@ -342,11 +418,15 @@ def lookup_kernel(
         The cached kernel, or None when there is no valid entry.
 
     Raises:
-        ValueError: `arch` is malformed, or `spec.name` is not an entry point of the cubin.
+        TypeError: `spec` is not a KernelSpec, or `cache_dir` is not a path.
+        ValueError: `arch` is malformed, `cache_dir` is empty, the source is not UTF-8, or
+            `spec.name` is not an entry point of the cubin.
         FileNotFoundError: The source file does not exist.
+        OSError: The source is a folder or cannot be read.
     """
+    _check_spec(spec)
     _check_arch(arch)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     return _from_cache(spec, arch, root, compute_key(spec, arch, base_options()))
 
 
@@ -370,12 +450,16 @@ def compile_kernel(
 
     Raises:
         KernelCompileError: NVRTC rejected the source (message carries the NVRTC log).
-        ValueError: `arch` is malformed, an option is unsupported, or `spec.name` is not an
-            entry point of the compiled source.
+        TypeError: `spec` is not a KernelSpec, or `cache_dir` is not a path.
+        ValueError: `arch` is malformed, `cache_dir` is empty, an option is unsupported or
+            malformed, the source is not UTF-8, or `spec.name` is not an entry point of the
+            compiled source.
         FileNotFoundError: The source file does not exist.
+        OSError: The source is a folder or cannot be read.
     """
+    _check_spec(spec)
     _check_arch(arch)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     key: CacheKey = compute_key(spec, arch, base_options())
     cached = _from_cache(spec, arch, root, key)
     if cached is not None:

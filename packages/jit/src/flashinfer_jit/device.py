@@ -92,8 +92,43 @@ def arch_for_capability(major: int, minor: int) -> str:
 
     Returns:
         For example `"sm_90a"` for 9.0, `"sm_100a"` for 10.0, `"sm_89"` for 8.9.
+
+    Raises:
+        TypeError: `major` or `minor` is not an int.
+        ValueError: `major` is negative, or `minor` is not in [0, 9].
     """
+    for name, value in (("major", major), ("minor", minor)):
+        if type(value) is not int:
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__} ({value!r})")
+    if major < 0 or not 0 <= minor <= 9:
+        raise ValueError(
+            f"compute capability: expected major >= 0 and minor in [0, 9], got {major}.{minor}"
+        )
     return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+
+
+def current_device_index() -> int:
+    """Return PyTorch's current CUDA device index.
+
+    Raises:
+        RuntimeError: PyTorch has no CUDA device (a CPU-only build, no driver, no GPU); the
+            message says that compiling still works.
+    """
+    import torch
+
+    try:
+        return torch.cuda.current_device()
+    except (AssertionError, RuntimeError) as exc:  # CPU-only torch raises AssertionError
+        raise no_current_device(exc) from None
+
+
+def no_current_device(exc: BaseException) -> RuntimeError:
+    """The error for a device without an index where PyTorch has no current CUDA device."""
+    return RuntimeError(
+        f"device: without an index it is PyTorch's current CUDA device, but there is none ({exc}). "
+        f"Kernels need an NVIDIA GPU and driver; compiling (compile_kernel, precompile with "
+        f"arch=..., inspect, compile-check) works without one."
+    )
 
 
 def resolve_device_index(device: Any = None) -> int:
@@ -109,11 +144,10 @@ def resolve_device_index(device: Any = None) -> int:
     Raises:
         TypeError: `device` is of another type.
         ValueError: The device is not a CUDA device or the index is negative.
+        RuntimeError: `device` names no index and PyTorch has no CUDA device.
     """
     if device is None:
-        import torch
-
-        return torch.cuda.current_device()
+        return current_device_index()
     if isinstance(device, int) and not isinstance(device, bool):
         if device < 0:
             raise ValueError(f"device: expected a non-negative CUDA device index, got {device}")
@@ -124,7 +158,7 @@ def resolve_device_index(device: Any = None) -> int:
         dev = torch.device(device)
         if dev.type != "cuda":
             raise ValueError(f"device: expected a CUDA device, got {dev}")
-        return dev.index if dev.index is not None else torch.cuda.current_device()
+        return dev.index if dev.index is not None else current_device_index()
     raise TypeError(
         f"device: expected None, an int, a torch.device or a str, got {type(device).__name__}"
     )

@@ -30,6 +30,7 @@ from .device import (
     device_info,
     driver,
     error_name,
+    no_current_device,
     resolve_device_index,
 )
 from .errors import KernelLaunchError
@@ -502,13 +503,17 @@ def load_kernel(
 
     Raises:
         KernelCompileError: NVRTC rejected the source.
-        RuntimeError: No driver/GPU, or the driver failed to load the cubin.
+        RuntimeError: No driver/GPU (also for `device=None` without a CUDA device), or the
+            driver failed to load the cubin.
     """
     global _current_device
     if device is None:
         if _current_device is None:
             _current_device = _torch_module().cuda.current_device
-        index = _current_device()
+        try:
+            index = _current_device()
+        except (AssertionError, RuntimeError) as exc:  # CPU-only torch raises AssertionError
+            raise no_current_device(exc) from None
     elif type(device) is int and device >= 0:
         index = device
     else:

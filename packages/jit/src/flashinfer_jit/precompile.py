@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .cache import cache_root
 from .compiler import CompiledKernel, compile_kernel, lookup_kernel
 from .errors import KernelCompileError
 from .resources import FunctionResources
@@ -116,6 +117,9 @@ class PrecompileError(RuntimeError):
         lines += [f"--- {r.spec.label}\n{r.error}" for r in summary.failures]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self):
+        return (type(self), (self.summary,))
+
 
 def _result_from(compiled: CompiledKernel) -> PrecompileResult:
     return PrecompileResult(
@@ -137,13 +141,17 @@ def compile_one(spec: KernelSpec, arch: str, cache_dir: str | Path | None) -> Pr
         cache_dir: Cache root (None for the default).
 
     Returns:
-        The result; `error` holds the message for compile errors, bad options, missing
-        sources or a missing entry point.
+        The result; `error` holds the message for compile errors, bad options, missing or
+        unreadable sources or a missing entry point.
     """
     try:
         return _result_from(compile_kernel(spec, arch, cache_dir=cache_dir))
-    except (KernelCompileError, ValueError, FileNotFoundError, UnicodeDecodeError) as exc:
-        return PrecompileResult(spec=spec, arch=arch, ok=False, error=str(exc))
+    except (KernelCompileError, ValueError, OSError) as exc:
+        return _failed(spec, arch, str(exc))
+
+
+def _failed(spec: KernelSpec, arch: str, error: str) -> PrecompileResult:
+    return PrecompileResult(spec=spec, arch=arch, ok=False, error=error)
 
 
 # ---- worker processes -----------------------------------------------------------------------
@@ -170,12 +178,45 @@ def read_frame(stream: BinaryIO) -> Any:
     return pickle.loads(data)
 
 
+#: Module run as a compile worker; tests substitute one that dies on purpose.
+WORKER_MODULE = "flashinfer_jit._worker"
+
+
 def _worker_environment() -> dict[str, str]:
     env = dict(os.environ)
     # Make the worker import this very copy of flashinfer_jit (editable, vendored or installed).
     package_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     return env
+
+
+def _start_worker(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", WORKER_MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _stop_worker(process: subprocess.Popen) -> None:
+    with _suppress():
+        process.stdin.close()  # type: ignore[union-attr]  # PIPE was requested
+    with _suppress():
+        process.wait(timeout=30)
+    if process.poll() is None:
+        process.kill()
+
+
+def _ask_worker(
+    process: subprocess.Popen, spec: KernelSpec, arch: str, cache_dir: str | None
+) -> PrecompileResult | None:
+    """The worker's result for `spec`, or None when the worker died on it."""
+    try:
+        write_frame(process.stdin, (spec, arch, cache_dir))  # type: ignore[arg-type]
+        return read_frame(process.stdout)  # type: ignore[arg-type]
+    except (EOFError, OSError, pickle.UnpicklingError):
+        return None
 
 
 def _run_pool(
@@ -192,41 +233,30 @@ def _run_pool(
     env = _worker_environment()
 
     def drive() -> None:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "flashinfer_jit._worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        stdin: BinaryIO = process.stdin  # type: ignore[assignment]  # PIPE was requested
-        stdout: BinaryIO = process.stdout  # type: ignore[assignment]
+        # A worker that dies (NVRTC aborting the process, say) fails only the spec it was
+        # compiling; the next spec gets a fresh worker.
+        process: subprocess.Popen | None = None
         try:
             while True:
                 try:
                     index, spec = todo.get_nowait()
                 except queue.Empty:
                     break
-                try:
-                    write_frame(stdin, (spec, arch, cache_dir))
-                    result = read_frame(stdout)
-                except (EOFError, OSError, pickle.UnpicklingError) as exc:
-                    code = process.poll()
-                    result = PrecompileResult(
-                        spec=spec,
-                        arch=arch,
-                        ok=False,
-                        error=f"compile worker died (exit code {code}): {exc!r}",
-                    )
-                    done.put((index, result))
-                    break
+                if process is None:
+                    try:
+                        process = _start_worker(env)
+                    except OSError as exc:
+                        done.put((index, _failed(spec, arch, f"cannot start a worker: {exc}")))
+                        break
+                result = _ask_worker(process, spec, arch, cache_dir)
+                if result is None:
+                    _stop_worker(process)
+                    error = f"compile worker died (exit code {process.returncode}) compiling it"
+                    result, process = _failed(spec, arch, error), None
                 done.put((index, result))
         finally:
-            with _suppress():
-                stdin.close()
-            with _suppress():
-                process.wait(timeout=30)
-            if process.poll() is None:
-                process.kill()
+            if process is not None:
+                _stop_worker(process)
 
     threads = [threading.Thread(target=drive, daemon=True) for _ in range(workers)]
     for thread in threads:
@@ -237,7 +267,7 @@ def _run_pool(
             index, result = done.get(timeout=0.5)
         except queue.Empty:
             if not any(t.is_alive() for t in threads) and done.empty():
-                break  # every worker died; leftovers are reported by the caller
+                break  # every worker thread failed (no worker could start); the caller reports
             continue
         on_result(index, result)
         received += 1
@@ -251,6 +281,30 @@ class _suppress:
 
     def __exit__(self, *exc: object) -> bool:
         return True
+
+
+def _unique_specs(specs: Iterable[KernelSpec]) -> list[KernelSpec]:
+    if isinstance(specs, KernelSpec) or not isinstance(specs, Iterable):
+        raise TypeError(
+            f"specs: expected an iterable of KernelSpec (a list), got {type(specs).__name__}"
+        )
+    items = list(specs)
+    for item in items:
+        if not isinstance(item, KernelSpec):
+            raise TypeError(f"specs: expected KernelSpec items, got {type(item).__name__}")
+    return list(dict.fromkeys(items))
+
+
+def _check_max_workers(max_workers: int | None) -> None:
+    if max_workers is None:
+        return
+    if type(max_workers) is not int:
+        raise TypeError(
+            f"max_workers: expected a positive int or None, got {type(max_workers).__name__} "
+            f"({max_workers!r})"
+        )
+    if max_workers < 1:
+        raise ValueError(f"max_workers: expected a positive int or None, got {max_workers}")
 
 
 def precompile(
@@ -287,23 +341,26 @@ def precompile(
 
     Raises:
         PrecompileError: Some configurations failed and `raise_on_error` is set.
-        ValueError: `max_workers` is not positive, or `arch` is malformed.
-        RuntimeError: `arch` is None and no GPU is available.
+        TypeError: `specs` is not an iterable of KernelSpec, or `max_workers` or
+            `cache_dir` has the wrong type.
+        ValueError: `max_workers` is not positive, `cache_dir` is empty, or `arch` is
+            malformed.
+        RuntimeError: `arch` is None (or `load` is set) and no GPU is available.
     """
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
+    unique = _unique_specs(specs)
+    _check_max_workers(max_workers)
+    root = None if cache_dir is None else str(cache_root(cache_dir))
+    if load:
+        from .device import resolve_device_index
+
+        device = resolve_device_index(device)  # before compiling: no GPU fails fast
     if arch is None:
         from .device import device_arch
 
         arch = device_arch(device)
-    if max_workers is not None and max_workers < 1:
-        raise ValueError(f"max_workers: expected a positive int or None, got {max_workers}")
-    unique = list(dict.fromkeys(specs))
-    for item in unique:
-        if not isinstance(item, KernelSpec):
-            raise TypeError(f"specs: expected KernelSpec items, got {type(item).__name__}")
-    root = str(cache_dir) if cache_dir is not None else None
     results: list[PrecompileResult | None] = [None] * len(unique)
     bar = tqdm(
         total=len(unique), desc=f"flashinfer_jit {arch}", unit="kernel", disable=not progress
@@ -319,8 +376,8 @@ def precompile(
     for index, spec in enumerate(unique):
         try:
             hit = lookup_kernel(spec, arch, cache_dir=root)
-        except (ValueError, FileNotFoundError, UnicodeDecodeError) as exc:
-            record(index, PrecompileResult(spec=spec, arch=arch, ok=False, error=str(exc)))
+        except (ValueError, OSError) as exc:
+            record(index, _failed(spec, arch, str(exc)))
             continue
         if hit is not None:
             record(index, _result_from(hit))
@@ -335,10 +392,7 @@ def precompile(
         _run_pool(misses, arch, root, workers, record)
         for index, spec in misses:
             if results[index] is None:
-                record(
-                    index,
-                    PrecompileResult(spec=spec, arch=arch, ok=False, error="no worker ran it"),
-                )
+                record(index, _failed(spec, arch, "no worker ran it"))
     bar.close()
 
     summary = PrecompileSummary(arch, tuple(r for r in results if r is not None), 0.0)

@@ -14,7 +14,7 @@ available without a GPU. The report looks like::
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
@@ -108,7 +108,27 @@ def parse_ptxas_report(log: str) -> dict[str, FunctionResources]:
     return {name: FunctionResources(**values) for name, values in fields.items()}
 
 
-def resources_from_json(data: dict[str, dict[str, Any]]) -> dict[str, FunctionResources]:
+def _function_from_json(name: object, values: object) -> FunctionResources:
+    if not isinstance(name, str) or not isinstance(values, dict):
+        raise ValueError(f"functions: expected name -> dict, got {name!r} -> {values!r}")
+    expected = {f.name for f in fields(FunctionResources)}
+    if set(values) != expected:
+        raise ValueError(
+            f"functions[{name!r}]: expected the fields {sorted(expected)}, got {sorted(values)}"
+        )
+    if values["name"] != name or not isinstance(values["is_entry"], bool):
+        raise ValueError(
+            f"functions[{name!r}]: expected its own name and a bool is_entry, got name "
+            f"{values['name']!r} and is_entry {values['is_entry']!r}"
+        )
+    for key in expected - {"name", "is_entry"}:
+        value = values[key]
+        if type(value) is not int or value < 0:
+            raise ValueError(f"functions[{name!r}].{key}: expected an int >= 0, got {value!r}")
+    return FunctionResources(**values)
+
+
+def resources_from_json(data: object) -> dict[str, FunctionResources]:
     """Rebuild the output of `parse_ptxas_report` from its manifest form.
 
     Args:
@@ -116,5 +136,11 @@ def resources_from_json(data: dict[str, dict[str, Any]]) -> dict[str, FunctionRe
 
     Returns:
         Function name -> resources.
+
+    Raises:
+        ValueError: `data` is not exactly what `to_json` writes (a field missing or extra,
+            of another type, or negative).
     """
-    return {name: FunctionResources(**values) for name, values in data.items()}
+    if not isinstance(data, dict):
+        raise ValueError(f"functions: expected a dict, got {type(data).__name__}")
+    return {name: _function_from_json(name, values) for name, values in data.items()}

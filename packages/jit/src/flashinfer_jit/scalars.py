@@ -124,6 +124,22 @@ class u64(_Integer):
     format, size, c_type, low, high = "Q", 8, "uint64_t", 0, 2**64 - 1
 
 
+def _real(wrapper: str, value: object) -> float:
+    _refuse_tensor(wrapper, value)
+    if isinstance(value, bool) or not hasattr(value, "__float__"):
+        raise TypeError(
+            f"{wrapper}: expected a real number, got {type(value).__name__} ({value!r})"
+        )
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond the double range, such as 10**400
+        text = repr(value)
+        text = text if len(text) <= 40 else f"{text[:37]}..."
+        raise ValueError(
+            f"{wrapper}: expected a value within the double range, got {text}"
+        ) from None
+
+
 class f32(_Scalar):
     """A C `float` kernel argument.
 
@@ -132,17 +148,14 @@ class f32(_Scalar):
 
     Raises:
         TypeError: `value` is not a real number.
-        ValueError: `value` is finite but too large for float32.
+        ValueError: `value` is finite but too large for float32 (or for a double).
     """
 
     __slots__ = ()
     format, size, c_type = "f", 4, "float"
 
     def __init__(self, value: float) -> None:
-        _refuse_tensor("f32", value)
-        if isinstance(value, bool) or not hasattr(value, "__float__"):
-            raise TypeError(f"f32: expected a real number, got {type(value).__name__} ({value!r})")
-        value = float(value)
+        value = _real("f32", value)
         try:
             struct.pack("<f", value)
         except OverflowError:
@@ -158,16 +171,14 @@ class f64(_Scalar):
 
     Raises:
         TypeError: `value` is not a real number.
+        ValueError: `value` is an integer too large for a double.
     """
 
     __slots__ = ()
     format, size, c_type = "d", 8, "double"
 
     def __init__(self, value: float) -> None:
-        _refuse_tensor("f64", value)
-        if isinstance(value, bool) or not hasattr(value, "__float__"):
-            raise TypeError(f"f64: expected a real number, got {type(value).__name__} ({value!r})")
-        self.value = float(value)
+        self.value = _real("f64", value)
 
 
 SCALAR_TYPES: tuple[type[_Scalar], ...] = (i32, u32, i64, u64, f32, f64)

@@ -49,6 +49,24 @@ def search_dirs(spec: KernelSpec) -> tuple[Path, ...]:
     return (spec.source.parent, *spec.include_dirs, PACKAGE_INCLUDE_DIR)
 
 
+def _read_main_source(spec: KernelSpec) -> bytes:
+    try:
+        return spec.source.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"kernel source for {spec.label!r} not found: {spec.source}"
+        ) from None
+    except IsADirectoryError:
+        raise IsADirectoryError(
+            f"kernel source for {spec.label!r} is a folder, not a .cu file: {spec.source}"
+        ) from None
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"kernel source for {spec.label!r} cannot be read: {spec.source} ({exc.strerror})",
+        ) from None
+
+
 def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
     """Read a kernel's source and hash it together with every project header it includes.
 
@@ -61,14 +79,11 @@ def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
 
     Raises:
         FileNotFoundError: The main source does not exist.
+        IsADirectoryError: The main source is a folder.
+        OSError: The main source cannot be read (permissions, I/O error).
         ValueError: The main source is not UTF-8 text.
     """
-    try:
-        main_bytes = spec.source.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"kernel source for {spec.label!r} not found: {spec.source}"
-        ) from None
+    main_bytes = _read_main_source(spec)
     try:
         main_text = main_bytes.decode("utf-8")
     except UnicodeDecodeError as err:

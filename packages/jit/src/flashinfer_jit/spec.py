@@ -10,7 +10,7 @@ from pathlib import Path
 
 DefineValue = str | int
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _normalise_defines(
@@ -27,7 +27,7 @@ def _normalise_defines(
                 f"of type {type(item).__name__}"
             )
         name, value = item
-        if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
             raise ValueError(f"defines: macro name must be a C identifier, got {name!r}")
         # bool is an int subclass; True would silently become "True", which C does not know.
         if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -38,6 +38,29 @@ def _normalise_defines(
             raise ValueError(f"defines: macro {name!r} given twice ({seen[name]!r} and {value!r})")
         seen[name] = value
     return tuple(sorted(seen.items()))
+
+
+def _absolute_path(value: object, what: str) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what}: expected a pathlib.Path or str, got {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{what}: expected a pathlib.Path or str, got {type(text).__name__}")
+    if not text:
+        raise ValueError(f"{what}: expected a path, got an empty str")
+    if "\x00" in text:
+        raise ValueError(f"{what}: path contains a NUL byte: {text!r}")
+    # Absolute (without resolving symlinks, which needs I/O) so equal files compare equal
+    # whatever the working directory was when the spec was built.
+    return Path(os.path.abspath(text))
+
+
+def _as_sequence(value: object) -> object:
+    """`tuple(value)` for `make`, except that a bare str (or path) is passed through, so the
+    constructor rejects it instead of splitting it into characters."""
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return value
+    return tuple(value)  # type: ignore[call-overload]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,18 +99,14 @@ class KernelSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"KernelSpec.name: expected a non-empty str, got {self.name!r}")
-        if not isinstance(self.source, (str, Path)):
-            raise TypeError(
-                f"KernelSpec.source: expected a pathlib.Path or str, got {type(self.source).__name__}"
-            )
-        # Absolute (without resolving symlinks, which needs I/O) so equal files compare equal
-        # whatever the working directory was when the spec was built.
-        object.__setattr__(self, "source", Path(os.path.abspath(self.source)))
+        object.__setattr__(self, "source", _absolute_path(self.source, "KernelSpec.source"))
         object.__setattr__(self, "defines", _normalise_defines(self.defines))
-        if isinstance(self.include_dirs, (str, Path)):
+        if isinstance(self.include_dirs, (str, bytes, os.PathLike)):
             raise TypeError("KernelSpec.include_dirs: expected a sequence of paths, got one path")
         object.__setattr__(
-            self, "include_dirs", tuple(Path(os.path.abspath(d)) for d in self.include_dirs)
+            self,
+            "include_dirs",
+            tuple(_absolute_path(d, "KernelSpec.include_dirs") for d in self.include_dirs),
         )
         for field in ("options", "name_expressions"):
             value = getattr(self, field)
@@ -159,15 +178,16 @@ class KernelSpec:
         Raises:
             TypeError: A define value is not str/int, or a sequence argument is a bare str.
             ValueError: A macro name is not a C identifier or is given twice with different
-                values, or `name` is not among `name_expressions`.
+                values, `name` is not among `name_expressions`, or a path is empty or holds
+                a NUL byte.
         """
         return cls(
             name=name,
-            source=Path(source),
+            source=source,  # type: ignore[arg-type]  # checked and made a Path in __post_init__
             defines=defines,  # type: ignore[arg-type]  # normalised in __post_init__
-            include_dirs=tuple(Path(d) for d in include_dirs),
-            options=tuple(options),
-            name_expressions=tuple(name_expressions),
+            include_dirs=_as_sequence(include_dirs),  # type: ignore[arg-type]
+            options=_as_sequence(options),  # type: ignore[arg-type]
+            name_expressions=_as_sequence(name_expressions),  # type: ignore[arg-type]
             label=label,
         )
 

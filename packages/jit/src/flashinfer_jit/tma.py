@@ -365,9 +365,14 @@ def tensor_map_for(
         The descriptor.
 
     Raises:
+        TypeError: `tensor` is not a torch.Tensor, or `box_shape` is not a sequence of ints.
         ValueError: The last dimension is not contiguous, ranks differ, or a TMA rule is
             broken.
     """
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor: expected a CUDA torch.Tensor, got {type(tensor).__name__}")
     box = _ints(box_shape, "box_shape")
     if tensor.dim() != len(box):
         raise ValueError(
