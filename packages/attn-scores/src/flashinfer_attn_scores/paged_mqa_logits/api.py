@@ -140,11 +140,8 @@ def _check_fp8_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> 
     The custom op then runs the check itself, on the real sizes, whenever the compiled code
     runs (`custom_ops.fp8_paged_mqa_logits_into`), so the error still comes on the first call.
     """
-    if torch.compiler.is_compiling():
-        return
-    message = fp8_sm90.shared_memory_fit_error(num_heads, head_dim, next_n)
-    if message:
-        raise ValueError(message)
+    if not torch.compiler.is_compiling():
+        fp8_sm90.check_shared_memory_fit(num_heads, head_dim, next_n)
 
 
 def _check_call_outputs(

@@ -47,9 +47,7 @@ def _write_computed_region(
 
 def _check_fp8_head_geometry_fits(q: torch.Tensor) -> None:
     _, next_n, num_heads, head_dim = q.shape
-    message = fp8_sm90.shared_memory_fit_error(num_heads, head_dim, next_n)
-    if message:
-        raise ValueError(message)
+    fp8_sm90.check_shared_memory_fit(num_heads, head_dim, next_n)
 
 
 @torch.library.custom_op(

@@ -247,13 +247,13 @@ def fits_shared_memory(head_dim: int, num_heads: int, next_n: int) -> bool:
     ).fits
 
 
-def shared_memory_fit_error(num_heads: int, head_dim: int, next_n: int) -> str:
-    """Why (num_heads, head_dim, next_n) cannot run on the SM90 kernel for want of shared
-    memory, as an error message; "" when it fits."""
+def check_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> None:
+    """Raise ValueError, naming the largest head_dim that fits, unless (num_heads, head_dim,
+    next_n) fits the SM90 kernel's shared memory."""
     if fits_shared_memory(head_dim, num_heads, next_n):
-        return ""
+        return
     largest = largest_fitting_head_dim(num_heads, next_n)
-    return (
+    raise ValueError(
         f"head_dim={head_dim} with num_heads={num_heads} and next_n={next_n} does not fit the "
         f"SM90 kernel's shared memory (227 KiB per CTA: two q slots of next_n*num_heads*head_dim "
         f"bytes and at least two KV stages of 64*head_dim bytes); at next_n*num_heads = "
