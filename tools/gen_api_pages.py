@@ -59,6 +59,7 @@ EXTRA_MODULES = {
 # listed here gets its dotted name as the title and goes after the listed ones.
 MODULE_TITLES = {
     "flashinfer_attn_scores.paged_mqa_logits.api": "Paged MQA logits",
+    "flashinfer_attn_scores.paged_mqa_logits.precompile": "Precompiling",
     "flashinfer_attn_scores.paged_mqa_logits.reference": "Reference implementation",
     "flashinfer_schedule.sizes": "Size helpers",
     "flashinfer_schedule.schedule": "CTA schedule",

@@ -5,7 +5,7 @@
 On the host-time benchmark's problem (B = 1, L = 4096, next_n = 1, block 64, `out=` given,
 `schedule_meta=None`; see tools/bench/host_time.py) it times, per call, the public function
 and then each layer under it with the layers above removed: the signature and remembered-call
-lookup of `api.py`, the remembered call, the prepared launch of the launcher, the prepared jit
+lookup of `dispatch.py`, the remembered call, the prepared launch of the launcher, the prepared jit
 launch with ready arguments (and `Kernel.launch`, the unprepared path, for comparison),
 argument packing alone, a bare `cuLaunchKernel(Ex)` of pre-packed arguments through
 cuda-bindings and through ctypes, the metadata reads of the call's tensors, the output view,
@@ -155,7 +155,7 @@ def tensor_guards_us(tensors: tuple, calls: int) -> float:
 
 
 def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, float]]:
-    from flashinfer_attn_scores.paged_mqa_logits import api
+    from flashinfer_attn_scores.paged_mqa_logits import dispatch
     from flashinfer_jit import kernel as jit_kernel
 
     call = _small_call(op, device, precomputed_schedule=False)
@@ -165,18 +165,18 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     # Capture each layer's arguments from real calls. The remembered call holds the launch
     # `Kernel.prepare_launch` returned when it was built, so it is rebuilt around the recorder
     # and then once more without it.
-    with Recorder(api, "_signature") as signature:
+    with Recorder(dispatch, "signature") as signature:
         call()
     key_args, _ = signature.seen
-    key = api._signature(*key_args)
-    api._EAGER_CALLS.pop(key)
+    key = dispatch.signature(*key_args)
+    dispatch._EAGER_CALLS.pop(key)
     with Recorder(jit_kernel.Kernel, "prepare_launch") as prepared:
         call()
     (kernel, grid, block), options = prepared.seen
     pack_args = prepared.result_seen
-    api._EAGER_CALLS.pop(key)
+    dispatch._EAGER_CALLS.pop(key)
     call()
-    eager = api._EAGER_CALLS[key]
+    eager = dispatch._EAGER_CALLS[key]
     tensors = key_args[1]
     out = key_args[3][1]
     launch = kernel.prepare_launch(grid, block, **options)
@@ -195,8 +195,11 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     native = NativeLaunch(handle, grid, block, smem, stream, programmatic=config is not None)
     meta = tuple(t for t in (*tensors, out) if isinstance(t, torch.Tensor))
     rows += [
-        ("  signature (api._signature)", per_call_us(lambda: api._signature(*key_args), calls)),
-        ("  remembered-call lookup", per_call_us(lambda: api._eager_call(key), calls)),
+        (
+            "  signature (dispatch.signature)",
+            per_call_us(lambda: dispatch.signature(*key_args), calls),
+        ),
+        ("  remembered-call lookup", per_call_us(lambda: dispatch.eager_call(key), calls)),
         ("  remembered call", per_call_us(lambda: eager(tensors, None, out), calls)),
         ("    prepared launch (run)", per_call_us(lambda: eager._run(*tensors, out, None), calls)),
         ("      prepared jit launch", per_call_us(lambda: launch(*pack_args), calls)),

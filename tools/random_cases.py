@@ -32,8 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "packages/attn-scores/tests/paged_mqa_logits"))
 
-from flashinfer_attn_scores.paged_mqa_logits import launcher  # noqa: E402
-from flashinfer_attn_scores.paged_mqa_logits.api import PagedMqaLogitsConfig  # noqa: E402
+from flashinfer_attn_scores.paged_mqa_logits import PagedMqaLogitsConfig, launcher  # noqa: E402
 from flashinfer_schedule import compute_paged_mqa_logits_schedule  # noqa: E402
 from test_gpu_random_cases import check_random_call, draw_call  # noqa: E402
 

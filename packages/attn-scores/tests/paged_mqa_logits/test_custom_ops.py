@@ -11,7 +11,7 @@ import flashinfer_attn_scores as fa
 import pytest
 import torch
 from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
-from flashinfer_attn_scores.paged_mqa_logits import api, custom_ops
+from flashinfer_attn_scores.paged_mqa_logits import custom_ops, dispatch
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
 FP8_OP = "fp8_paged_mqa_logits_into"
@@ -266,12 +266,12 @@ def test_cuda_arch_check_traces_as_a_constant(monkeypatch, capability, expect_er
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Stand-in GPU")
 
     def arch_message_length(x):
-        message = api._cuda_arch_error("fp8_paged_mqa_logits", torch.device("cuda", 0))
+        message = dispatch.cuda_arch_error("fp8_paged_mqa_logits", torch.device("cuda", 0))
         return x + len(message)
 
     x = torch.randn(3)
     got = torch.compile(arch_message_length, fullgraph=True)(x)
-    message = api._cuda_arch_error("fp8_paged_mqa_logits", torch.device("cuda", 0))
+    message = dispatch.cuda_arch_error("fp8_paged_mqa_logits", torch.device("cuda", 0))
     assert bool(message) == expect_error
     if expect_error:
         assert f"compute capability {capability[0]}.{capability[1]}" in message

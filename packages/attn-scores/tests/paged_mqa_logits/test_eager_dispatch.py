@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_scores_cases import make_fp4_case, make_fp8_case
-from flashinfer_attn_scores.paged_mqa_logits import api, custom_ops, launcher
+from flashinfer_attn_scores.paged_mqa_logits import custom_ops, dispatch, launcher
 
 
-def _problem(rows: int, max_seq_len: int) -> api._Problem:
-    return api._Problem(
+def _problem(rows: int, max_seq_len: int) -> dispatch.Problem:
+    return dispatch.Problem(
         batch_size=rows,
         next_n=1,
         num_heads=64,
@@ -37,7 +37,7 @@ def test_remembered_call_launches_into_the_callers_out_and_returns_the_sliced_vi
     out = buffer[2:]  # a row slice: the view must keep its storage offset
     problem = _problem(rows=3, max_seq_len=300)
     calls = []
-    eager = api._EagerCall(_recording_run(calls), problem, out, allocates=False)
+    eager = dispatch.EagerCall(_recording_run(calls), problem, out, allocates=False)
     tensors = (torch.ones(1), torch.ones(2))
     schedule = torch.zeros(133, 2, dtype=torch.int32)
     got = eager(tensors, schedule, out)
@@ -56,7 +56,7 @@ def test_remembered_call_without_out_allocates_padded_storage_each_call():
     problem = _problem(rows=2, max_seq_len=1000)
     first = torch.empty(problem.rows, problem.padded_cols, dtype=torch.float16)
     calls = []
-    eager = api._EagerCall(_recording_run(calls), problem, first, allocates=True)
+    eager = dispatch.EagerCall(_recording_run(calls), problem, first, allocates=True)
     a = eager((), None, None)
     b = eager((), None, None)
     storages = [call[0] for call in calls]
@@ -69,18 +69,18 @@ def test_remembered_call_without_out_allocates_padded_storage_each_call():
 
 def test_validate_mode_bypasses_a_remembered_call(monkeypatch):
     key = ("a signature",)
-    monkeypatch.setitem(api._EAGER_CALLS, key, "remembered")
+    monkeypatch.setitem(dispatch._EAGER_CALLS, key, "remembered")
     monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
-    assert api._eager_call(key) == "remembered"
+    assert dispatch.eager_call(key) == "remembered"
     monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
-    assert api._eager_call(key) is None
-    assert api._eager_call(None) is None
+    assert dispatch.eager_call(key) is None
+    assert dispatch.eager_call(None) is None
 
 
 def _fp8_key(q, kv_fused, weights, block_tables, seq_lens, max_seq_len, out=None, dtype=None):
     dtypes = (dtype or torch.float32, torch.float32, torch.float32)
     tensors = (q, kv_fused, weights, block_tables, seq_lens)
-    return api._signature("fp8", tensors, (max_seq_len, *dtypes), (None, out))
+    return dispatch.signature("fp8", tensors, (max_seq_len, *dtypes), (None, out))
 
 
 def test_every_metadata_change_is_a_new_signature():

@@ -1,4 +1,4 @@
-"""Repeated eager calls on the GPU: a validated signature's remembered launch (api._EagerCall)
+"""Repeated eager calls on the GPU: a validated signature's remembered launch (dispatch.EagerCall)
 against the float64 reference, with everything the signature does not fix changed between
 calls (data, the KV pool's address, q's alignment, the output buffer, the stream)."""
 

@@ -6,21 +6,21 @@ import flashinfer_attn_scores as fa
 import pytest
 import torch
 from attn_scores_cases import make_fp8_case
-from flashinfer_attn_scores.paged_mqa_logits import api
+from flashinfer_attn_scores.paged_mqa_logits import api, dispatch
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
 
 @pytest.fixture
 def counted_checks(monkeypatch):
     calls = []
-    original = api._check_common
+    original = api.check_common
 
     def counting(**kwargs):
         calls.append(kwargs["variant"])
         return original(**kwargs)
 
-    monkeypatch.setattr(api, "_check_common", counting)
-    monkeypatch.setattr(api, "_VALIDATED", {})
+    monkeypatch.setattr(api, "check_common", counting)
+    monkeypatch.setattr(dispatch, "_VALIDATED", {})
     return calls
 
 

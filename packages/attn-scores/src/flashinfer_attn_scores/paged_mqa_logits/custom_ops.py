@@ -17,7 +17,7 @@ Ops (namespace `flashinfer_attn_scores`, reachable as `torch.ops.flashinfer_attn
 
 They do no argument checking (call the public functions, which do) but one: the FP8 ops
 check that the head geometry fits the kernel's shared memory, which a torch.compile trace
-with symbolic head sizes leaves to them (see `api._check_fp8_shared_memory_fit`).
+with symbolic head sizes leaves to them (see `problem.check_fp8_shared_memory_fit`).
 """
 
 import torch

@@ -21,7 +21,7 @@ from . import fp4_sm90, fp8_sm90
 
 # Looked up at call time, so tests can replace them. The custom ops' CUDA kernels (the
 # torch.compile path) launch once per call; eager calls keep the prepared launch of each
-# argument signature (see `api._EagerCall`). These are the kernels' own functions, not
+# argument signature (see `dispatch.EagerCall`). These are the kernels' own functions, not
 # wrappers: one Python call less per launch.
 launch_fp8_paged_mqa_logits = fp8_sm90.launch
 launch_fp4_paged_mqa_logits = fp4_sm90.launch

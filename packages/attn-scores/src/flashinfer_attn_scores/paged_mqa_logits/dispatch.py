@@ -1,0 +1,215 @@
+"""How a validated paged MQA logits call runs: the eager CUDA launch, remembered per argument
+signature, or the custom op (CPU, torch.compile).
+
+A repeated eager call with a known signature costs one signature, one dictionary lookup, the
+output storage, one prepared launch and one view (`EagerCall`); everything else runs once per
+signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import _validation as v
+from .problem import Problem
+
+
+@torch.compiler.assume_constant_result
+def cuda_arch_error(op: str, device: torch.device) -> str:
+    """`check_cuda_arch`'s message for `device`, or "" for an SM90 GPU.
+
+    Marked as a constant result so that torch.compile runs it once while tracing (dynamo
+    cannot trace the capability query) and keeps the answer, which never changes for a
+    device; tensor guards already pin the device.
+    """
+    try:
+        v.check_cuda_arch(op, device)
+    except RuntimeError as err:
+        return str(err)
+    return ""
+
+
+def device_data_checks_wanted() -> bool:
+    """Whether to run the opt-in `FLASHINFER_VALIDATE_INPUTS` checks on this call.
+
+    Never while torch.compile traces the op (they copy device data to the host and branch
+    on it, which would break the graph) nor during CUDA-graph capture.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return v.validate_inputs_enabled() and not v.graph_capture_active()
+
+
+# Argument signatures (dtype, device, shape and strides of every tensor plus the scalar
+# arguments) that passed validation, with their problem sizes. Every check in
+# `validate` reads only that metadata (data-dependent checks are the opt-in validate mode,
+# run per call in `run`), so a call with a known signature skips the Python checks, which
+# cost more host time than the launches themselves.
+_VALIDATED: dict[tuple, Problem] = {}
+# _NEGATED_VIEWS: a negated view (`is_neg()`) has the metadata of a plain tensor, so the
+# signature does not tell them apart; `v.check_tensor` refuses one. The public functions also
+# test weights and out on every call, the float tensors a negated view can come from in
+# public PyTorch (the `.imag` of a `conj()` view); the others would need `torch._neg_view`.
+_VALIDATED_LIMIT = 1024
+_SCALAR_TYPES = frozenset({bool, int, float, str, torch.dtype, type(None)})
+
+
+def signature(
+    variant: str, tensors: tuple, scalars: tuple, optional_tensors: tuple
+) -> tuple | None:
+    """The memo key of a call: the variant, (dtype, device, shape, strides) of every tensor,
+    (type, value) of every scalar argument (so True and 1 differ), None for an absent optional
+    tensor. None under torch.compile (dynamo guards the metadata itself) or when an argument
+    has an unexpected type (the checks will name it). Written out per argument kind, not with
+    isinstance per argument: this runs on every eager call (~4 us instead of ~6 us on a
+    desktop CPU)."""
+    if torch.compiler.is_compiling():
+        return None
+    parts: list = [variant]
+    try:
+        for t in tensors:
+            parts.append((t.dtype, t.device, t.shape, t.stride()))
+        for t in optional_tensors:
+            parts.append(None if t is None else (t.dtype, t.device, t.shape, t.stride()))
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return None  # not a tensor, or a layout without strides: the checks will name it
+    for value in scalars:
+        kind = type(value)
+        if kind not in _SCALAR_TYPES:
+            return None
+        parts.append((kind, value))
+    return tuple(parts)
+
+
+def memoizable(key: tuple | None) -> bool:
+    """Whether a validated signature may be remembered. Not when a tensor's strides are all 0
+    (an `expand()`ed tensor): a sparse COO tensor of the same dtype, device and shape reports
+    the same strides, and must still meet the dense-layout check."""
+    if key is None:
+        return False
+    for part in key:
+        if type(part) is tuple and len(part) == 4 and part[3] and not any(part[3]):
+            return False
+    return True
+
+
+def validated(validate: Callable[[], Problem], key: tuple | None) -> Problem:
+    """`validate()`'s problem sizes, memoised by the arguments' signature `key`."""
+    problem = _VALIDATED.get(key) if key is not None else None
+    if problem is None:
+        problem = validate()
+        if memoizable(key):
+            if len(_VALIDATED) >= _VALIDATED_LIMIT:
+                _VALIDATED.clear()
+            _VALIDATED[key] = problem
+    return problem
+
+
+class EagerCall:
+    """The whole eager CUDA call of one validated argument signature.
+
+    It holds what the signature fixes (output geometry, the prepared kernel launch of
+    `launcher.prepare_*`), so a repeated call is: output storage, one launch, one view. The
+    public functions look it up before anything else; only the opt-in validate mode, read on
+    every call, sends a known signature back through `_run`. Through `torch.library` the
+    same call would cost about 100 us more on the H200 (2026-11-29, cProfile:
+    `torch._library.custom_ops.backend_impl`) and buy nothing outside a torch.compile trace.
+    """
+
+    __slots__ = ("_device", "_dtype", "_run", "_storage_shape", "_view_shape", "_view_stride")
+
+    def __init__(
+        self,
+        run: Callable[..., None],
+        problem: Problem,
+        storage: torch.Tensor,
+        allocates: bool,
+    ) -> None:
+        self._run = run
+        self._view_shape = (problem.rows, problem.max_seq_len)
+        # The row stride is part of the signature (out's, or the fresh storage's padded width).
+        self._view_stride = (storage.stride(0), 1)
+        self._storage_shape = (problem.rows, problem.padded_cols) if allocates else None
+        self._dtype, self._device = storage.dtype, storage.device
+
+    def __call__(
+        self, tensors: tuple, schedule_meta: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        storage = out
+        if storage is None:
+            storage = torch.empty(self._storage_shape, dtype=self._dtype, device=self._device)
+        self._run(*tensors, storage, schedule_meta)
+        # The same view as storage[:rows, :max_seq_len] (offset kept), in one call.
+        return storage.as_strided(self._view_shape, self._view_stride)
+
+
+_EAGER_CALLS: dict[tuple, EagerCall] = {}
+
+
+def eager_call(key: tuple | None) -> EagerCall | None:
+    """The remembered eager call for `key`, unless validate mode wants the data checks."""
+    eager = _EAGER_CALLS.get(key) if key is not None else None
+    if eager is None or v.validate_inputs_enabled():
+        return None
+    return eager
+
+
+def run(
+    op: str,
+    variant: str,
+    problem: Problem,
+    key: tuple | None,
+    *,
+    tensors: tuple,
+    schedule_meta: torch.Tensor | None,
+    out: torch.Tensor | None,
+    output_dtype: torch.dtype,
+    prepare: Callable[[torch.Tensor], Callable[..., None]],
+    compute: Callable[[torch.Tensor], None],
+) -> torch.Tensor:
+    """Opt-in device-data checks, output allocation, then the kernel: eager CUDA calls launch
+    `prepare(storage)` directly and remember it under `key`; CPU calls and torch.compile
+    traces go through the custom op (`compute(storage)`).
+
+    `tensors` are the op's input tensors in launch order: q first, then block_tables and
+    seq_lens as the last two.
+    """
+    q, block_tables, seq_lens = tensors[0], tensors[-2], tensors[-1]
+    if device_data_checks_wanted():
+        v.check_device_data(
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            num_blocks=problem.num_blocks,
+            block_size=problem.block_size,
+            max_seq_len=problem.max_seq_len,
+            schedule_meta=schedule_meta,
+            next_n=problem.next_n,
+            variant=variant,
+        )
+    if q.device.type == "cuda":
+        arch_error = cuda_arch_error(op, q.device)
+        if arch_error:
+            raise RuntimeError(arch_error)
+    storage = out
+    if storage is None:
+        storage = torch.empty(
+            problem.rows, problem.padded_cols, dtype=output_dtype, device=q.device
+        )
+    logits = storage[: problem.rows, : problem.max_seq_len]
+    # Nothing to launch. An empty pool leaves a valid call only zero-length requests, whose
+    # rows are never written (and TMA cannot describe a pool of no blocks). On CPU the
+    # reference still runs, so a length that would read a block is refused as elsewhere.
+    if problem.rows == 0 or (problem.num_blocks == 0 and q.is_cuda):
+        return logits
+    if q.is_cuda and not torch.compiler.is_compiling():
+        launch = prepare(storage)
+        launch(*tensors, storage, schedule_meta)
+        if memoizable(key):
+            if len(_EAGER_CALLS) >= _VALIDATED_LIMIT:
+                _EAGER_CALLS.clear()
+            _EAGER_CALLS[key] = EagerCall(launch, problem, storage, allocates=out is None)
+    else:
+        compute(storage)
+    return logits
