@@ -8,7 +8,7 @@ import flashinfer_attn_scores as fa
 import pytest
 import torch
 from attn_scores_cases import assert_rows_close
-from flashinfer_attn_scores.paged_mqa_logits import api, launcher
+from flashinfer_attn_scores.paged_mqa_logits import dispatch, launcher
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp4_paged_mqa_logits_reference,
     fp8_paged_mqa_logits_reference,
@@ -31,7 +31,7 @@ def args_of(case, variant):
 @pytest.fixture
 def prepares(monkeypatch):
     """A fresh table of remembered calls, validate mode off, and a count of prepared launches."""
-    monkeypatch.setattr(api, "_EAGER_CALLS", {})
+    monkeypatch.setattr(dispatch, "_EAGER_CALLS", {})
     monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
     counts = {"fp8": 0, "fp4": 0}
     for variant in counts:
