@@ -113,7 +113,7 @@ class EagerCall:
     It holds what the signature fixes (output geometry, the prepared kernel launch of
     `launcher.prepare_*`), so a repeated call is: output storage, one launch, one view. The
     public functions look it up before anything else; only the opt-in validate mode, read on
-    every call, sends a known signature back through `_run`. Through `torch.library` the
+    every call, sends a known signature back through `run`. Through `torch.library` the
     same call would cost about 100 us more on the H200 (2026-11-29, cProfile:
     `torch._library.custom_ops.backend_impl`) and buy nothing outside a torch.compile trace.
     """

@@ -528,7 +528,7 @@ def prepare(
 
     Everything derived from that metadata (configuration, loaded kernel, grid, strides as
     kernel scalars) is fixed here; `run` reads only data pointers and the current stream, so
-    `api.py` keeps one per validated argument signature and a warm eager call is one launch.
+    `dispatch.py` keeps one per validated argument signature and a warm eager call is one launch.
     `schedule_meta=None`: the kernel schedules itself (see `schedule_arguments`).
     """
     from flashinfer_jit import i64
