@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
-import gen_api_pages  # noqa: E402
+import gen_api_pages
 
 
 def test_api_pages_are_current(capsys):
