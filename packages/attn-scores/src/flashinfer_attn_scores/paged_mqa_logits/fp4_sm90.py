@@ -3,7 +3,8 @@
 No validation happens here: `api.py` has checked every argument before calling `launch`.
 The kernel source is `csrc/fp4_paged_mqa_logits.cu` (it shares the FP8 kernel's pipeline
 pieces through `csrc/paged_mqa_common.cuh`); its shared-memory layout is mirrored by
-`Fp4KernelConfig.shared_memory_bytes` and must be kept in step with it.
+`Fp4KernelConfig.shared_memory_bytes`, and the kernel refuses to compile when the size it is
+launched with (the `SHARED_BYTES` define) does not cover its layout.
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ class Fp4KernelConfig:
     def shared_memory_bytes(self, stages: int) -> int:
         q_slots = 2 * self.n * HEAD_DIM
         weights = q_slots + stages * TOKENS_PER_UNIT * ROW_BYTES
-        head_scales = weights + 2 * self.n * 4
+        # Weight slots: quad-major runs padded by 4 floats each where the float32 epilogue
+        # reads them in pairs (next_n 2; kWeightPairLoads in the kernel).
+        pair_loads = self.next_n == 2 and self.epi_dtype == torch.float32
+        head_scales = weights + 2 * (self.n + 16 if pair_loads else self.n) * 4
         slot_exp = head_scales + 2 * self.n * 4
         lut = slot_exp + 2 * 4 * 4
         scales = lut + _LUT_LEVELS * 8
@@ -128,6 +132,8 @@ class Fp4KernelConfig:
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "SF_INTERLEAVED": int(self.interleaved),
                 "SCHEDULE_ENTRY_UNITS": SCHEDULE_REQUEST_ENTRY_UNITS,
+                # The launch size, so the kernel can check its layout against it.
+                "SHARED_BYTES": self.shared_memory_bytes(self.stages),
                 **dict(self.experiment),
             },
             label=(

@@ -2,7 +2,8 @@
 
 No validation happens here: `api.py` has checked every argument before calling `launch`.
 The kernel source is `csrc/fp8_paged_mqa_logits.cu`; its shared-memory layout is mirrored
-by `Fp8KernelConfig.shared_memory_bytes` below and must be kept in step with it.
+by `Fp8KernelConfig.shared_memory_bytes` below, and the kernel refuses to compile when the size
+it is launched with (the `SHARED_BYTES` define) does not cover its layout.
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ class Fp8KernelConfig:
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "ACC_FP16": int(self.acc_dtype == torch.float16),
                 "SCHEDULE_ENTRY_UNITS": SCHEDULE_REQUEST_ENTRY_UNITS,
+                # The launch size, so the kernel can check its layout against it.
+                "SHARED_BYTES": self.shared_memory_bytes(self.stages),
                 **dict(self.experiment),
             },
             label=(

@@ -82,17 +82,40 @@ static_assert(BLOCK_SIZE == 32 || BLOCK_SIZE == 64 || BLOCK_SIZE == 128, "block 
 
 using Mma = WgmmaFp8<kNHalf, true>;
 
+// The float32 epilogue's folded weights at next_n 2, quad-major: a consumer lane of quad q
+// needs the weights of columns 8j + 2q and 8j + 2q + 1 for every 8-column group j, so they are
+// stored as one run per quad (column 8j + 2q + e at q * kWeightQuadStride + 2j + e) and a lane
+// reads two groups with one 16-byte load instead of one group with an 8-byte load. Each run
+// is padded by 16 bytes so that the four quads' loads of one warp fall in different banks.
+// At next_n 2 that is 9 SASS instructions fewer per unit (block 64) and 1.4-3.7 % less time
+// (H200, 2026-12-01, `tools/tree_ab.py`, outputs bitwise equal). Elsewhere the weights stay in
+// column order: at next_n 1 (80 registers) and 3 the pair loads spilled 8-16 bytes, and at
+// next_n 4 (16 instructions fewer) they measured -0.4 % to +1.6 % time, the epilogue not being
+// what limits two consumer warpgroups there.
+constexpr bool kWeightPairLoads = NEXT_N == 2 && EPI_DTYPE == 0;
+constexpr int kWeightQuadStride = kN / 4 + 4;  // floats
+constexpr int kWeightSlotFloats = kWeightPairLoads ? 4 * kWeightQuadStride : kN;
+static_assert(kWeightQuadStride % 4 == 0 && (kN / 8) % 2 == 0, "16-byte weight loads of group pairs");
+
+__device__ __forceinline__ int weight_position(int column) {
+  return kWeightPairLoads ? (column % 8 / 2) * kWeightQuadStride + column / 8 * 2 + column % 2 : column;
+}
+
 struct SharedLayout {
   static constexpr int kQ = 0;  // 1024-byte aligned for the 128-byte swizzle
   static constexpr int kKv = kQ + 2 * kQSlotBytes;
   static constexpr int kWeights = kKv + NUM_STAGES * kKvTileBytes;
-  static constexpr int kHeadScale = kWeights + 2 * kN * 4;
+  static constexpr int kHeadScale = kWeights + 2 * kWeightSlotFloats * 4;
   static constexpr int kSlotExp = kHeadScale + 2 * kN * 4;
   static constexpr int kLut = kSlotExp + 2 * 4 * 4;
   static constexpr int kScales = kLut + kLutLevels * 8;
   static constexpr int kBarriers = kScales + NUM_STAGES * kScaleBytes;
   static constexpr int kBytes = kBarriers + Barriers::kBytes;
 };
+// The dynamic shared memory the launcher asks for (the config's `shared_memory_bytes`, which
+// mirrors this layout by hand) must hold the layout after the base is rounded up to 1024 bytes.
+static_assert(SharedLayout::kBytes + 1024 <= SHARED_BYTES,
+              "the config's shared_memory_bytes is smaller than this kernel's SharedLayout");
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t r;
@@ -241,8 +264,8 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
     const float w_b = weights[static_cast<long long>(b) * kN + row_b];
     __syncwarp();  // every lane has read row_exp before it is overwritten
 #if EPI_DTYPE == 0
-    weight_dst[row_a] = w_a * scale_a;
-    weight_dst[row_b] = w_b * scale_b;
+    weight_dst[weight_position(row_a)] = w_a * scale_a;
+    weight_dst[weight_position(row_b)] = w_b * scale_b;
 #else
     // Rounded once per request here rather than once per unit by every consumer.
     reinterpret_cast<Epi*>(weight_dst)[row_a] = to_epi(w_a);
@@ -267,7 +290,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
   const Barriers bars(smem + SharedLayout::kBarriers);
 
   auto stage_request_q = [&](int b, int slot, int part) {
-    stage_q(b, part, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kN,
+    stage_q(b, part, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kWeightSlotFloats,
             head_scale_slots + slot * kN, slot_exp + slot * 4);
   };
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
@@ -420,7 +443,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     // power-of-two multiplies). float16/bfloat16: each head score is formed in float32 at its
     // true scale before the conversion, so the reduced-precision sums see the same numbers as
     // the definition (and overflow where it would).
-    const float* w = weight_slots + slot * kN;
+    const float* w = weight_slots + slot * kWeightSlotFloats;
     SlotSums sums;
     sums.clear();
 #if EPI_DTYPE != 0
@@ -452,12 +475,21 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
 #pragma unroll
       for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
+      float4 wq;  // kWeightPairLoads: this lane's weights of groups j and j + 1 (jl even)
 #pragma unroll
       for (int jl = 0; jl < kNHalf / 8; ++jl) {
         const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
         const int column = 8 * j + 2 * quad;
 #if EPI_DTYPE == 0
-        const float2 wf = *reinterpret_cast<const float2*>(w + column);
+        float2 wf;
+        if (!kWeightPairLoads) {
+          wf = *reinterpret_cast<const float2*>(w + column);
+        } else if (jl % 2 == 0) {  // kNHalf / 8 is even, so a half's groups pair up
+          wq = *reinterpret_cast<const float4*>(w + quad * kWeightQuadStride + 2 * j);
+          wf = make_float2(wq.x, wq.y);
+        } else {
+          wf = make_float2(wq.z, wq.w);
+        }
         const Epi w0 = wf.x, w1 = wf.y;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {

@@ -128,6 +128,10 @@ struct SharedLayout {
   static constexpr int kBarriers = (kScales + NUM_STAGES * kTile * 4 + 7) / 8 * 8;
   static constexpr int kBytes = kBarriers + Barriers::kBytes;
 };
+// The dynamic shared memory the launcher asks for (the config's `shared_memory_bytes`, which
+// mirrors this layout by hand) must hold the layout after the base is rounded up to 1024 bytes.
+static_assert(SharedLayout::kBytes + 1024 <= SHARED_BYTES,
+              "the config's shared_memory_bytes is smaller than this kernel's SharedLayout");
 
 // Byte offset of (row, 16-byte unit) in a swizzled K-major tile whose rows are kSwizzle bytes:
 // the TMA/WGMMA swizzle XORs address bits [4, 4+log2(kSwizzle/16)) with bits [7, ...).
