@@ -38,6 +38,16 @@ MAX_STAGES = 16  # a stage is only 4 KiB of packed KV (five consumers get more: 
 _LUT_LEVELS = 32
 
 
+def weight_pair_loads(next_n: int, epi_dtype: torch.dtype) -> bool:
+    """Whether the float32 epilogue stores the weights quad-major and reads two 8-column groups
+    per 16-byte load (the kernel's WEIGHT_PAIR_LOADS). At next_n 2: 9 SASS instructions fewer
+    per unit (block 64) and 1.4-3.7 % less time (H200, 2026-12-01, `tools/tree_ab.py`, outputs
+    bitwise equal). Not at next_n 4 (16 instructions fewer, -0.4 % to +1.6 % time: the epilogue
+    is not what limits two consumer warpgroups), nor at next_n 1 (80 registers) and 3, where
+    the pair loads spilled 8-16 bytes."""
+    return next_n == 2 and epi_dtype == torch.float32
+
+
 def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
     room for. next_n 1 (N = 64) with 5 instead of 4 (80 registers each, 20 stages): 248-251 ->
@@ -76,9 +86,8 @@ class Fp4KernelConfig:
     def shared_memory_bytes(self, stages: int) -> int:
         q_slots = 2 * self.n * HEAD_DIM
         weights = q_slots + stages * TOKENS_PER_UNIT * ROW_BYTES
-        # Weight slots: quad-major runs padded by 4 floats each where the float32 epilogue
-        # reads them in pairs (next_n 2; kWeightPairLoads in the kernel).
-        pair_loads = self.next_n == 2 and self.epi_dtype == torch.float32
+        # Weight slots: with paired loads, four quad-major runs padded by 4 floats each.
+        pair_loads = weight_pair_loads(self.next_n, self.epi_dtype)
         head_scales = weights + 2 * (self.n + 16 if pair_loads else self.n) * 4
         slot_exp = head_scales + 2 * self.n * 4
         lut = slot_exp + 2 * 4 * 4
@@ -131,6 +140,7 @@ class Fp4KernelConfig:
                 "OUT_DTYPE": DTYPE_CODE[self.output_dtype],
                 "EPI_DTYPE": DTYPE_CODE[self.epi_dtype],
                 "SF_INTERLEAVED": int(self.interleaved),
+                "WEIGHT_PAIR_LOADS": int(weight_pair_loads(self.next_n, self.epi_dtype)),
                 "SCHEDULE_ENTRY_UNITS": SCHEDULE_REQUEST_ENTRY_UNITS,
                 # The launch size, so the kernel can check its layout against it.
                 "SHARED_BYTES": self.shared_memory_bytes(self.stages),

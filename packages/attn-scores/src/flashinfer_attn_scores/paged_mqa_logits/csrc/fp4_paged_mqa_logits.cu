@@ -82,17 +82,18 @@ static_assert(BLOCK_SIZE == 32 || BLOCK_SIZE == 64 || BLOCK_SIZE == 128, "block 
 
 using Mma = WgmmaFp8<kNHalf, true>;
 
-// The float32 epilogue's folded weights at next_n 2, quad-major: a consumer lane of quad q
-// needs the weights of columns 8j + 2q and 8j + 2q + 1 for every 8-column group j, so they are
-// stored as one run per quad (column 8j + 2q + e at q * kWeightQuadStride + 2j + e) and a lane
-// reads two groups with one 16-byte load instead of one group with an 8-byte load. Each run
-// is padded by 16 bytes so that the four quads' loads of one warp fall in different banks.
-// At next_n 2 that is 9 SASS instructions fewer per unit (block 64) and 1.4-3.7 % less time
-// (H200, 2026-12-01, `tools/tree_ab.py`, outputs bitwise equal). Elsewhere the weights stay in
-// column order: at next_n 1 (80 registers) and 3 the pair loads spilled 8-16 bytes, and at
-// next_n 4 (16 instructions fewer) they measured -0.4 % to +1.6 % time, the epilogue not being
-// what limits two consumer warpgroups there.
-constexpr bool kWeightPairLoads = NEXT_N == 2 && EPI_DTYPE == 0;
+// WEIGHT_PAIR_LOADS = 1 (float32 epilogue only; the launcher chooses it,
+// fp4_sm90.weight_pair_loads): the folded weights are stored quad-major. A consumer lane of
+// quad q needs the weights of columns 8j + 2q and 8j + 2q + 1 for every 8-column group j, so
+// they are stored as one run per quad (column 8j + 2q + e at q * kWeightQuadStride + 2j + e)
+// and a lane reads two groups with one 16-byte load instead of one group with an 8-byte load.
+// Each run is padded by 16 bytes so that the four quads' loads of one warp fall in different
+// banks. Otherwise the weights are in column order.
+#ifndef WEIGHT_PAIR_LOADS
+#define WEIGHT_PAIR_LOADS 0
+#endif
+constexpr bool kWeightPairLoads = WEIGHT_PAIR_LOADS != 0;
+static_assert(!kWeightPairLoads || EPI_DTYPE == 0, "paired weight loads are for the float32 epilogue");
 constexpr int kWeightQuadStride = kN / 4 + 4;  // floats
 constexpr int kWeightSlotFloats = kWeightPairLoads ? 4 * kWeightQuadStride : kN;
 static_assert(kWeightQuadStride % 4 == 0 && (kN / 8) % 2 == 0, "16-byte weight loads of group pairs");
