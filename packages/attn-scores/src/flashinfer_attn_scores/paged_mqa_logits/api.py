@@ -198,10 +198,12 @@ def fp8_paged_mqa_logits(
     op = "fp8_paged_mqa_logits"
     tensors = (q, kv_fused, weights, block_tables, seq_lens)
     key = dispatch.signature(
-        "fp8", tensors, (max_seq_len, output_dtype, epi_dtype, acc_dtype), (schedule_meta, out)
+        "fp8",
+        tensors,
+        (max_seq_len, output_dtype, epi_dtype, acc_dtype),
+        (schedule_meta, out),
+        negatable=(weights, out),
     )
-    if key is not None and (weights.is_neg() or (out is not None and out.is_neg())):
-        key = None  # validate, which refuses it (see dispatch._NEGATED_VIEWS)
     eager = dispatch.eager_call(key)
     if eager is not None:
         return eager(tensors, schedule_meta, out)
@@ -421,9 +423,8 @@ def fp4_paged_mqa_logits(
         tensors,
         (max_seq_len, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved),
         (schedule_meta, out),
+        negatable=(weights, out),
     )
-    if key is not None and (weights.is_neg() or (out is not None and out.is_neg())):
-        key = None  # validate, which refuses it (see dispatch._NEGATED_VIEWS)
     eager = dispatch.eager_call(key)
     if eager is not None:
         return eager(tensors, schedule_meta, out)

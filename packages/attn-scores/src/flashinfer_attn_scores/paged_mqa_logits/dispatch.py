@@ -48,23 +48,29 @@ def device_data_checks_wanted() -> bool:
 # run per call in `run`), so a call with a known signature skips the Python checks, which
 # cost more host time than the launches themselves.
 _VALIDATED: dict[tuple, Problem] = {}
-# _NEGATED_VIEWS: a negated view (`is_neg()`) has the metadata of a plain tensor, so the
-# signature does not tell them apart; `v.check_tensor` refuses one. The public functions also
-# test weights and out on every call, the float tensors a negated view can come from in
-# public PyTorch (the `.imag` of a `conj()` view); the others would need `torch._neg_view`.
 _VALIDATED_LIMIT = 1024
 _SCALAR_TYPES = frozenset({bool, int, float, str, torch.dtype, type(None)})
 
 
 def signature(
-    variant: str, tensors: tuple, scalars: tuple, optional_tensors: tuple
+    variant: str,
+    tensors: tuple,
+    scalars: tuple,
+    optional_tensors: tuple,
+    negatable: tuple = (),
 ) -> tuple | None:
     """The memo key of a call: the variant, (dtype, device, shape, strides) of every tensor,
     (type, value) of every scalar argument (so True and 1 differ), None for an absent optional
     tensor. None under torch.compile (dynamo guards the metadata itself) or when an argument
     has an unexpected type (the checks will name it). Written out per argument kind, not with
     isinstance per argument: this runs on every eager call (~4 us instead of ~6 us on a
-    desktop CPU)."""
+    desktop CPU).
+
+    Also None when a tensor of `negatable` (None entries allowed) is a negated view
+    (`is_neg()`): it has the metadata of a plain tensor, so the key cannot tell them apart, and
+    the validation it is sent back to refuses it. The public functions pass weights and out,
+    the float tensors public PyTorch can hand over negated (the `.imag` of a `conj()` view);
+    the others would need `torch._neg_view`."""
     if torch.compiler.is_compiling():
         return None
     parts: list = [variant]
@@ -73,6 +79,9 @@ def signature(
             parts.append((t.dtype, t.device, t.shape, t.stride()))
         for t in optional_tensors:
             parts.append(None if t is None else (t.dtype, t.device, t.shape, t.stride()))
+        for t in negatable:
+            if t is not None and t.is_neg():
+                return None
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):
         return None  # not a tensor, or a layout without strides: the checks will name it
     for value in scalars:
