@@ -167,8 +167,8 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     # and then once more without it.
     with Recorder(dispatch, "signature") as signature:
         call()
-    key_args, _ = signature.seen
-    key = dispatch.signature(*key_args)
+    key_args, key_kwargs = signature.seen  # negatable=: the negated-view checks a call makes
+    key = dispatch.signature(*key_args, **key_kwargs)
     dispatch._EAGER_CALLS.pop(key)
     with Recorder(jit_kernel.Kernel, "prepare_launch") as prepared:
         call()
@@ -197,7 +197,7 @@ def breakdown(op: str, device: torch.device, calls: int) -> list[tuple[str, floa
     rows += [
         (
             "  signature (dispatch.signature)",
-            per_call_us(lambda: dispatch.signature(*key_args), calls),
+            per_call_us(lambda: dispatch.signature(*key_args, **key_kwargs), calls),
         ),
         ("  remembered-call lookup", per_call_us(lambda: dispatch.eager_call(key), calls)),
         ("  remembered call", per_call_us(lambda: eager(tensors, None, out), calls)),

@@ -145,9 +145,10 @@ def check_call_outputs(
     output_dtype: torch.dtype,
     schedule_meta: object,
     out: object,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+) -> None:
+    """Checks of `schedule_meta`, `out` and the output's 32-bit offset span."""
     if schedule_meta is not None:
-        schedule_meta = v.check_schedule_meta(schedule_meta, q)
+        v.check_schedule_meta(schedule_meta, q)
     if out is not None:
         out = v.check_out(
             out,
@@ -157,4 +158,3 @@ def check_call_outputs(
             q=q,
         )
     v.check_output_span(problem.rows, problem.padded_cols, out)
-    return schedule_meta, out
