@@ -15,6 +15,8 @@ received values.
 
 from __future__ import annotations
 
+import numbers
+import operator
 import os
 
 import torch
@@ -94,8 +96,25 @@ def check_dim(name: str, t: torch.Tensor, dim: int, expected: int, meaning: str)
         )
 
 
+def python_int(value: object) -> object:
+    """A numpy (or other `numbers.Integral`) integer as the Python int it holds; any other
+    value unchanged, for `check_int` to accept or name.
+
+    The public functions apply it to their integer arguments first, so that the argument
+    signature, the problem sizes and the custom op all see a plain int. bool stays a bool
+    (refused), and so do tensors: a one-element integer tensor has `__index__` too, but
+    reading a CUDA one is a host sync.
+    """
+    if type(value) is int or isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return value
+    return operator.index(value)
+
+
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """Return `value` as a Python int if it is a Python or numpy integer, else raise
+    TypeError; ValueError below `minimum`. The schedule package's integer rule."""
     # bool is an int subclass, but True as a size is always a caller bug.
+    value = python_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r})")
     if minimum is not None and value < minimum:

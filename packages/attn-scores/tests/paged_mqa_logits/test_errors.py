@@ -258,6 +258,21 @@ FP8_ERRORS = {
     ),
     "max_seq_len_bool": (lambda c: {"max_seq_len": True}, TypeError, "max_seq_len must be an int"),
     "max_seq_len_float": (lambda c: {"max_seq_len": 64.0}, TypeError, "max_seq_len must be an int"),
+    "max_seq_len_numpy_bool": (
+        lambda c: {"max_seq_len": np.bool_(True)},
+        TypeError,
+        r"max_seq_len must be an int, got numpy\.bool",
+    ),
+    "max_seq_len_tensor": (
+        lambda c: {"max_seq_len": torch.tensor(64)},
+        TypeError,
+        r"max_seq_len must be an int, got torch\.Tensor",
+    ),
+    "max_seq_len_numpy_negative": (
+        lambda c: {"max_seq_len": np.int64(-1)},
+        ValueError,
+        "max_seq_len must be >= 0, got -1",
+    ),
     # schedule_meta
     "schedule_not_tensor": (
         lambda c: {"schedule_meta": [[0, 0]]},
@@ -504,6 +519,36 @@ FP4_ERRORS = {
 def test_fp4_argument_errors(overrides, error, match):
     with pytest.raises(error, match=match):
         fp4_call(overrides)
+
+
+@pytest.mark.parametrize("integer", [np.int64, np.int32, np.uint16])
+def test_numpy_integers_are_accepted_as_ints(integer):
+    # The schedule helpers take numpy integers; the ops they size must take them too.
+    def zeroed_out(dtype):
+        return torch.zeros(4, 256, dtype=dtype)  # columns past a length stay 0
+
+    fp8_int = fp8_call(lambda c: {"out": zeroed_out(torch.float32)})
+    fp8_numpy = fp8_call(
+        lambda c: {"max_seq_len": integer(c.max_seq_len), "out": zeroed_out(torch.float32)}
+    )
+    assert fp8_numpy.shape == (4, 64)
+    torch.testing.assert_close(fp8_numpy, fp8_int, rtol=0, atol=0)
+    fp4_int = fp4_call(lambda c: {"out": zeroed_out(torch.bfloat16)})
+    fp4_numpy = fp4_call(
+        lambda c: {
+            "max_seq_len": integer(c.max_seq_len),
+            "sf_vec_size": integer(32),
+            "out": zeroed_out(torch.bfloat16),
+        }
+    )
+    torch.testing.assert_close(fp4_numpy, fp4_int, rtol=0, atol=0)
+
+
+def test_a_numpy_sf_vec_size_is_still_checked():
+    with pytest.raises(ValueError, match="sf_vec_size must be 32, got 16"):
+        fp4_call(lambda c: {"sf_vec_size": np.int64(16)})
+    with pytest.raises(TypeError, match=r"sf_vec_size must be an int, got numpy\.float64"):
+        fp4_call(lambda c: {"sf_vec_size": np.float64(32.0)})
 
 
 def test_fp4_interleaved_allowed_at_block_size_128():

@@ -5,6 +5,7 @@ calls (data, the KV pool's address, q's alignment, the output buffer, the stream
 from __future__ import annotations
 
 import flashinfer_attn_scores as fa
+import numpy as np
 import pytest
 import torch
 from attn_scores_cases import assert_rows_close
@@ -81,6 +82,18 @@ def test_without_out_every_call_gets_its_own_storage(variant, prepares):
         mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
         magnitude = magnitude_of(reference, args)
         assert_rows_close(got, reference(*args), mask, tolerance(dtype), magnitude)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_numpy_max_seq_len_shares_the_launch_of_its_int(variant, prepares):
+    make, op, _, dtype = VARIANTS[variant]
+    for seed, integer in ((36, int), (37, np.int64), (38, np.int32)):
+        case = make(64, 2, seed=seed)
+        *args, max_seq_len = args_of(case, variant)
+        out = poisoned_out(case.rows, case.max_seq_len, dtype)
+        got = op(*args, integer(max_seq_len), out=out)
+        check(variant, case, got, out)
+    assert prepares[variant] == 1
 
 
 def test_misaligned_q_of_a_known_signature_is_copied(prepares):

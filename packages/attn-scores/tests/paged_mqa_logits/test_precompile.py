@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import flashinfer_attn_scores as fa
+import numpy as np
 import pytest
 import torch
 
@@ -69,6 +70,17 @@ PRECOMPILE_ERRORS = {
         "acc_dtypes",
     ),
     "batch_size_0": ({"batch_sizes": (0,)}, ValueError, "batch_sizes entry 0: must be >= 1"),
+    "block_size_bool": ({"block_sizes": (True,)}, TypeError, "block_sizes entry must be an int"),
+    "block_size_numpy_48": (
+        {"block_sizes": (np.int64(48),)},
+        ValueError,
+        "block_sizes entry 48: must be in",
+    ),
+    "num_heads_numpy_float": (
+        {"variants": ("fp8",), "num_heads": np.float32(64)},
+        TypeError,
+        r"num_heads must be an int, got numpy\.float32",
+    ),
     "device_meta": ({"device": "meta"}, ValueError, "device must be a CUDA or CPU device"),
     "device_float": ({"device": 1.5}, TypeError, "device must be a torch.device"),
     "device_bool": ({"device": True}, TypeError, "device must be a torch.device"),
@@ -100,6 +112,29 @@ def test_precompile_fp8_grid_on_sm90():
     # fp8: 3 block sizes x 4 next_n, float32 output.
     assert len(configs) == 12
     assert len(set(configs)) == len(configs)
+
+
+def test_numpy_integers_are_valid_entries():
+    got = fa.precompile_paged_mqa_logits(
+        "cpu",
+        variants=("fp8",),
+        block_sizes=(np.int64(64), np.int32(128)),
+        next_ns=(np.int16(2),),
+        num_heads=np.int64(32),
+        head_dim=np.int64(128),
+        batch_sizes=(np.int64(8),),
+    )
+    assert got == []
+
+
+@pytest.mark.gpu
+def test_numpy_integers_build_the_configurations_of_ints():
+    from_numpy = fa.precompile_paged_mqa_logits(
+        variants=("fp8",), block_sizes=(np.int64(64),), next_ns=(np.int32(1),)
+    )
+    from_ints = fa.precompile_paged_mqa_logits(variants=("fp8",), block_sizes=(64,), next_ns=(1,))
+    assert from_numpy == from_ints
+    assert [repr(c) for c in from_numpy] == [repr(c) for c in from_ints]
 
 
 @pytest.mark.gpu

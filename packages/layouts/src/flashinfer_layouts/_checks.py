@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import builtins
 import math
+import numbers
+import operator
 import os
 from collections.abc import Sequence
 
@@ -37,8 +39,18 @@ def type_name(value: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def python_int(value: object) -> object:
+    """A numpy (or other ``numbers.Integral``) integer as the Python int it holds; any other
+    value unchanged, for the checks to accept or name. A bool stays a bool, a tensor a tensor."""
+    if type(value) is int or isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return value
+    return operator.index(value)
+
+
 def exact_int(name: str, value: object) -> int:
-    """Return ``value`` if it is an int, else raise TypeError (a bool is refused too)."""
+    """Return ``value`` as a Python int if it is a Python or numpy integer, else raise
+    TypeError (a bool is refused too: True as a size is a bug at the call site)."""
+    value = python_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int; got {type_name(value)}")
     return value
@@ -162,7 +174,7 @@ def blocks_disjoint(name: str, t: torch.Tensor) -> None:
 
 
 def positive_int(name: str, value: object) -> int:
-    exact_int(name, value)
+    value = exact_int(name, value)
     if value <= 0:
         raise ValueError(f"{name} must be positive; got {value}")
     return value

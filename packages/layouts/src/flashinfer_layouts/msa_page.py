@@ -76,7 +76,7 @@ def msa_page_offsets(num_kv_heads: int) -> MsaPageOffsets:
         TypeError: ``num_kv_heads`` is not an int.
         ValueError: ``num_kv_heads`` is not positive.
     """
-    _checks.positive_int("num_kv_heads", num_kv_heads)
+    num_kv_heads = _checks.positive_int("num_kv_heads", num_kv_heads)
     data = num_kv_heads * MSA_PAGE_SIZE * _DATA_BYTES_PER_TOKEN
     scale = num_kv_heads * MSA_PAGE_SIZE * _SCALES_PER_TOKEN
     return MsaPageOffsets(0, data, data + scale, 2 * data + scale, 2 * (data + scale))

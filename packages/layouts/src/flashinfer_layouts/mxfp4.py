@@ -90,8 +90,8 @@ def ue8m0_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
 
 def _check_sf_vec_size(
     sf_vec_size: int, head_dim: int, arg: str, what: str = "the last dimension (head_dim)"
-) -> None:
-    _checks.positive_int("sf_vec_size", sf_vec_size)
+) -> int:
+    sf_vec_size = _checks.positive_int("sf_vec_size", sf_vec_size)
     if sf_vec_size % 2 != 0:
         raise ValueError(
             f"sf_vec_size must be even (a multiple of 2: two nibbles per byte); got {sf_vec_size}"
@@ -103,6 +103,7 @@ def _check_sf_vec_size(
             f"got {sf_vec_size}"
         )
     _checks.divisible(arg, head_dim, sf_vec_size, what, "sf_vec_size")
+    return sf_vec_size
 
 
 def quantize_mxfp4(
@@ -142,17 +143,19 @@ def quantize_mxfp4(
             is 0-D or has an empty last dimension, or ``head_dim`` is not a multiple of
             ``sf_vec_size``.
     """
-    _check_float_rows("x", x, sf_vec_size)
+    sf_vec_size = _check_float_rows("x", x, sf_vec_size)
     return _quantize(x, sf_vec_size)
 
 
-def _check_float_rows(name: str, x: object, sf_vec_size: int) -> None:
+def _check_float_rows(name: str, x: object, sf_vec_size: int) -> int:
+    """Check ``x`` and return ``sf_vec_size`` as a Python int."""
     _checks.tensor(name, x)
     _checks.dtype(name, x, _checks.FLOAT_DTYPES)
     _checks.min_ndim(name, x, 1, "[..., head_dim]")
-    _check_sf_vec_size(sf_vec_size, x.shape[-1], name)
+    sf_vec_size = _check_sf_vec_size(sf_vec_size, x.shape[-1], name)
     if x.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty last dimension; got shape {tuple(x.shape)}")
+    return sf_vec_size
 
 
 def _quantize(x: torch.Tensor, sf_vec_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +203,9 @@ def dequantize_mxfp4(
     dtype = _checks.output_float_dtype("dtype", dtype)
     _checks.min_ndim("packed", packed, 1, "[..., head_dim/2]")
     head_dim = packed.shape[-1] * 2
-    _check_sf_vec_size(sf_vec_size, head_dim, "packed", "head_dim (2 * packed.shape[-1])")
+    sf_vec_size = _check_sf_vec_size(
+        sf_vec_size, head_dim, "packed", "head_dim (2 * packed.shape[-1])"
+    )
     expected = (*packed.shape[:-1], head_dim // sf_vec_size)
     _checks.same_shape("scales", scales, expected, "[..., head_dim/sf_vec_size]")
     _checks.same_device("scales", scales, "packed", packed)
@@ -363,7 +368,7 @@ def mxfp4_interleaved_token_of_slot(
             ``device`` is not a device, string or int.
         ValueError: ``block_size != 128`` or ``device`` is not a valid device.
     """
-    _check_interleaved_block_size(block_size)
+    block_size = _check_interleaved_block_size(block_size)
     k = torch.arange(block_size, device=_checks.device("device", device))
     return (k % 4) * (block_size // 4) + k // 4
 
@@ -388,19 +393,20 @@ def mxfp4_interleaved_slot_of_token(
             ``device`` is not a device, string or int.
         ValueError: ``block_size != 128`` or ``device`` is not a valid device.
     """
-    _check_interleaved_block_size(block_size)
+    block_size = _check_interleaved_block_size(block_size)
     t = torch.arange(block_size, device=_checks.device("device", device))
     run = block_size // 4
     return 4 * (t % run) + t // run
 
 
-def _check_interleaved_block_size(block_size: object) -> None:
-    _checks.exact_int("block_size", block_size)
+def _check_interleaved_block_size(block_size: object) -> int:
+    block_size = _checks.exact_int("block_size", block_size)
     if block_size != INTERLEAVED_BLOCK_SIZE:
         raise ValueError(
             f"the interleaved scale order needs block_size == {INTERLEAVED_BLOCK_SIZE}; "
             f"got block_size {block_size}"
         )
+    return block_size
 
 
 def _check_kv_fused(kv_fused: torch.Tensor) -> int:

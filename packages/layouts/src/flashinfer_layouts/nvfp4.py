@@ -70,8 +70,7 @@ def swizzled_128x4_shape(rows: int, cols: int) -> tuple[int, int]:
         TypeError: ``rows`` or ``cols`` is not an int.
         ValueError: a negative size.
     """
-    for name, value in (("rows", rows), ("cols", cols)):
-        _checks.exact_int(name, value)
+    rows, cols = _checks.exact_int("rows", rows), _checks.exact_int("cols", cols)
     if rows < 0 or cols < 0:
         raise ValueError(f"rows and cols must be non-negative; got rows={rows}, cols={cols}")
     return _round_up(rows, _TILE_ROWS), _round_up(cols, _TILE_COLS)
@@ -104,9 +103,9 @@ def swizzle_128x4_offset(
         ValueError: ``num_cols < 1``, ``row < 0``, ``col`` outside ``[0, num_cols)``, or
             tensor ``row`` and ``col`` that do not broadcast.
     """
-    _checks.positive_int("num_cols", num_cols)
-    _check_scale_index("row", row, None)
-    _check_scale_index("col", col, num_cols)
+    num_cols = _checks.positive_int("num_cols", num_cols)
+    row = _check_scale_index("row", row, None)
+    col = _check_scale_index("col", col, num_cols)
     if isinstance(row, torch.Tensor) and isinstance(col, torch.Tensor):
         _check_broadcast("row", row, "col", col)
     padded_cols = _round_up(num_cols, _TILE_COLS)
@@ -114,22 +113,25 @@ def swizzle_128x4_offset(
     return tile * 512 + (row % 32) * 16 + ((row % _TILE_ROWS) // 32) * 4 + col % _TILE_COLS
 
 
-def _check_scale_index(name: str, value: object, high: int | None) -> None:
-    """``value`` must be an int or an int32/int64 tensor with entries in ``[0, high)``."""
+def _check_scale_index(name: str, value: object, high: int | None) -> int | torch.Tensor:
+    """``value`` (a Python or numpy int as a Python int) if it is an int or an int32/int64
+    tensor with entries in ``[0, high)``."""
     if isinstance(value, torch.Tensor):
         # Narrower integer dtypes would overflow in the offset arithmetic (row * 16).
         _checks.dtype(name, _checks.tensor(name, value), _checks.INDEX_DTYPES)
         if value.numel() == 0 or not _checks.device_data_checks_enabled(value):
-            return
+            return value
         low_value, high_value = int(value.min()), int(value.max())
         _checks.in_range(name, low_value, 0, high)
         _checks.in_range(name, high_value, 0, high)
-        return
+        return value
+    value = _checks.python_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(
             f"{name} must be an int or an int32 / int64 tensor; got {_checks.type_name(value)}"
         )
     _checks.in_range(name, value, 0, high)
+    return value
 
 
 def _check_broadcast(name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
@@ -293,7 +295,7 @@ def dequantize_rows(
 
 
 def _check_sf_vec_size(sf_vec_size: object) -> int:
-    _checks.exact_int("sf_vec_size", sf_vec_size)
+    sf_vec_size = _checks.exact_int("sf_vec_size", sf_vec_size)
     _checks.choice("sf_vec_size", sf_vec_size, _SF_VEC_SIZES)
     return sf_vec_size
 

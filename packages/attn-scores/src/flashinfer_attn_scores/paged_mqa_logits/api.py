@@ -161,8 +161,9 @@ def fp8_paged_mqa_logits(
     Raises:
         TypeError: An argument has the wrong Python type or a tensor the wrong dtype
             (q float8_e4m3fn; kv_fused uint8; weights float32; block_tables, seq_lens,
-            schedule_meta int32; out output_dtype), or a dtype argument is not a
-            `torch.dtype`.
+            schedule_meta int32; out output_dtype), a dtype argument is not a
+            `torch.dtype`, or `max_seq_len` is not an integer (a Python or numpy int; a
+            bool or a tensor is refused).
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent batch_size/next_n/num_heads/head_dim between the tensors,
             `kv_fused.shape[2] != 1` or `kv_fused.shape[3] != head_dim + 4`, `head_dim` not a
@@ -196,6 +197,8 @@ def fp8_paged_mqa_logits(
     16: 1440, 32: 1184, 64: 896, 128: 576, 192: 416, 256: 352.
     """
     op = "fp8_paged_mqa_logits"
+    if type(max_seq_len) is not int:  # a numpy integer becomes the int it holds
+        max_seq_len = v.python_int(max_seq_len)
     tensors = (q, kv_fused, weights, block_tables, seq_lens)
     key = dispatch.signature(
         "fp8",
@@ -387,7 +390,9 @@ def fp4_paged_mqa_logits(
     Raises:
         TypeError: An argument has the wrong Python type or a tensor the wrong dtype (q and
             kv_fused uint8; q_sf, block_tables, seq_lens, schedule_meta int32; weights
-            float32; out output_dtype), or a dtype argument is not a `torch.dtype`.
+            float32; out output_dtype), a dtype argument is not a `torch.dtype`, or
+            `max_seq_len` / `sf_vec_size` is not an integer (a Python or numpy int; a bool
+            or a tensor is refused).
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent sizes between the tensors, `num_heads != 64`, `head_dim != 128`,
             `next_n` outside 1..4, `sf_vec_size != 32`, `kv_fused.shape[3] != head_dim/2 + 4`,
@@ -414,6 +419,10 @@ def fp4_paged_mqa_logits(
     `batch_size*next_n * out.stride(0) < 2**31`).
     """
     op = "fp4_paged_mqa_logits"
+    if type(max_seq_len) is not int:  # numpy integers become the ints they hold
+        max_seq_len = v.python_int(max_seq_len)
+    if type(sf_vec_size) is not int:
+        sf_vec_size = v.python_int(sf_vec_size)
     if isinstance(q_sf, torch.Tensor) and q_sf.dim() == 4 and q_sf.shape[3] == 1:
         # The spec's recipe, a [B, next_n, H, 4] uint8 tensor .view(torch.int32), has this shape.
         q_sf = q_sf.squeeze(3)

@@ -51,12 +51,12 @@ _DEFAULT_OUTPUT_DTYPES = {
 def _check_int_tuple(name: str, values: object, allowed: Callable[[int], str | None]) -> tuple:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
         raise TypeError(f"{name} must be a non-empty sequence of ints, got {values!r}")
-    for value in values:
-        v.check_int(f"{name} entry", value)
+    checked = tuple(v.check_int(f"{name} entry", value) for value in values)
+    for value in checked:
         problem = allowed(value)
         if problem:
             raise ValueError(f"{name} entry {value}: {problem}")
-    return tuple(values)
+    return checked
 
 
 def _check_dtype_tuple(name: str, values: object) -> tuple:
@@ -206,8 +206,8 @@ def precompile_paged_mqa_logits(
         lambda b: None if b in v.SUPPORTED_BLOCK_SIZES else f"must be in {v.SUPPORTED_BLOCK_SIZES}",
     )
     next_ns = _check_int_tuple("next_ns", next_ns, lambda n: None if n >= 1 else "must be >= 1")
-    v.check_int("num_heads", num_heads)
-    v.check_int("head_dim", head_dim)
+    num_heads = v.check_int("num_heads", num_heads)
+    head_dim = v.check_int("head_dim", head_dim)
     configs = _paged_configs(
         tuple(variants),
         output_dtypes,
