@@ -73,7 +73,11 @@ constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
 constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
 // Registers per thread (the split: RegisterSplit in paged_mqa_common.cuh). The producers
 // keep 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
-constexpr int kProducerRegs = 64;
+// PRODUCER_REGS (measurement) overrides it.
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 64
+#endif
+constexpr int kProducerRegs = PRODUCER_REGS;
 using Registers = RegisterSplit<kProducerRegs>;
 
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
