@@ -150,7 +150,7 @@ def default_out(args: Args):
     if (
         isinstance(q, torch.Tensor)
         and q.dim() == 4
-        and isinstance(max_seq_len, int)
+        and isinstance(max_seq_len, (int, np.integer))
         and not isinstance(max_seq_len, bool)
         and 0 <= max_seq_len <= 2**16
         and dtype in UNIT_ROUNDOFF
@@ -643,9 +643,12 @@ MUTATIONS: dict[str, Mutation] = {
         lambda a: {"max_seq_len": float(MAX_SEQ_LEN)},
         raises(TypeError, "max_seq_len must be an int, got float"),
     ),
-    "max_seq_len_numpy_int": M(
-        lambda a: {"max_seq_len": np.int64(MAX_SEQ_LEN)},
-        raises(TypeError, "max_seq_len must be an int, got numpy.int64"),
+    # numpy integers are integers (the schedule helpers take them too); numpy bools are not.
+    "max_seq_len_numpy_int": M(lambda a: {"max_seq_len": np.int64(MAX_SEQ_LEN)}, OK),
+    "max_seq_len_numpy_int32": M(lambda a: {"max_seq_len": np.int32(MAX_SEQ_LEN)}, OK),
+    "max_seq_len_numpy_bool": M(
+        lambda a: {"max_seq_len": np.bool_(True)},
+        raises(TypeError, r"max_seq_len must be an int, got numpy\.bool"),
     ),
     "max_seq_len_negative": M(
         lambda a: {"max_seq_len": -1}, raises(ValueError, "max_seq_len must be >= 0, got -1")
