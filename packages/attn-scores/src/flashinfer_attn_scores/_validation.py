@@ -174,23 +174,32 @@ def check_cuda_arch(op: str, device: torch.device) -> None:
         )
 
 
-def check_head_geometry(num_heads: int, head_dim: int, next_n: int) -> None:
-    """The MMA tiling restrictions shared by both logits kernels."""
+def check_head_geometry(
+    num_heads: int, head_dim: int, next_n: int, *, q_shape: tuple | None = None, fp4: bool = False
+) -> None:
+    """The MMA tiling restrictions shared by both logits kernels.
+
+    `q_shape` is given for a call (the messages then say which dimension of q holds each value
+    and show q's shape); precompile passes none, its values being its own arguments."""
+    of_q = "" if q_shape is None else f" (q shape {list(q_shape)})"
     if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE:
+        source = "" if q_shape is None else (" (2 * q.shape[3])" if fp4 else " (q.shape[3])")
         raise ValueError(
-            f"head_dim must be a positive multiple of {HEAD_DIM_MULTIPLE}, got {head_dim}"
+            f"head_dim{source} must be a positive multiple of {HEAD_DIM_MULTIPLE}, "
+            f"got {head_dim}{of_q}"
         )
     if num_heads <= 0 or num_heads % NUM_HEADS_MULTIPLE:
+        source = "" if q_shape is None else " (q.shape[2])"
         raise ValueError(
-            f"num_heads (q.shape[2]) must be a positive multiple of {NUM_HEADS_MULTIPLE}, "
-            f"got {num_heads}"
+            f"num_heads{source} must be a positive multiple of {NUM_HEADS_MULTIPLE}, "
+            f"got {num_heads}{of_q}"
         )
     rows = next_n * num_heads
     low, high = ROW_HEADS_RANGE
     if rows % ROW_HEADS_MULTIPLE or not low <= rows <= high:
         raise ValueError(
             f"next_n * num_heads must be a multiple of {ROW_HEADS_MULTIPLE} in [{low}, {high}], "
-            f"got next_n={next_n} * num_heads={num_heads} = {rows}"
+            f"got next_n={next_n} * num_heads={num_heads} = {rows}{of_q}"
         )
 
 

@@ -358,7 +358,8 @@ def test_fp8_span_with_wide_out_stride():
 FP8_GEOMETRY_ERRORS = {
     "head_dim_not_multiple_of_32": (
         {"head_dim": 48},
-        "head_dim must be a positive multiple of 32, got 48",
+        r"head_dim \(q.shape\[3\]\) must be a positive multiple of 32, got 48 "
+        r"\(q shape \[2, 2, 8, 48\]\)",
     ),
     "num_heads_not_multiple_of_4": (
         {"num_heads": 6, "next_n": 4},

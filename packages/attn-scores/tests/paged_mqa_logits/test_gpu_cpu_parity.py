@@ -351,7 +351,7 @@ MUTATIONS: dict[str, Mutation] = {
     ),
     "fp8_head_dim_48": M(
         lambda a: base_args(a.variant, head_dim=48),
-        raises(ValueError, "head_dim must be a positive multiple of 32, got 48"),
+        raises(ValueError, r"head_dim \(q.shape\[3\]\) must be a positive multiple of 32, got 48"),
         FP8,
     ),
     "fp8_more_than_256_rows": M(
