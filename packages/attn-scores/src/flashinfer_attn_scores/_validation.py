@@ -175,15 +175,17 @@ def check_cuda_arch(op: str, device: torch.device) -> None:
 
 
 def check_head_geometry(
-    num_heads: int, head_dim: int, next_n: int, *, q_shape: tuple | None = None, fp4: bool = False
+    num_heads: int, head_dim: int, next_n: int, *, q_shape: tuple | None = None
 ) -> None:
     """The MMA tiling restrictions shared by both logits kernels.
 
     `q_shape` is given for a call (the messages then say which dimension of q holds each value
-    and show q's shape); precompile passes none, its values being its own arguments."""
+    and show q's shape); precompile passes none, its values being its own arguments. An fp4
+    call has its fixed 64 heads and head_dim 128 checked before, so only fp8 calls (head_dim
+    = q.shape[3]) can fail here."""
     of_q = "" if q_shape is None else f" (q shape {list(q_shape)})"
     if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE:
-        source = "" if q_shape is None else (" (2 * q.shape[3])" if fp4 else " (q.shape[3])")
+        source = "" if q_shape is None else " (q.shape[3])"
         raise ValueError(
             f"head_dim{source} must be a positive multiple of {HEAD_DIM_MULTIPLE}, "
             f"got {head_dim}{of_q}"

@@ -100,7 +100,7 @@ def check_common(
     v.check_kv_fused_blocks_contiguous(kv_fused)
     v.check_kv_fused_block_stride(kv_fused)
 
-    v.check_head_geometry(num_heads, head_dim, next_n, q_shape=tuple(q.shape), fp4=variant == "fp4")
+    v.check_head_geometry(num_heads, head_dim, next_n, q_shape=tuple(q.shape))
     if variant == "fp8":
         check_fp8_shared_memory_fit(num_heads, head_dim, next_n)
 
