@@ -648,7 +648,14 @@ def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
-def fp4_call(case, schedule, experiment=(), schedule_rows_out=None, epi_dtype=torch.float32):
+def fp4_call(
+    case,
+    schedule,
+    experiment=(),
+    schedule_rows_out=None,
+    epi_dtype=torch.float32,
+    is_kv_sf_interleaved=False,
+):
     from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
 
     return functools.partial(
@@ -663,7 +670,7 @@ def fp4_call(case, schedule, experiment=(), schedule_rows_out=None, epi_dtype=to
         schedule,
         output_dtype=torch.float32,
         epi_dtype=epi_dtype,
-        is_kv_sf_interleaved=False,
+        is_kv_sf_interleaved=is_kv_sf_interleaved,
         experiment=experiment,
         schedule_rows_out=schedule_rows_out,
     )

@@ -16,7 +16,9 @@ whether the outputs of the two trees are bitwise equal.
 
 A shape is `op:next_n:block_size:batch:avg_len[:dtypes]` with op fp8 or fp4 (float32 output;
 the fp4 case's scales are in [120, 134)). `dtypes` picks the epilogue: `f32` (the default),
-`f16`, `bf16` (fp4 only) or `f16acc16` (fp8: float16 epilogue and accumulator).
+`f16`, `bf16` (fp4 only) or `f16acc16` (fp8: float16 epilogue and accumulator); a further
+field `sfi` (fp4, block size 128) reads the KV scales in the interleaved order
+(`is_kv_sf_interleaved=True`), e.g. `fp4:1:128:128:65536:sfi` or `fp4:1:128:128:65536:f16:sfi`.
 
 `--single` times the small-batch target's way instead: the benchmark's case of that shape
 (`tools/bench`, default dtypes, its first rotation set), one call per CUDA-graph replay
@@ -67,7 +69,9 @@ def _child(preheat_s: float, shapes: list[str]) -> None:
     for shape in shapes:
         op, *fields = shape.split(":")
         next_n, block_size, batch, avg_len = (int(x) for x in fields[:4])
-        epi, acc = _DTYPES[fields[4] if len(fields) > 4 else "f32"]
+        extras = fields[4:]
+        interleaved = "sfi" in extras
+        epi, acc = _DTYPES[next((x for x in extras if x != "sfi"), "f32")]
         torch.manual_seed(1234)
         make_case, make_call = (
             (check.fp4_timing_case, check.fp4_call)
@@ -78,6 +82,8 @@ def _child(preheat_s: float, shapes: list[str]) -> None:
         dtypes = dict(epi_dtype=getattr(torch, epi))
         if op == "fp8":
             dtypes["acc_dtype"] = getattr(torch, acc)
+        elif interleaved:
+            dtypes["is_kv_sf_interleaved"] = True
         call = make_call(case, None, **dtypes)
         check.PREHEAT_S = preheat_s
         state = check.preheat(call)

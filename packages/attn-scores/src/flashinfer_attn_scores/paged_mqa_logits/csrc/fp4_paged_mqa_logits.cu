@@ -82,6 +82,7 @@ using Registers = RegisterSplit<kProducerRegs>;
 
 static_assert(NEXT_N >= 1 && NEXT_N <= 4, "next_n must be 1..4");
 static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 128, "interleaved scale factors need block size 128");
+static_assert(!SF_INTERLEAVED || BLOCK_SIZE == 2 * kTile, "token_scales' slot formula: two 64-token units per block");
 static_assert(BLOCK_SIZE == 32 || BLOCK_SIZE == 64 || BLOCK_SIZE == 128, "block size must be 32, 64 or 128");
 
 using Mma = WgmmaFp8<kNHalf, true>;
@@ -320,15 +321,24 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
                EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
 }
 
-// The scale word (four UE8M0 bytes) of row `row` of unit `u`.
-__device__ __forceinline__ uint32_t token_scales(const uint8_t* stage_scales, int u, int row) {
+// The scale words (four UE8M0 bytes each) of rows `row0` and `row0 + 8` of unit `u`, where
+// row0 % 16 < 8 (a consumer lane's two rows).
+__device__ __forceinline__ void token_scales(const uint8_t* stage_scales, int u, int row0, uint32_t& sf0,
+                                             uint32_t& sf1) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(stage_scales);
   if (SF_INTERLEAVED) {
-    // slot s of a 128-token block holds token (s % 4) * 32 + s / 4, so token t sits in slot
-    // 4 * (t % 32) + t / 32.
-    const int t = (u * kTile + row) % BLOCK_SIZE;
-    return reinterpret_cast<const uint32_t*>(stage_scales)[4 * (t % 32) + t / 32];
+    // Slot s of a 128-token block holds token (s % 4) * 32 + s / 4, so token t sits in slot
+    // 4 * (t % 32) + t / 32. Unit u covers tokens 64 * (u % 2) + [0, 64), and 64 is a multiple
+    // of 32, so its row r sits in slot 4 * (r % 32) + r / 32 + 2 * (u % 2): only the last term
+    // changes from unit to unit. As row0 % 32 < 24, row0 + 8 sits 32 slots after row0.
+    const unsigned r = static_cast<unsigned>(row0);
+    const unsigned slot = 4 * (r % 32) + r / 32 + 2 * (static_cast<unsigned>(u) & 1);
+    sf0 = words[slot];
+    sf1 = words[slot + 32];
+  } else {
+    sf0 = words[row0];
+    sf1 = words[row0 + 8];
   }
-  return reinterpret_cast<const uint32_t*>(stage_scales)[row];
 }
 
 __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long out_stride, UnitWalker walk,
@@ -381,8 +391,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     const uint8_t* tile = kv_tiles + stage * kKvTileBytes;
     const uint4 packed0 = *reinterpret_cast<const uint4*>(tile + row0 * kRowBytes + quad * 16);
     const uint4 packed1 = *reinterpret_cast<const uint4*>(tile + (row0 + 8) * kRowBytes + quad * 16);
-    const uint32_t sf0 = token_scales(scales + stage * kScaleBytes, unit.u, row0);
-    const uint32_t sf1 = token_scales(scales + stage * kScaleBytes, unit.u, row0 + 8);
+    uint32_t sf0, sf1;
+    token_scales(scales + stage * kScaleBytes, unit.u, row0, sf0, sf1);
     mbar_arrive(&bars.empty[stage]);
     // This lane's first output of the unit: slot quad >> 1 (next_n 3: slot 0), row row0 + 8 * (quad & 1).
     Out* out_unit = kHoldRequest ? request_out + unit.u * kTile
