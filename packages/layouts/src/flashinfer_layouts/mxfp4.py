@@ -178,8 +178,9 @@ def dequantize_mxfp4(
     """Dequantise MXFP4 rows: ``e2m1(nibble) * 2 ** (scale_byte - 127)``.
 
     Computed exactly in float64, then cast to ``dtype``. Scale byte 255 (NaN in OCP MX) is
-    decoded as ``2 ** 128``, as the SM90 kernel reads it, not as NaN: its group's nonzero
-    elements become ``±inf`` in float32 and narrower dtypes, zeros stay zero.
+    decoded as ``2 ** 128``, as the SM90 kernel reads it, not as NaN: in float32 and bfloat16
+    its group's elements of magnitude 1 or more become ``±inf`` (±0.5 gives ``±2 ** 127``),
+    in float16 every nonzero element does, and zeros stay zero.
 
     Args:
         packed: ``[..., head_dim/2]`` uint8, two E2M1 nibbles per byte (even element low).

@@ -72,8 +72,9 @@ def fp8_paged_mqa_logits(
     the padded storage), so `torch.compile(fullgraph=True)` traces through this function.
 
     Example (an excerpt of the spec's example, renamed; `device="cpu"` runs the reference;
-    `values`, `scales`, `q` and `weights` as in the [quickstart](../quickstart.md), which
-    runs whole):
+    `values, scales = flashinfer_layouts.quantize_fp8_per_token(k)` for `k` of shape
+    `[B * width, block_size, head_dim]`, `q` and `weights` as in the
+    [quickstart](../quickstart.md), which runs whole):
 
         B, next_n, num_heads, head_dim = 2, 3, 64, 128
         block_size, max_seq_len = 32, 8000
