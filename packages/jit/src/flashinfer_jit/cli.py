@@ -211,10 +211,25 @@ def _dump_sass(compiled: CompiledKernel, out: TextIO) -> None:
     out.write("\n")
 
 
+def _toolchain_problem() -> str | None:
+    """Why NVRTC or the CUDA headers cannot be used here, or None when they can."""
+    from .toolchain import toolchain_fingerprint
+
+    try:
+        toolchain_fingerprint()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     specs = _specs_from_target(args)
     if not specs:
         print(f"no kernel configurations matched {args.target!r}", file=sys.stderr)
+        return 1
+    problem = _toolchain_problem()
+    if problem:
+        print(f"inspect: cannot compile: {problem}", file=sys.stderr)
         return 1
     status = 0
     for spec in specs:
@@ -282,6 +297,11 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
         where = "the given targets" if args.specs else f"entry-point group {args.group!r}"
         print(f"no kernel configurations registered in {where}; nothing to compile")
         return 0
+    problem = _toolchain_problem()
+    if problem:
+        print(f"compile-check: cannot compile: {problem}", file=sys.stderr)
+        print("compile-check FAILED")
+        return 1
     print(
         f"compile-check: {len(specs)} configuration(s) from {loaded} source(s) for {args.arch}",
         flush=True,

@@ -55,11 +55,19 @@ def nvrtc_version() -> tuple[int, int]:
         `(major, minor)`, for example `(13, 0)`.
 
     Raises:
-        RuntimeError: NVRTC cannot be loaded.
+        RuntimeError: NVRTC cannot be loaded; the message names the wheel to install.
     """
     from cuda.bindings import nvrtc
 
-    result, major, minor = nvrtc.nvrtcVersion()
+    try:
+        result, major, minor = nvrtc.nvrtcVersion()
+    except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError and kin
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise RuntimeError(
+            "NVRTC could not be loaded; install the nvidia-cuda-nvrtc wheel "
+            "(pip install 'nvidia-cuda-nvrtc>=13,<14') or set CUDA_HOME to a CUDA 13 toolkit "
+            f"({type(exc).__name__}: {first_line})"
+        ) from exc
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"nvrtcVersion failed: {result!r}")
     return int(major), int(minor)
