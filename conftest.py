@@ -22,6 +22,15 @@ def _sm90_skip_reason() -> str | None:
     return None
 
 
+def pytest_configure(config):
+    # Registered here rather than in a pytest ini section, so that the packages' sdists, which
+    # ship this file beside their tests, know the markers too.
+    config.addinivalue_line(
+        "markers", "gpu: needs an SM90 (Hopper) GPU; skipped with a reason elsewhere"
+    )
+    config.addinivalue_line("markers", "slow: long-running test")
+
+
 def pytest_collection_modifyitems(config, items):
     reason = None
     for item in items:

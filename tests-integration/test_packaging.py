@@ -100,12 +100,13 @@ def test_every_kernel_source_is_in_a_wheel(wheels):
 
 
 @pytest.mark.parametrize("folder", list(PACKAGES))
-def test_sdist_holds_sources_readme_and_tests(tmp_path, folder):
+def test_sdist_holds_sources_readme_tests_and_their_conftest(tmp_path, folder):
     builder = hatchling_sdist.SdistBuilder(str(ROOT / "packages" / folder))
     sdist = Path(next(builder.build(directory=str(tmp_path), versions=["standard"])))
     with tarfile.open(sdist) as archive:
         names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
-    assert {"pyproject.toml", "README.md", "PKG-INFO"} <= names
+    # conftest.py: the repository's, so the shipped tests skip `gpu` tests without an SM90 GPU.
+    assert {"pyproject.toml", "README.md", "PKG-INFO", "conftest.py"} <= names
     assert {f"src/{n}" for n in _source_files(folder)} <= names
     assert any(n.startswith("tests/") for n in names)
 
