@@ -16,7 +16,8 @@ whether the outputs of the two trees are bitwise equal.
 
 A shape is `op:next_n:block_size:batch:avg_len[:dtypes]` with op fp8 or fp4 (float32 output;
 the fp4 case's scales are in [120, 134)). `dtypes` picks the epilogue: `f32` (the default),
-`f16`, `bf16` (fp4 only) or `f16acc16` (fp8: float16 epilogue and accumulator); a further
+`f16`, `bf16` (fp4 only), `f16acc16` (fp8: float16 epilogue and accumulator) or `f32acc16`
+(fp8: float32 epilogue over a float16 accumulator); a further
 field `sfi` (fp4, block size 128) reads the KV scales in the interleaved order
 (`is_kv_sf_interleaved=True`), e.g. `fp4:1:128:128:65536:sfi` or `fp4:1:128:128:65536:f16:sfi`.
 
@@ -58,6 +59,7 @@ _DTYPES = {
     "f16": ("float16", "float32"),
     "bf16": ("bfloat16", "float32"),
     "f16acc16": ("float16", "float16"),
+    "f32acc16": ("float32", "float16"),
 }
 
 

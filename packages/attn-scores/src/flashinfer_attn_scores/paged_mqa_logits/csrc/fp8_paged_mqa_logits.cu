@@ -140,7 +140,8 @@ __device__ __forceinline__ uint32_t swizzled_offset(uint32_t row, uint32_t unit)
   return linear ^ (((linear >> 7) & (kSwizzle / 16 - 1)) << 4);
 }
 
-// The two accumulator values (row r0 + 8*i, columns c, c+1) of 8-column group j.
+// The two accumulator values (row r0 + 8*i, columns c, c+1) of 8-column group j; with
+// RELU_FORM 3 (float32 epilogue, float16 accumulator) their ReLUs.
 __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j, int i, Epi& x0, Epi& x1) {
 #if ACC_FP16
   const __half2 h = *reinterpret_cast<const __half2*>(&acc[2 * j + i]);
@@ -148,8 +149,10 @@ __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j,
   x0 = __low2half(h);
   x1 = __high2half(h);
 #else
-  x0 = __low2float(h);
-  x1 = __high2float(h);
+  static_assert(RELU_FORM == 3, "a float32 epilogue over a float16 accumulator takes the ReLU here");
+  const __half2 r = __hmax2_nan(h, __float2half2_rn(0.f));
+  x0 = __low2float(r);
+  x1 = __high2float(r);
 #endif
 #else
   x0 = to_epi(acc[4 * j + 2 * i]);
