@@ -40,7 +40,7 @@ def test_eager_cases_pass_on_the_cpu_reference_path(capsys: pytest.CaptureFixtur
     assert sc.main(["--device", "cpu", "--only", "eager"]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert "14 of 14 cases match the reference" in out
+    assert "16 of 16 cases match the reference" in out
 
 
 def test_fp4_cases_include_both_16_bit_epilogues() -> None:

@@ -12,10 +12,11 @@ written, and writes outside the padded rows. Cases:
 - fp8: block size 32/64/128 x next_n 1/4, output float32 and float16, lengths 1, 0, 129, 1000
   (a zero-length request between others), one call with a precomputed schedule, and at block
   64 two calls with a float16 epilogue (next_n 2 and 3; the epilogue stages its weights as
-  float16);
+  float16) and two with a float32 epilogue over a float16 accumulator (next_n 2 and 4);
 - fp8 in a CUDA graph captured once (schedule_meta=None) and replayed after changing the
   contents of seq_lens (other lengths, other zero positions, all zero);
-- fp4: block size 32 and 128 token-major, 128 with interleaved scales, and float16 and
+- fp4: block size 32 and 128 token-major, 128 with interleaved scales (next_n 2, and next_n 1
+  with 1040 requests), and float16 and
   bfloat16 epilogues at block 64, once the fp4 kernel exists (until then its
   NotImplementedError is caught and "fp4 skipped" printed).
 
@@ -51,8 +52,10 @@ SPARE_ROWS, SPARE_COLS = 2, 64
 # GPU tests' "output" tolerances (Hopper's FP8 MMA accumulates with ~2^-13 relative error of
 # the summed magnitude; a 16-bit output adds one rounding).
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-# A 16-bit epilogue's own bound (the GPU tests' "epilogue" tolerances); the larger one applies.
+# A 16-bit epilogue's and a float16 accumulator's own bounds (the GPU tests' "epilogue" and
+# "accumulator" tolerances); the largest one applies.
 EPILOGUE_TOLERANCE = {torch.float32: 0.0, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+ACCUMULATOR_TOLERANCE = {torch.float32: 0.0, torch.float16: 2e-2}
 # Graph replays: new lengths cross block boundaries and move the zero; the last is all zero.
 GRAPH_LENGTHS = [[129, 0, 1000, 1], [1000, 1, 0, 129], [64, 65, 999, 0], [0, 0, 0, 0]]
 
@@ -69,6 +72,7 @@ class Call:
     out: torch.Tensor
     interleaved: bool = False
     epi_dtype: torch.dtype = torch.float32
+    acc_dtype: torch.dtype = torch.float32
 
     @property
     def rows(self) -> int:
@@ -84,7 +88,7 @@ class Call:
         )
         tail = (a["kv_fused"], a["weights"], a["block_tables"], a["seq_lens"], MAX_SEQ_LEN)
         if self.op == "fp8":
-            return fa.fp8_paged_mqa_logits(a["q"], *tail, **common)
+            return fa.fp8_paged_mqa_logits(a["q"], *tail, acc_dtype=self.acc_dtype, **common)
         return fa.fp4_paged_mqa_logits(
             a["q"], a["q_sf"], *tail, is_kv_sf_interleaved=self.interleaved, **common
         )
@@ -118,6 +122,7 @@ def build_call(
     table_tokens: int | None = None,
     seed: int = 0,
     epi_dtype: torch.dtype = torch.float32,
+    acc_dtype: torch.dtype = torch.float32,
 ) -> Call:
     """Random inputs on the CPU, quantised with flashinfer_layouts, moved to `device`.
 
@@ -157,7 +162,7 @@ def build_call(
         dtype=output_dtype,
         device=device,
     )
-    return Call(name, op, args, next_n, output_dtype, out, interleaved, epi_dtype)
+    return Call(name, op, args, next_n, output_dtype, out, interleaved, epi_dtype, acc_dtype)
 
 
 def check_output(call: Call, result: torch.Tensor) -> list[str]:
@@ -179,7 +184,11 @@ def check_output(call: Call, result: torch.Tensor) -> list[str]:
     row_scale = magnitude.amax(dim=1, keepdim=True).clamp_min(1e-30)
     error = ((got - expected).abs() / row_scale).masked_fill(~mask, 0).nan_to_num(nan=0.0)
     worst = float(error.amax()) if error.numel() else 0.0
-    tolerance = max(TOLERANCE[call.output_dtype], EPILOGUE_TOLERANCE[call.epi_dtype])
+    tolerance = max(
+        TOLERANCE[call.output_dtype],
+        EPILOGUE_TOLERANCE[call.epi_dtype],
+        ACCUMULATOR_TOLERANCE[call.acc_dtype],
+    )
     if worst > tolerance:
         problems.append(f"max error {worst:.3g} of the row magnitude > {tolerance:g}")
 
@@ -313,11 +322,25 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
         )
         for next_n in (2, 3)
     ]
+    float16_accumulator = [
+        build_call(
+            f"fp8 bs=64 next_n={next_n} out=float32 epi=float32 acc=float16",
+            "fp8",
+            block_size=64,
+            next_n=next_n,
+            output_dtype=torch.float32,
+            device=device,
+            seed=30 + next_n,
+            acc_dtype=torch.float16,
+        )
+        for next_n in (2, 4)
+    ]
     return [
         *calls,
         (scheduled, True),
         *((call, False) for call in batches),
         *((call, False) for call in float16_epilogue),
+        *((call, False) for call in float16_accumulator),
     ]
 
 
@@ -330,6 +353,7 @@ def fp4_calls(device: torch.device) -> list[Call]:
         (32, 1, False, 1, torch.float32),
         (128, 4, False, 1, torch.float32),
         (128, 2, True, 1, torch.float32),
+        (128, 1, True, 260, torch.float32),
         (64, 1, False, 65, torch.float32),
         (64, 2, False, 65, torch.float32),
         (64, 1, False, 260, torch.float32),
