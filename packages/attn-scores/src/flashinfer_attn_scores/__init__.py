@@ -12,6 +12,7 @@ from flashinfer_schedule import (
 )
 
 from .paged_mqa_logits import (
+    PagedMqaLogitsConfig,
     fp4_paged_mqa_logits,
     fp8_paged_mqa_logits,
     precompile_paged_mqa_logits,
@@ -20,6 +21,7 @@ from .paged_mqa_logits import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "PagedMqaLogitsConfig",
     "__version__",
     "compute_paged_mqa_logits_schedule",
     "fp4_paged_mqa_logits",

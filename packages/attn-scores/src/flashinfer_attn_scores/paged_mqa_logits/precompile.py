@@ -29,7 +29,13 @@ __all__ = ["PagedMqaLogitsConfig", "precompile_paged_mqa_logits"]
 
 @dataclass(frozen=True)
 class PagedMqaLogitsConfig:
-    """One kernel specialisation compiled by `precompile_paged_mqa_logits`."""
+    """One kernel specialisation compiled by `precompile_paged_mqa_logits`.
+
+    Its fields are the call arguments that pick the kernel: `variant` is `"fp8"` or `"fp4"`,
+    `acc_dtype` is always float32 for fp4 (its MMA accumulator is fixed), and
+    `is_kv_sf_interleaved` is only ever True for fp4 at block size 128. Frozen and hashable,
+    so a list of them can be compared or stored.
+    """
 
     variant: str
     block_size: int
