@@ -309,38 +309,33 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
         )
         for repeats in (10, 65, 260)
     ]
-    float16_epilogue = [
+    # At block 64, other epilogue and accumulator dtypes: (next_n, epilogue, accumulator, seed).
+    f16, f32 = torch.float16, torch.float32
+    other_dtypes = [
         build_call(
-            f"fp8 bs=64 next_n={next_n} out=float32 epi=float16",
+            f"fp8 bs=64 next_n={next_n} out=float32 epi={str(epi)[6:]}"
+            + (" acc=float16" if acc == f16 else ""),
             "fp8",
             block_size=64,
             next_n=next_n,
             output_dtype=torch.float32,
             device=device,
-            seed=20 + next_n,
-            epi_dtype=torch.float16,
+            seed=seed,
+            epi_dtype=epi,
+            acc_dtype=acc,
         )
-        for next_n in (2, 3)
-    ]
-    float16_accumulator = [
-        build_call(
-            f"fp8 bs=64 next_n={next_n} out=float32 epi=float32 acc=float16",
-            "fp8",
-            block_size=64,
-            next_n=next_n,
-            output_dtype=torch.float32,
-            device=device,
-            seed=30 + next_n,
-            acc_dtype=torch.float16,
+        for next_n, epi, acc, seed in (
+            (2, f16, f32, 22),
+            (3, f16, f32, 23),
+            (2, f32, f16, 32),
+            (4, f32, f16, 34),
         )
-        for next_n in (2, 4)
     ]
     return [
         *calls,
         (scheduled, True),
         *((call, False) for call in batches),
-        *((call, False) for call in float16_epilogue),
-        *((call, False) for call in float16_accumulator),
+        *((call, False) for call in other_dtypes),
     ]
 
 
