@@ -143,7 +143,8 @@ def fp8_paged_mqa_logits(
             `FLASHINFER_VALIDATE_INPUTS=1` compares it with a fresh one.
         out: Optional output storage, PyTorch `out=` style: on q's device, dtype
             `output_dtype`, 2-D with at least `batch_size*next_n` rows and
-            `padded_seq_len(max_seq_len)` columns (the kernel writes the padding columns too),
+            `padded_seq_len(max_seq_len)` columns (the kernel may write into the padding
+            columns: it stores whole 64-position units),
             rows contiguous (`stride(1) == 1`) and not overlapping
             (`stride(0) >= padded_seq_len(max_seq_len)`; a row slice of a wider buffer is
             fine, an `expand()`ed or `as_strided()` overlapping buffer is not). Only the first

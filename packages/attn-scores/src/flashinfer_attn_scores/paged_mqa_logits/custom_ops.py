@@ -33,10 +33,11 @@ NAMESPACE = "flashinfer_attn_scores"
 def _write_computed_region(
     out_storage: torch.Tensor, expected: torch.Tensor, seq_lens: torch.Tensor, next_n: int
 ) -> None:
-    """Store the reference where the kernel writes: every slot, positions p < seq_lens[b].
+    """Store the reference in every slot at positions p < seq_lens[b].
 
-    Everything else, including the rows of empty requests, is left untouched, as the
-    kernel leaves it.
+    Everything else, including the rows of empty requests, is left untouched. (The kernel
+    also writes the rest of each request's last 64-position unit, which the contract leaves
+    unspecified, and leaves everything past it untouched.)
     """
     rows, max_seq_len = expected.shape
     logits = out_storage[:rows, :max_seq_len]

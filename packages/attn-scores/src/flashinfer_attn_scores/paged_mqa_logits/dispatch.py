@@ -63,8 +63,8 @@ def signature(
     (type, value) of every scalar argument (so True and 1 differ), None for an absent optional
     tensor. None under torch.compile (dynamo guards the metadata itself) or when an argument
     has an unexpected type (the checks will name it). Written out per argument kind, not with
-    isinstance per argument: this runs on every eager call (~4 us instead of ~6 us on a
-    desktop CPU).
+    isinstance per argument: this runs on every eager call (6.2 -> 4.3 us per key and lookup
+    on a desktop CPU when the change was made).
 
     Also None when a tensor of `negatable` (None entries allowed) is a negated view
     (`is_neg()`): it has the metadata of a plain tensor, so the key cannot tell them apart, and

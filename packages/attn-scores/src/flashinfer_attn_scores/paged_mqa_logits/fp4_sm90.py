@@ -55,7 +55,8 @@ def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     (H200, 2026-11-30, `--experiments fp4-stages`, two rounds, outputs bitwise equal). next_n 2
     (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k, block 64, 2026-11-29);
     with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at B 128, L 64k and 163 -> 147
-    us at B 64, L 32k, but only with a float32 epilogue (a 16-bit one spills with 3)."""
+    us at B 64, L 32k, but only with a float32 epilogue (with 3, a 16-bit one spills at block
+    64 and at block 128 in token order)."""
     if n <= 64:
         return 5
     if n <= 128 or (n <= 192 and epi_dtype == torch.float32):

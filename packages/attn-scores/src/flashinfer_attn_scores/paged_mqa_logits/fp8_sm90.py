@@ -30,7 +30,8 @@ TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_
 def consumers_for(n: int) -> int:
     """Consumer warpgroups: as many as the accumulator (N/2 fp32 registers per thread) leaves
     room for. next_n 3 (N = 192) with 3 instead of 2: 464 -> 434 us at B 128, L 64k and
-    127 -> 119 us at B 64, L 32k (H200, block 64, 2026-11-29); with 3 at N = 256 it spills."""
+    127 -> 119 us at B 64, L 32k (H200, block 64, 2026-11-29); with 3 at N = 256 the float32
+    accumulator spills."""
     return 4 if n <= 128 else 3 if n <= 192 else 2
 
 
@@ -45,7 +46,7 @@ def mma_halves_for(n: int) -> int:
 
 # 8-column groups of N whose weights a consumer keeps in registers per request (WEIGHT_REGS)
 # instead of loading them from shared memory for every unit: all of them where at most two
-# consumer warpgroups leave the room (216-224 registers per thread for N/2 accumulators and
+# consumer warpgroups leave the room (224 registers per thread for N/2 accumulators and
 # N/4 weights), and under three consumers with a float16 epilogue, whose weights are half2
 # (N/8 registers); none otherwise.
 # Measured on the H200 (2026-11-30, tools/fp8_kernel_check.py --experiments weight-regs,

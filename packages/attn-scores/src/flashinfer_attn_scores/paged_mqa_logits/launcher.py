@@ -2,8 +2,9 @@
 
 Contract with `api.py`: arguments arrive fully validated (the launcher does no checking),
 on one SM90 CUDA device. The launcher builds the kernel specialisation, compiles it through
-`flashinfer_jit` (cached), computes the schedule on the GPU when `schedule_meta` is None, and
-launches on `torch.cuda.current_stream()` with no host synchronisation, writing
+`flashinfer_jit` (cached) and launches on `torch.cuda.current_stream()` with no host
+synchronisation (with `schedule_meta=None` the kernel derives its schedule from `seq_lens`
+itself, in the same launch), writing
 `batch_size*next_n` rows of `out_storage` (a `[>= rows, >= padded_seq_len(max_seq_len)]`
 2-D buffer with `stride(1) == 1`, padding columns included).
 

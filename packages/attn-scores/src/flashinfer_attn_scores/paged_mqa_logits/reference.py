@@ -8,7 +8,7 @@ For request `b`, draft slot `t` and KV position `p`:
 The steps run in exactly that order, in float64, on inputs dequantised by
 `flashinfer_layouts`: the per-head dot product, the per-head ReLU, the weighted sum over
 heads, then the per-token scale. Products of FP8/FP4 values are exact in float64 and so are
-their 128-term sums unless the MXFP4 group scales of one dot product lie more than about
+their sums over head_dim unless the MXFP4 group scales of one dot product lie more than about
 2^40 apart, so the only rounding is in the weighted head sum and, for fp8, the multiply by
 the token's scale.
 

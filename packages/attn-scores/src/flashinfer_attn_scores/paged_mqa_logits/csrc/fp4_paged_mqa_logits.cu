@@ -36,10 +36,12 @@
 //                                + 2^(Mq_h - 127) * sum_{i in rounded q groups} |k_i|)   (+ the product of both terms)
 // (each term at most 2^-16 of what the largest-scale group could contribute). Data written by an
 // MXFP4 quantiser has groups within a few binades of each other and stays in the exact range;
-// the tests exercise both regimes (tests/paged_mqa_logits/test_gpu.py).
+// the tests exercise both regimes (tests/paged_mqa_logits/test_gpu_fp4_scales.py).
 //
 // Specialisation constants: BLOCK_SIZE, NEXT_N, NUM_STAGES, NUM_CONSUMERS, NUM_PRODUCERS,
-// OUT_DTYPE, EPI_DTYPE (0 fp32, 1 fp16, 2 bf16), SF_INTERLEAVED. NUM_HEADS = 64, HEAD_DIM = 128.
+// MMA_HALVES, OUT_DTYPE, EPI_DTYPE (0 fp32, 1 fp16, 2 bf16), SF_INTERLEAVED, WEIGHT_PAIR_LOADS,
+// SCHEDULE_ENTRY_UNITS, SHARED_BYTES (the launch's dynamic shared memory). NUM_HEADS = 64,
+// HEAD_DIM = 128.
 
 #include <cuda_fp8.h>
 
@@ -72,7 +74,8 @@ constexpr int kQSlotBytes = kN * kQRowBytes;
 constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
 constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
 // Registers per thread (the split: RegisterSplit in paged_mqa_common.cuh). The producers
-// keep 64 (q staging holds a whole 64-byte q row per lane; 56 spilled at next_n >= 2).
+// keep 64 (q staging holds a whole 64-byte q row per lane; with 56, 15 of the 144
+// configurations spill with NVRTC 13.5, 4 bytes stored and 32 loaded, all at next_n 2 and 3).
 // PRODUCER_REGS (measurement) overrides it.
 #ifndef PRODUCER_REGS
 #define PRODUCER_REGS 64
@@ -372,9 +375,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   // store nothing (SlotSums::stores) and read a meaningless entry of the slot's 4.
   auto slot_exponent_of = [&](int slot, int k) { return slot_exp[slot * 4 + 2 * k + (quad >> 1)] - 266 - kTwiceRelu; };
   // Per request: this lane's first output (a unit adds u * kTile) and its slot exponents, which
-  // takes 11 SASS instructions off each unit at next_n 1 (block 64; the shorter
-  // scale_by_pow2_from is part of it). Not at next_n 3, whose 128 registers have none to spare:
-  // either change spilled 4 bytes in some of its configurations, so it computes both per unit.
+  // takes 16 SASS instructions off each unit at next_n 1 (block 64, bfloat16 output, float32
+  // epilogue, NVRTC 13.5: 236 against 252; the shorter scale_by_pow2_from is part of it). Not
+  // at next_n 3, whose float32 epilogue has 96 accumulators in 144 registers: holding both
+  // there spilled 4-8 bytes at block 32, so next_n 3 computes both per unit.
   constexpr bool kHoldRequest = NEXT_N != 3;
   Out* request_out = out;
   int slot_exponent[SlotSums::kLaneSums];
@@ -420,10 +424,12 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 
     // One commit group per half of the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf)).
     // The B descriptors come from the slot made warp-uniform (see warp_uniform), so ptxas builds
-    // them in uniform registers: 6 R2UR fewer per unit at next_n 1, 15 at next_n 4 (block 64).
-    // At next_n 3 (96 accumulators in 144 registers) the slot first goes through an empty asm:
-    // before warp_uniform, keeping what depends on it across units spilled there; with it, the
-    // asm still saves 4 instructions per unit (441 against 445 at block 64, SASS only).
+    // them in uniform registers: 6 R2UR fewer per unit at next_n 1, 15 at next_n 4 (block 64,
+    // bfloat16 output, float32 epilogue, NVRTC 13.5).
+    // At next_n 3 (96 accumulators, in 144 registers with the float32 epilogue) the slot first
+    // goes through an empty asm: before warp_uniform, keeping what depends on it across units
+    // spilled there; with it, the asm still saves 6 instructions per unit (444 against 450 at
+    // block 64, bfloat16 output, float32 epilogue, NVRTC 13.5; SASS only).
     if (NEXT_N == 3) asm volatile("" : "+r"(slot));
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {

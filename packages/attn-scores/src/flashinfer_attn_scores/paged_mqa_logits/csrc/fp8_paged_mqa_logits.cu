@@ -6,10 +6,11 @@
 // given by the schedule rows [blockIdx.x, blockIdx.x + 1], precomputed or (schedule == null)
 // derived by the CTA from seq_lens. Roles (warp specialisation):
 //
-//   warpgroup 0          NUM_PRODUCERS producer warps: warps 1.. together copy each request's
-//                        q and weights into a q slot (generic stores in the 128B/64B/32B
-//                        swizzle WGMMA expects); unit k's warp TMA-loads its 64 KV rows (1 or 2
-//                        boxes of min(64, BLOCK_SIZE) rows) and their fp32 scales into a stage.
+//   warpgroup 0          NUM_PRODUCERS producer warps: warps 1.. (warp 0 when it is the only
+//                        one) together copy each request's q and weights into a q slot
+//                        (cp.async, into the 128B/64B/32B swizzle WGMMA expects); unit k's warp
+//                        TMA-loads its 64 KV rows (1 or 2 boxes of min(64, BLOCK_SIZE) rows) and
+//                        their fp32 scales into a stage.
 //   warpgroups 1..NC     consumers: unit k goes to consumer k % NC. WGMMA m64nNk32 with the
 //                        64 KV tokens as M and the NEXT_N*NUM_HEADS query heads as N, then the
 //                        epilogue in registers: ReLU, weight, sum over heads, times the token
@@ -18,15 +19,18 @@
 // The WGMMA puts tokens in M so one pass over the KV serves every draft slot (N = NEXT_N * H).
 // The pipeline loops and barriers are shared with the MXFP4 kernel (paged_mqa_common.cuh).
 //
-// Shared memory (all tile bases 1024-byte aligned for the swizzle):
+// Shared memory (the base 1024-byte aligned; every tile and chunk base a multiple of its
+// swizzle atom, 8 rows of CW bytes, which is 1024 bytes for the 128-byte swizzle):
 //   kv tiles   [STAGES][HEAD_DIM / CW][64 rows][CW bytes]        CW = swizzle row width
 //   q slots    [2][HEAD_DIM / CW][N rows][CW bytes]
 //   weights    [2][N] fp32 (fp16 in the first half of each slot with a float16 epilogue)
 //   scales     [STAGES][64] fp32
-//   barriers   full[STAGES], empty[STAGES], q_full[2], q_empty[2]
+//   barriers   full[STAGES], empty[STAGES], q_full[2], q_empty[2], then the in-kernel
+//              schedule rows (Barriers in paged_mqa_common.cuh)
 //
 // Specialisation constants (defines): BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NEXT_N, NUM_STAGES,
-// NUM_CONSUMERS, NUM_PRODUCERS, OUT_DTYPE, EPI_DTYPE (0 = fp32, 1 = fp16), ACC_FP16.
+// NUM_CONSUMERS, NUM_PRODUCERS, MMA_HALVES, WEIGHT_REGS, OUT_DTYPE, EPI_DTYPE (0 = fp32,
+// 1 = fp16), ACC_FP16, SCHEDULE_ENTRY_UNITS, SHARED_BYTES (the launch's dynamic shared memory).
 
 // The float32 epilogue's weights are copied as they are, so the whole q slot can be filled by
 // cp.async and completed on its barrier asynchronously; the float16 epilogue rounds them first.
@@ -314,8 +318,9 @@ struct ConsumerMath {
   // Issue the MMAs of the unit in `stage` against q slot `slot`: one commit group per half of
   // the N columns (half h: q rows [h * kNHalf, (h + 1) * kNHalf) of each chunk).
   __device__ __forceinline__ void mma(int stage, int slot) {
-    // Descriptors in uniform registers (see warp_uniform): 30 R2UR fewer per unit at next_n 4
-    // (block 64; the unit path 411 -> 368 SASS instructions).
+    // Descriptors in uniform registers (see warp_uniform): at next_n 4, block 64, float32
+    // epilogue and accumulator, 2 R2UR per unit instead of 32 and a unit path of 360 SASS
+    // instructions instead of 389 (NVRTC 13.5).
     stage = warp_uniform(stage);
     slot = warp_uniform(slot);
     const uint8_t* a_tile = kv_tiles + stage * kKvTileBytes;

@@ -5,9 +5,9 @@
 // consumer does with a full stage.
 //
 // Specialisation constants used here: BLOCK_SIZE, NUM_HEADS, NEXT_N, NUM_STAGES,
-// NUM_CONSUMERS, NUM_PRODUCERS (default 1), OUT_DTYPE, EPI_DTYPE (dtype codes: 0 = float32,
-// 1 = float16, 2 = bfloat16), SCHEDULE_ENTRY_UNITS (flashinfer_schedule's
-// SCHEDULE_REQUEST_ENTRY_UNITS).
+// NUM_CONSUMERS, NUM_PRODUCERS (default 1), MMA_HALVES (default 1), OUT_DTYPE, EPI_DTYPE
+// (dtype codes: 0 = float32, 1 = float16, 2 = bfloat16), ACC_FP16 (FP8 kernel only; unset
+// reads as 0), SCHEDULE_ENTRY_UNITS (flashinfer_schedule's SCHEDULE_REQUEST_ENTRY_UNITS).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -405,7 +405,8 @@ struct UnitWalker {
   // Calls body(k) for the current unit and every `steps`-th one after it. Inside a request
   // the step is one compare against request_end() instead of advance() and valid(); with the
   // request fixed for the inner loop, ptxas also keeps what depends only on the q slot (the
-  // WGMMA B descriptors) across its units. The fp4 consumer's unit path (block 64, next_n 1)
+  // WGMMA B descriptors) across its units. When it was introduced (twenty-first round,
+  // 2026-11-30, docs/fp8-kernel-notes.md) the fp4 consumer's unit path (block 64, next_n 1)
   // went from about 270 to about 250 SASS instructions. Entering a request goes through
   // advance(), so on_request() still runs for every request.
   template <typename OnRequest, typename Body>
@@ -430,8 +431,11 @@ struct UnitWalker {
 // the staging warps stage its q, so the table read overlaps the staging instead of following
 // it; the window then slides 32 entries at a time from the walk's first block. 0: loaded at the
 // first lookup. fp8 primes (each request switch inside a CTA's run cost about 1 us less with
-// the asynchronous q staging, H200, 2026-11-30); fp4 does not: there ptxas gave the consumers'
-// unit paths 2-6 more instructions for the same change and the kernel ran 1-3 % slower.
+// the asynchronous q staging, H200, 2026-11-30); fp4 does not: measured then (H200,
+// 2026-11-30), ptxas gave its consumers' unit paths 2-6 more instructions for the same change
+// and the kernel ran 1-3 % slower. (With NVRTC 13.5 priming changes fp4's unit path at block 64,
+// bfloat16 output, float32 epilogue by +2 instructions at next_n 1, 0 at next_n 2 and 4 and -9
+// at next_n 3; not re-timed.)
 #ifndef PRIME_TABLE_WINDOW
 #define PRIME_TABLE_WINDOW 1
 #endif
@@ -556,7 +560,7 @@ struct Barriers {
 // full[stage] for the bytes it copies.
 // EXP_PHASES=1 (measurement): `phases`, when not null, receives per producer warp (8 64-bit slots
 // each) its SM cycles waiting for free stages, looking up blocks and issuing, and in new
-// requests (q staging), then its unit count (32-bit sums, as the consumers' in the FP8 kernel).
+// requests (q staging), then its unit count (32-bit sums, as in ConsumerPhases).
 #ifndef EXP_PHASES
 #define EXP_PHASES 0
 #endif
@@ -629,9 +633,11 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
 }
 
 // EXP_PHASES: a consumer warpgroup's SM cycles per phase, summed over its units (32-bit clock()
-// sums: 64-bit ones made fp8 next_n 4 spill), stored in the first 32 of a CTA's 64 slots of
-// schedule_rows_out. `unit` takes the clock readings of one unit: its start, after its MMAs
-// were issued, after they completed, its end.
+// sums: 64-bit ones made fp8 next_n 4 spill), stored in slots 8 * consumer_index .. + 4 of a
+// CTA's 64 slots of schedule_rows_out; the producer warps' start at slot 32, so with 5 consumer
+// warpgroups (fp4 next_n 1) the fifth one's slots 32-36 overlap producer warp 0's 32-35.
+// `unit` takes the clock readings of one unit: its start, after its MMAs were issued, after
+// they completed, its end.
 struct ConsumerPhases {
   unsigned waiting = 0, issuing = 0, mma_waiting = 0, epilogue = 0, units = 0;
   unsigned last_end = EXP_PHASES ? clock() : 0;
