@@ -309,7 +309,7 @@ def check_out(
     if t.shape[1] < padded_cols:
         raise ValueError(
             f"out must have at least padded_seq_len(max_seq_len) = {padded_cols} columns "
-            f"(the kernel writes whole 256-column tiles), got shape {_shape(t)}"
+            f"(the kernel may write into the padding past max_seq_len), got shape {_shape(t)}"
         )
     if t.shape[1] > 1 and t.stride(1) != 1:
         raise ValueError(

@@ -10,17 +10,18 @@ from ._args import check_int
 
 __all__ = ["OUTPUT_COLUMN_GRANULARITY", "min_block_table_width", "padded_seq_len"]
 
-# The logits kernels store whole 256-column tiles of each output row, so the output storage
-# is padded to this many columns and the padding is written unconditionally.
+# The output contract pads every row to a multiple of 256 columns (the spec's store granularity,
+# e.g. 8000 -> 8192). The SM90 kernels store whole 64-position units of a request, which never
+# reach past that padding; columns past the valid region are unspecified either way.
 OUTPUT_COLUMN_GRANULARITY = 256
 
 
 def padded_seq_len(max_seq_len: int) -> int:
     """Return the minimum column count of the paged MQA logits `out` buffer.
 
-    The logits kernels write each output row in tiles of 256 columns, including the padding
-    past `max_seq_len`, so an `out=` buffer needs at least this many columns (and a row stride
-    at least this large). The returned logits are the `[:, :max_seq_len]` view of that storage.
+    The logits kernels may write past `max_seq_len` up to this padding (the SM90 kernels store
+    whole 64-position units), so an `out=` buffer needs at least this many columns (and a row
+    stride at least this large). The returned logits are the `[:, :max_seq_len]` view of that storage.
 
     Args:
         max_seq_len: Maximum KV sequence length of the call, `>= 0`.
