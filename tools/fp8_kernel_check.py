@@ -1132,16 +1132,16 @@ def phase_experiments(
             settle(torch.device("cuda"))
             preheat(kernel.call(case, None, knobs))
             t = bench(kernel.call(case, None, knobs))
-            phases = torch.zeros(ctas, 64, dtype=torch.int64, device="cuda")
+            phases = torch.zeros(ctas, 128, dtype=torch.int64, device="cuda")
             call = kernel.call(case, None, (*knobs, ("EXP_PHASES", 1)), schedule_rows_out=phases)
             preheat(call)
             for _ in range(calls):
                 call()
             torch.cuda.synchronize()
             config = kernel.config(block_size, next_n, knobs)
-            p = phases.view(ctas, 8, 8).double().cpu()
+            p = phases.view(ctas, 16, 8).double().cpu()  # kPhaseSlotsPerCta, 8 per role
             cons = p[:, : config.consumers, :5]
-            prod = p[:, 4 : 4 + config.pipeline.producers, :4]
+            prod = p[:, 8 : 8 + config.pipeline.producers, :4]  # from kProducerPhaseSlots
             units = float(cons[..., 4].sum())
             consumer = [float(cons[..., i].sum()) / units for i in range(4)]
             producer = [float(prod[..., i].sum()) / float(prod[..., 3].sum()) for i in range(3)]

@@ -321,7 +321,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     }
   };
   run_producer(walk, block_tables, block_table_stride, bars, stage_request_q, issue,
-               EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
+               EXP_PHASES ? phases + kPhaseSlotsPerCta * blockIdx.x + kProducerPhaseSlots : nullptr);
 }
 
 // The scale words (four UE8M0 bytes each) of rows `row0` and `row0 + 8` of unit `u`, where

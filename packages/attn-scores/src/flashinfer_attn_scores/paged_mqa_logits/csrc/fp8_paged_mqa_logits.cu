@@ -91,6 +91,7 @@ using Registers = RegisterSplit<kProducerRegs>;
 #endif
 __device__ __forceinline__ unsigned long long reading() { return EXP_STAMP_CLOCK ? clock64() : globaltimer(); }
 #if EXP_TIMESTAMPS
+static_assert(NUM_CONSUMERS <= 5, "EXP_TIMESTAMPS: 8 readings; consumer warpgroup w (1-based) exits into slot 2 + w");
 __shared__ unsigned long long stamp_slots[8];
 __device__ __forceinline__ void stamp(int slot, unsigned long long value) { stamp_slots[slot] = value; }
 #else
@@ -264,7 +265,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     if (EXP_TIMESTAMPS == 2 && first_staged_at == 0) first_staged_at = reading();  // staging warp 1 done with the first request
   };
   run_producer(walk, block_tables, block_table_stride, bars, stage_q_stamped, issue,
-               EXP_PHASES ? phases + 64 * blockIdx.x + 32 : nullptr);
+               EXP_PHASES ? phases + kPhaseSlotsPerCta * blockIdx.x + kProducerPhaseSlots : nullptr);
   if (EXP_TIMESTAMPS == 2 && threadIdx.x == 0) stamp(4, first_issue_at);
   if (EXP_TIMESTAMPS == 2 && !EXP_STAMP_WALK && threadIdx.x == 32) stamp(6, first_staged_at);
 }

@@ -564,6 +564,12 @@ struct Barriers {
 #ifndef EXP_PHASES
 #define EXP_PHASES 0
 #endif
+// Each CTA owns kPhaseSlotsPerCta 64-bit slots of schedule_rows_out, 8 per role:
+// consumer warpgroup c at 8c (c < 8), producer warp p at kProducerPhaseSlots + 8p.
+constexpr int kPhaseSlotsPerCta = 128;
+constexpr int kProducerPhaseSlots = 64;
+static_assert(!EXP_PHASES || (NUM_CONSUMERS <= 8 && NUM_PRODUCERS <= 8), "EXP_PHASES: 8 slots per role");
+
 template <typename StageQ, typename IssueUnit>
 __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_tables, long long block_table_stride,
                                              const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue,
@@ -633,11 +639,8 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
 }
 
 // EXP_PHASES: a consumer warpgroup's SM cycles per phase, summed over its units (32-bit clock()
-// sums: 64-bit ones made fp8 next_n 4 spill), stored in slots 8 * consumer_index .. + 4 of a
-// CTA's 64 slots of schedule_rows_out; the producer warps' start at slot 32, so with 5 consumer
-// warpgroups (fp4 next_n 1) the fifth one's slots 32-36 overlap producer warp 0's 32-35.
-// `unit` takes the clock readings of one unit: its start, after its MMAs were issued, after
-// they completed, its end.
+// sums: 64-bit ones made fp8 next_n 4 spill). `unit` takes the clock readings of one unit: its
+// start, after its MMAs were issued, after they completed, its end.
 struct ConsumerPhases {
   unsigned waiting = 0, issuing = 0, mma_waiting = 0, epilogue = 0, units = 0;
   unsigned last_end = EXP_PHASES ? clock() : 0;
@@ -650,10 +653,10 @@ struct ConsumerPhases {
     ++units;
     last_end = end;
   }
-  // Slots 8 * consumer_index .. + 4 of this CTA's 64 (written by the warpgroup's first thread).
+  // Slots 8 * consumer_index .. + 4 of this CTA's (written by the warpgroup's first thread).
   __device__ __forceinline__ void store(long long* phases, int consumer_index) const {
     if (threadIdx.x % 128 != 0) return;
-    long long* mine = phases + 64 * blockIdx.x + 8 * consumer_index;
+    long long* mine = phases + kPhaseSlotsPerCta * blockIdx.x + 8 * consumer_index;
     mine[0] = waiting;
     mine[1] = issuing;
     mine[2] = mma_waiting;
