@@ -103,20 +103,25 @@ def test_tensor_on_another_device_is_rejected():
 
 
 @pytest.mark.parametrize(
-    ("wrapper", "value", "error"),
+    ("wrapper", "value", "error", "message"),
     [
-        (i32, 2**31, ValueError),
-        (i32, -(2**31) - 1, ValueError),
-        (u32, -1, ValueError),
-        (u64, 2**64, ValueError),
-        (i64, 1.0, TypeError),
-        (i32, True, TypeError),
-        (f32, 1e39, ValueError),
-        (f32, "1.0", TypeError),
+        (i32, 2**31, ValueError, r"i32: 2147483648 is outside \[-2147483648, 2147483647\]"),
+        (i32, -(2**31) - 1, ValueError, r"i32: -2147483649 is outside \[-2147483648, "),
+        (u32, -1, ValueError, r"u32: -1 is outside \[0, 4294967295\] \(uint32_t\)"),
+        (
+            u64,
+            2**64,
+            ValueError,
+            r"u64: 18446744073709551616 is outside \[0, 18446744073709551615\]",
+        ),
+        (i64, 1.0, TypeError, r"i64: expected an integer, got float \(1.0\)"),
+        (i32, True, TypeError, r"i32: expected an integer, got bool \(True\)"),
+        (f32, 1e39, ValueError, r"f32: 1e\+39 overflows float32"),
+        (f32, "1.0", TypeError, r"f32: expected a real number, got str"),
     ],
 )
-def test_scalar_wrappers_check_their_range(wrapper, value, error):
-    with pytest.raises(error):
+def test_scalar_wrappers_check_their_range(wrapper, value, error, message):
+    with pytest.raises(error, match=f"^{message}"):
         wrapper(value)
 
 

@@ -142,11 +142,15 @@ def test_supported_gpu_passes(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("device", "error"),
-    [(-1, ValueError), ("cpu", ValueError), (1.0, TypeError)],
+    ("device", "error", "message"),
+    [
+        (-1, ValueError, "device: expected a non-negative CUDA device index, got -1"),
+        ("cpu", ValueError, "device: expected a CUDA device, got cpu"),
+        (1.0, TypeError, "device: expected None, an int, a torch.device or a str, got float"),
+    ],
 )
-def test_bad_device_arguments(device, error):
-    with pytest.raises(error):
+def test_bad_device_arguments(device, error, message):
+    with pytest.raises(error, match=f"^{message}$"):
         device_module.resolve_device_index(device)
 
 

@@ -151,6 +151,9 @@ def test_one_huge_request():
 
 def test_negative_lengths_count_as_empty():
     assert schedule_rows([-5, 64], 2) == schedule_rows([0, 64], 2)
+    # Past -63 the unit count itself is negative, not 0 as for -5.
+    lens = [-200, 64, -(2**31), 300, -64]
+    assert schedule_rows(lens, 3) == schedule_rows([max(n, 0) for n in lens], 3)
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 31, 32, 33, 63, 64, 65, 127, 128, 256, 2048, 12288])

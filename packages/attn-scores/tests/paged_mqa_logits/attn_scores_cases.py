@@ -18,6 +18,20 @@ E2M1_VALUES = torch.tensor(
 )
 
 
+# The fill of an output buffer whose untouched parts a test checks: finite and exact in every
+# output dtype, so a stray write shows whatever it writes (a NaN-filled buffer would hide a
+# write of NaN, e.g. of the reference's fill for the elements it does not compute).
+UNTOUCHED = -3072.0
+
+
+def untouched_buffer(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.full((rows, cols), UNTOUCHED, dtype=dtype)
+
+
+def is_untouched(t: torch.Tensor) -> bool:
+    return bool((t == UNTOUCHED).all())
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -78,21 +78,49 @@ def test_ops_are_listed_under_torch_ops_namespace():
     )
 
 
-def test_eager_public_call_dispatches_through_the_custom_op(monkeypatch):
+def spy_on(monkeypatch, name: str) -> list:
+    """Record the arguments of every call of `custom_ops.<name>` (then run it)."""
     calls = []
-    original = custom_ops.fp8_paged_mqa_logits_into
+    original = getattr(custom_ops, name)
 
     def spy(*args):
         calls.append(args)
         return original(*args)
 
-    monkeypatch.setattr(custom_ops, "fp8_paged_mqa_logits_into", spy)
+    monkeypatch.setattr(custom_ops, name, spy)
+    return calls
+
+
+def test_eager_public_call_dispatches_through_the_custom_op(monkeypatch):
+    calls = spy_on(monkeypatch, FP8_OP)
     case = make_fp8_case(LENGTHS, next_n=2, seed=11)
     out = poisoned(case.rows, fa.padded_seq_len(case.max_seq_len), torch.float16)
-    fa.fp8_paged_mqa_logits(*case.fp8_args(), output_dtype=torch.float16, out=out)
+    # Each dtype argument its own value (the CPU op ignores epi_dtype and acc_dtype, so only
+    # the recorded arguments show two of them swapped).
+    fa.fp8_paged_mqa_logits(
+        *case.fp8_args(), output_dtype=torch.float16, acc_dtype=torch.float16, out=out
+    )
     assert len(calls) == 1
     assert calls[0][6] is out  # the caller's storage itself, not a copy
-    assert calls[0][8:] == (torch.float16, torch.float32, torch.float32)
+    assert calls[0][5] == case.max_seq_len and calls[0][7] is None  # no schedule_meta
+    assert calls[0][8:] == (torch.float16, torch.float32, torch.float16)
+
+
+def test_eager_public_fp4_call_dispatches_through_the_custom_op(monkeypatch):
+    calls = spy_on(monkeypatch, FP4_OP)
+    case = make_fp4_case(LENGTHS, next_n=2, block_size=128, interleaved=True, seed=12)
+    out = poisoned(case.rows, fa.padded_seq_len(case.max_seq_len), torch.float32)
+    fa.fp4_paged_mqa_logits(
+        *case.fp4_args(),
+        output_dtype=torch.float32,
+        epi_dtype=torch.bfloat16,
+        is_kv_sf_interleaved=True,
+        out=out,
+    )
+    assert len(calls) == 1
+    assert all(a is b for a, b in zip(calls[0][:6], case.fp4_args()[:6], strict=True))
+    assert calls[0][6] == case.max_seq_len and calls[0][7] is out and calls[0][8] is None
+    assert calls[0][9:] == (32, torch.float32, torch.bfloat16, True)
 
 
 # ---------------------------------------------------------------------------------------------

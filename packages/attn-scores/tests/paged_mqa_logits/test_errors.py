@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import flashinfer_attn_scores as fa
 import numpy as np
 import pytest
@@ -604,10 +607,46 @@ def test_tensors_of_other_layouts_are_named(name, layout):
         fp8_call(sparse)
 
 
-@pytest.mark.parametrize(
-    ("rows", "largest"),
-    [(8, 1600), (16, 1440), (32, 1184), (64, 896), (128, 576), (192, 416), (256, 352)],
-)
-def test_the_documented_head_dim_limits_are_the_kernels(rows, largest):
-    """The fp8 docstring's and migration guide's table of the largest head_dim that fits."""
-    assert fp8_sm90.largest_fitting_head_dim(rows, 1) == largest
+# paged_mqa_logits/ -> tests/ -> attn-scores/ -> packages/ -> repository root
+MIGRATION = Path(__file__).resolve().parent.parent.parent.parent.parent / "docs" / "migration.md"
+TABLE_ROWS = [8, 16, 32, 64, 128, 192, 256]  # the next_n * num_heads the tables list
+
+
+def docstring_head_dim_limits() -> dict[int, int]:
+    """`next_n * num_heads -> largest head_dim` as fp8_paged_mqa_logits' docstring states it
+    ("... that fits, by `next_n * num_heads`: 8: 1600, 16: 1440, ...")."""
+    text = " ".join(fa.fp8_paged_mqa_logits.__doc__.split())
+    table = text.split("the largest `head_dim` that fits, by `next_n * num_heads`: ", 1)[1]
+    table = table.split(".", 1)[0]
+    return {int(rows): int(largest) for rows, largest in re.findall(r"(\d+): (\d+)", table)}
+
+
+def migration_head_dim_limits() -> dict[int, int]:
+    """The same table as docs/migration.md states it ("... is 1600 (8), 1440 (16), ...")."""
+    text = MIGRATION.read_text()
+    table = text.split("the largest fp8 `head_dim` by `next_n * num_heads` is ", 1)[1]
+    table = table.split(", and", 1)[0]
+    return {int(rows): int(largest) for largest, rows in re.findall(r"(\d+) \((\d+)\)", table)}
+
+
+def test_the_docstring_states_the_head_dim_limit_of_every_row_count():
+    assert sorted(docstring_head_dim_limits()) == TABLE_ROWS
+
+
+@pytest.mark.skipif(not MIGRATION.exists(), reason="docs/migration.md is not in this checkout")
+def test_the_migration_guide_states_the_docstrings_head_dim_limits():
+    assert migration_head_dim_limits() == docstring_head_dim_limits()
+
+
+@pytest.mark.parametrize("rows", TABLE_ROWS)
+def test_the_documented_head_dim_limits_are_the_kernels(rows):
+    """The largest head_dim the docstring states for next_n * num_heads = rows is the one the
+    op accepts (for two splits of rows into next_n and num_heads), and 32 more is refused."""
+    largest = docstring_head_dim_limits()[rows]
+    for num_heads in (4, 8):
+        next_n = rows // num_heads
+        assert fp8_sm90.largest_fitting_head_dim(num_heads, next_n) == largest
+        shape = {"lens": [3, 0], "max_seq_len": 8, "num_heads": num_heads, "next_n": next_n}
+        assert fp8_call(None, head_dim=largest, **shape).shape == (2 * next_n, 8)
+        with pytest.raises(ValueError, match=rf"the largest head_dim that fits is {largest}$"):
+            fp8_call(None, head_dim=largest + 32, **shape)

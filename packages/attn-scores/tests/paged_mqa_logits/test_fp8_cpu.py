@@ -5,7 +5,13 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import assert_rows_close, expected_logits, make_fp8_case
+from attn_scores_cases import (
+    assert_rows_close,
+    expected_logits,
+    is_untouched,
+    make_fp8_case,
+    untouched_buffer,
+)
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp8_paged_mqa_logits_reference,
     valid_mask,
@@ -110,25 +116,25 @@ def test_zero_length_requests_leave_rows_untouched():
     lens = [300, 0, 129, 0, 1]
     next_n = 2
     case = make_fp8_case(lens, next_n=next_n, max_seq_len=333, seed=5)
-    out = torch.full((case.rows, fa.padded_seq_len(333)), float("nan"))
+    out = untouched_buffer(case.rows, fa.padded_seq_len(333))
     got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
     for b in (1, 3):
-        assert torch.isnan(out[b * next_n : (b + 1) * next_n]).all()
+        assert is_untouched(out[b * next_n : (b + 1) * next_n])
     # The CPU path writes exactly the positions the kernel computes, p < seq_lens[b].
     row_lens = case.seq_lens.repeat_interleave(next_n)
     computed = torch.arange(333)[None, :] < row_lens[:, None].long()
     assert torch.isfinite(got[computed]).all()
-    assert torch.isnan(got[~computed]).all()
-    assert torch.isnan(out[:, 333:]).all()
+    assert is_untouched(got[~computed])
+    assert is_untouched(out[:, 333:])
     assert_rows_close(got, case.expected(), valid_mask(case.seq_lens, next_n, 333), FP32_CPU_TOL)
 
 
 def test_all_requests_empty():
     case = make_fp8_case([0, 0, 0], next_n=1, max_seq_len=50, seed=6)
-    out = torch.full((3, 256), float("nan"))
+    out = untouched_buffer(3, 256)
     got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
     assert got.shape == (3, 50)
-    assert torch.isnan(out).all()
+    assert is_untouched(out)
 
 
 def test_an_empty_pool_refuses_lengths_that_would_read_it():
@@ -140,7 +146,7 @@ def test_an_empty_pool_refuses_lengths_that_would_read_it():
     with pytest.raises(ValueError, match=r"outside kv_fused's \[0, 0\) blocks"):
         fa.fp8_paged_mqa_logits(*args)
     args[4] = torch.zeros(2, dtype=torch.int32)
-    assert torch.isnan(fa.fp8_paged_mqa_logits(*args, out=torch.full((2, 256), float("nan")))).all()
+    assert is_untouched(fa.fp8_paged_mqa_logits(*args, out=untouched_buffer(2, 256)))
 
 
 def test_strided_block_tables_and_seq_lens():
@@ -165,23 +171,23 @@ def test_strided_block_tables_and_seq_lens():
 def test_wider_out_buffer():
     case = make_fp8_case([100, 260], next_n=2, seed=8)
     padded = fa.padded_seq_len(case.max_seq_len)
-    wide = torch.full((case.rows + 5, padded + 300), float("nan"))
+    wide = untouched_buffer(case.rows + 5, padded + 300)
     got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=wide)
     assert got.shape == (case.rows, case.max_seq_len)
     assert got.data_ptr() == wide.data_ptr() and got.stride() == wide.stride()
-    assert torch.isnan(wide[case.rows :]).all(), "rows past batch_size*next_n were written"
+    assert is_untouched(wide[case.rows :]), "rows past batch_size*next_n were written"
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
     assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
 
 
 def test_row_slice_of_a_wider_buffer():
     case = make_fp8_case([90, 33], next_n=2, seed=9)
-    big = torch.full((10, 1024), float("nan"))
+    big = untouched_buffer(10, 1024)
     first = 3
     out = big[first : first + case.rows]
     got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
     assert got.data_ptr() == big[first].data_ptr()
-    assert torch.isnan(big[:first]).all() and torch.isnan(big[first + case.rows :]).all()
+    assert is_untouched(big[:first]) and is_untouched(big[first + case.rows :])
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
     assert_rows_close(
         big[first : first + case.rows, : case.max_seq_len], case.expected(), mask, 1e-6

@@ -360,15 +360,20 @@ def test_fp8_row_slice_of_a_wider_buffer():
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_deterministic(variant):
+    # Each call into its own NaN-poisoned `out`: a fresh allocation would reuse the storage
+    # the first call's result was copied out of, and hold its bits whether or not the second
+    # call wrote them.
     if variant == "fp8":
         case = fp8_case(64, 2, seed=5)
-        run = lambda: fa.fp8_paged_mqa_logits(*case.fp8_args()).clone()  # noqa: E731
+        op, args, dtype = fa.fp8_paged_mqa_logits, case.fp8_args(), torch.float32
     else:
         case = fp4_case(64, 2, seed=5)
-        run = lambda: fa.fp4_paged_mqa_logits(*case.fp4_args()).clone()  # noqa: E731
-    first, second = run(), run()
+        op, args, dtype = fa.fp4_paged_mqa_logits, case.fp4_args(), torch.bfloat16
+    outs = [poisoned_out(case.rows, case.max_seq_len, dtype) for _ in range(2)]
+    first, second = (op(*args, out=out) for out in outs)
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
-    assert torch.equal(first[mask], second[mask])
+    assert torch.isfinite(first[mask]).all()
+    assert torch.equal(first[mask], second[mask])  # NaN != NaN: an unwritten element fails
 
 
 @pytest.mark.parametrize(("variant", "next_n"), [("fp8", 1), ("fp8", 4), ("fp4", 2)])
@@ -411,9 +416,13 @@ def test_given_schedule_equals_internal_schedule():
     schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=3, variant="fp8")
     num_sms = torch.cuda.get_device_properties(case.q.device).multi_processor_count
     assert schedule.shape == (num_sms + 1, 2) and schedule.device == case.q.device
-    with_schedule = fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=schedule).clone()
-    internal = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    # NaN-poisoned outputs: without `out`, the second call's fresh storage would be the one
+    # the first call's result was cloned out of, and pass unwritten.
+    outs = [poisoned_out(case.rows, case.max_seq_len, torch.float32) for _ in range(2)]
+    with_schedule = fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=schedule, out=outs[0])
+    internal = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=outs[1])
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert torch.isfinite(internal[mask]).all()
     assert torch.equal(with_schedule[mask], internal[mask])
 
 

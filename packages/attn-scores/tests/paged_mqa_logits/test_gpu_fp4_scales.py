@@ -205,12 +205,15 @@ def test_fp4_precomputed_schedule_and_random_magnitudes(interleaved):
     ).to("cuda")
     schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=4, variant="fp4")
     args = case.fp4_args()
+    # NaN-poisoned outputs: without `out`, the second call's fresh storage would be the one
+    # the first call's result was cloned out of, and pass (the reference check too) unwritten.
+    outs = [poisoned_out(case.rows, case.max_seq_len, torch.bfloat16) for _ in range(2)]
     given = fa.fp4_paged_mqa_logits(
-        *args, is_kv_sf_interleaved=interleaved, schedule_meta=schedule
-    ).clone()
-    internal = fa.fp4_paged_mqa_logits(*args, is_kv_sf_interleaved=interleaved)
+        *args, is_kv_sf_interleaved=interleaved, schedule_meta=schedule, out=outs[0]
+    )
+    internal = fa.fp4_paged_mqa_logits(*args, is_kv_sf_interleaved=interleaved, out=outs[1])
     mask = valid_mask(case.seq_lens, 4, case.max_seq_len)
-    assert torch.equal(given[mask], internal[mask])
+    assert torch.equal(given[mask], internal[mask])  # NaN != NaN: an unwritten element fails
     expected = fp4_paged_mqa_logits_reference(*args, is_kv_sf_interleaved=interleaved)
     assert_rows_close(
         internal,

@@ -12,6 +12,7 @@ import torch
 from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90, fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
     fp8_paged_mqa_logits_reference,
     valid_mask,
 )
@@ -99,5 +100,14 @@ def test_fp4_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
     got, rows = run_with_rows_out("fp4", case, 64)
     expected_rows = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=1, variant="fp4")
     assert torch.equal(rows, expected_rows), (rows.cpu().tolist(), expected_rows.cpu().tolist())
-    mask = valid_mask(case.seq_lens, 1, case.max_seq_len)
-    assert not torch.isnan(got[mask]).any(), "a unit of the schedule was not computed"
+    mask = valid_mask(case.seq_lens.cpu(), 1, case.max_seq_len)
+    assert not torch.isnan(got[mask.cuda()]).any(), "a unit of the schedule was not computed"
+    if batch_size <= 256:  # the logits, for the smaller batches (as for fp8)
+        args = case.fp4_args()
+        assert_rows_close(
+            got,
+            fp4_paged_mqa_logits_reference(*args),
+            mask,
+            tolerance(torch.float32),
+            magnitude_of(fp4_paged_mqa_logits_reference, args),
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import make_fp8_case
+from attn_scores_cases import make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import api, dispatch
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
@@ -45,6 +45,10 @@ def test_changed_metadata_is_validated_again(counted_checks):
     args[-1] = args[-1] + 64
     fa.fp8_paged_mqa_logits(*args)
     assert counted_checks == ["fp8", "fp8"]
+    args = list(case.fp8_args())
+    args[2] = args[2].t().contiguous().t()  # weights, column-major
+    fa.fp8_paged_mqa_logits(*args)
+    assert counted_checks == ["fp8"] * 3
     bad = list(case.fp8_args())
     bad[2] = bad[2].to(torch.float16)  # weights must be float32
     with pytest.raises(TypeError, match="weights"):
@@ -53,6 +57,47 @@ def test_changed_metadata_is_validated_again(counted_checks):
     bad[-1] = -1
     with pytest.raises(ValueError, match="max_seq_len"):
         fa.fp8_paged_mqa_logits(*bad)
+
+
+# Keyword arguments of a known signature: a valid value of its own, then one the checks refuse.
+FP8_KEYWORDS = {
+    "output_dtype": (torch.float16, torch.bfloat16, "output_dtype must be one of"),
+    "epi_dtype": (torch.float16, torch.bfloat16, "epi_dtype must be one of"),
+    "acc_dtype": (torch.float16, torch.bfloat16, "acc_dtype must be one of"),
+}
+FP4_KEYWORDS = {
+    "output_dtype": (torch.float32, torch.float64, "output_dtype must be one of"),
+    "epi_dtype": (torch.bfloat16, torch.float64, "epi_dtype must be one of"),
+    "sf_vec_size": (None, 16, "sf_vec_size must be 32, got 16"),
+}
+
+
+@pytest.mark.parametrize("keyword", FP8_KEYWORDS)
+def test_each_fp8_keyword_is_part_of_the_signature(counted_checks, keyword):
+    """The signature keys the validation and, on CUDA, the remembered launch (which fixes the
+    kernel's dtypes): a call that differs only in a keyword argument is validated again."""
+    valid, refused, message = FP8_KEYWORDS[keyword]
+    case = make_fp8_case([40, 70], next_n=1, seed=9)
+    fa.fp8_paged_mqa_logits(*case.fp8_args())
+    fa.fp8_paged_mqa_logits(*case.fp8_args(), **{keyword: valid})
+    assert counted_checks == ["fp8", "fp8"]
+    with pytest.raises(ValueError, match=message):
+        fa.fp8_paged_mqa_logits(*case.fp8_args(), **{keyword: refused})
+
+
+@pytest.mark.parametrize("keyword", [*FP4_KEYWORDS, "is_kv_sf_interleaved"])
+def test_each_fp4_keyword_is_part_of_the_signature(counted_checks, keyword):
+    case = make_fp4_case([40, 70], next_n=1, block_size=32, seed=10)
+    fa.fp4_paged_mqa_logits(*case.fp4_args())
+    if keyword == "is_kv_sf_interleaved":  # True is refused at this block size
+        valid, refused, message = None, True, "is_kv_sf_interleaved=True requires block_size"
+    else:
+        valid, refused, message = FP4_KEYWORDS[keyword]
+    if valid is not None:
+        fa.fp4_paged_mqa_logits(*case.fp4_args(), **{keyword: valid})
+        assert counted_checks == ["fp4", "fp4"]
+    with pytest.raises(ValueError, match=message):
+        fa.fp4_paged_mqa_logits(*case.fp4_args(), **{keyword: refused})
 
 
 def test_unhashable_arguments_fall_back_to_the_checks(counted_checks):
