@@ -5,7 +5,7 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
+from attn_scores_cases import UNTOUCHED, assert_rows_close, make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp4_paged_mqa_logits_reference,
     fp8_paged_mqa_logits_reference,
@@ -71,9 +71,32 @@ FP8_DTYPES = [
 def poisoned_out(
     rows: int, max_seq_len: int, dtype: torch.dtype, extra_rows: int = 2, device="cuda"
 ):
-    """A NaN-filled buffer wider and taller than needed."""
-    cols = fa.padded_seq_len(max_seq_len) + 256
-    return torch.full((rows + extra_rows, cols), float("nan"), dtype=dtype, device=device)
+    """A buffer taller and wider than needed: NaN where the call may write (the first `rows`
+    rows, `padded_seq_len(max_seq_len)` columns), so an element it should write and does not
+    stays NaN; the finite UNTOUCHED around it, which any stray write changes (NaN included)."""
+    padded = fa.padded_seq_len(max_seq_len)
+    out = torch.full((rows + extra_rows, padded + 256), UNTOUCHED, dtype=dtype, device=device)
+    out[:rows, :padded] = float("nan")
+    return out
+
+
+def assert_nothing_written_around(out: torch.Tensor, rows: int, max_seq_len: int) -> None:
+    """Nothing of a `poisoned_out` buffer was written outside its first `rows` rows and
+    `padded_seq_len(max_seq_len)` columns."""
+    padded = fa.padded_seq_len(max_seq_len)
+    assert (out[rows:] == UNTOUCHED).all(), "rows past batch_size*next_n were written"
+    assert (out[:rows, padded:] == UNTOUCHED).all(), "columns past the padded row were written"
+
+
+def repoison(out: torch.Tensor, rows: int, max_seq_len: int) -> None:
+    """NaN again where a call may write into a `poisoned_out` buffer."""
+    out[:rows, : fa.padded_seq_len(max_seq_len)] = float("nan")
+
+
+def assert_nothing_written(out: torch.Tensor, rows: int, max_seq_len: int) -> None:
+    """A `poisoned_out` buffer exactly as it was made."""
+    assert torch.isnan(out[:rows, : fa.padded_seq_len(max_seq_len)]).all(), "out was written"
+    assert_nothing_written_around(out, rows, max_seq_len)
 
 
 def magnitude_of(reference, args, **kwargs):
@@ -89,10 +112,12 @@ def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None):
     mask = valid_mask(seq_lens.cpu(), next_n, got.shape[1])
     assert_rows_close(got, expected, mask, tol, magnitude)
     out = out.cpu()
+    padded = fa.padded_seq_len(got.shape[1])
     for b, length in enumerate(seq_lens.tolist()):
         if length == 0:
-            assert torch.isnan(out[b * next_n : (b + 1) * next_n]).all(), f"row of empty {b}"
-    assert torch.isnan(out[rows:]).all(), "rows past batch_size*next_n were written"
+            empty_rows = out[b * next_n : (b + 1) * next_n, :padded]
+            assert torch.isnan(empty_rows).all(), f"rows of the empty request {b} were written"
+    assert_nothing_written_around(out, rows, got.shape[1])
 
 
 def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LEN, device="cuda"):
@@ -524,7 +549,8 @@ def test_an_empty_pool_with_empty_requests(variant):
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
     got = call(*args, out=out)
     torch.cuda.synchronize()
-    assert got.shape == (2, 64) and torch.isnan(out).all()
+    assert got.shape == (2, 64)
+    assert_nothing_written(out, case.rows, case.max_seq_len)
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
@@ -544,7 +570,7 @@ def test_empty_requests_and_max_seq_len_zero(variant):
     fresh = call(*args)
     torch.cuda.synchronize()
     assert got.shape == (6, 0) and fresh.shape == (6, 0)
-    assert torch.isnan(out).all(), "an empty call wrote into out"
+    assert_nothing_written(out, case.rows, 0)
 
 
 def test_empty_batch_on_gpu():
@@ -603,7 +629,7 @@ def test_cuda_graph_replay_follows_new_seq_lens(variant, validate, monkeypatch):
         op(*args, out=out)  # schedule_meta=None: computed on the GPU inside the graph
 
     case.seq_lens.copy_(torch.tensor(REPLAY_LENGTHS, dtype=torch.int32))
-    out.fill_(float("nan"))
+    repoison(out, case.rows, max_seq_len)
     graph.replay()
     torch.cuda.synchronize()
     got = out[: case.rows, :max_seq_len]

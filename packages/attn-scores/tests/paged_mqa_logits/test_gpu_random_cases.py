@@ -19,7 +19,7 @@ import torch
 from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
-from test_gpu import FP8_DTYPES, tolerance
+from test_gpu import FP8_DTYPES, assert_nothing_written_around, poisoned_out, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -166,8 +166,7 @@ def check_random_call(variant: str, seed: int, shapes: str = "suite") -> None:
     output_dtype = call["dtypes"][0]
     out = None
     if call["use_out"]:
-        cols = fa.padded_seq_len(case.max_seq_len) + 64
-        out = torch.full((case.rows + 1, cols), float("nan"), dtype=output_dtype, device="cuda")
+        out = poisoned_out(case.rows, case.max_seq_len, output_dtype, extra_rows=1)
     if variant == "fp8":
         _, epi_dtype, acc_dtype = call["dtypes"]
         got = fa.fp8_paged_mqa_logits(
@@ -218,8 +217,9 @@ def check_random_call(variant: str, seed: int, shapes: str = "suite") -> None:
     )
     if out is not None:
         written = out.cpu()
-        assert torch.isnan(written[case.rows :]).all(), "a row past batch_size*next_n was written"
+        assert_nothing_written_around(written, case.rows, case.max_seq_len)
+        padded = fa.padded_seq_len(case.max_seq_len)
         for b, length in enumerate(call["lens"]):
             if length == 0:
-                rows = written[b * next_n : (b + 1) * next_n]
+                rows = written[b * next_n : (b + 1) * next_n, :padded]
                 assert torch.isnan(rows).all(), f"rows of the empty request {b} were written"

@@ -17,7 +17,7 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp4_paged_mqa_logits_reference,
     fp8_paged_mqa_logits_reference,
 )
-from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, magnitude_of, tolerance
+from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, magnitude_of, poisoned_out, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -63,13 +63,8 @@ def test_threads_calling_at_once(variant, own_stream):
         ),
     }[variant]
     cases = [make_case(variant, seed=100 + i) for i in range(THREADS)]
-    cols = fa.padded_seq_len(MAX_SEQ_LEN)
     outs = [
-        [
-            torch.full((c.rows + 2, cols), float("nan"), dtype=dtype, device="cuda")
-            for _ in range(CALLS_PER_THREAD)
-        ]
-        for c in cases
+        [poisoned_out(c.rows, MAX_SEQ_LEN, dtype) for _ in range(CALLS_PER_THREAD)] for c in cases
     ]
     torch.cuda.synchronize()
     start = threading.Barrier(THREADS)
