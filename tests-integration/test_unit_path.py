@@ -89,3 +89,27 @@ def test_compiled_fp4_kernel_has_a_unit_path() -> None:
     assert opcodes.count("QGMMA") == 4
     assert opcodes.count("STG") == 1
     assert opcodes.count("PRMT") >= 16
+
+
+def test_sass_hash_and_counts_are_exclusive(monkeypatch, capsys) -> None:
+    up = _unit_path()
+    monkeypatch.setattr("sys.argv", ["unit_path.py", "--sass-hash", "--counts"])
+    with pytest.raises(SystemExit) as exit_info:
+        up.main()
+    assert exit_info.value.code == 2
+    assert "pick one" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _has_nvdisasm(), reason="needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+def test_counts_line_matches_the_unit_path() -> None:
+    from flashinfer_attn_scores.paged_mqa_logits.kernel_specs import all_kernel_specs
+    from flashinfer_jit import compile_kernel
+
+    up = _unit_path()
+    label = "fp4_paged_mqa_logits[bs=64, next_n=1, out=bfloat16, epi=float32]"
+    compiled = compile_kernel(next(s for s in all_kernel_specs() if s.label == label), "sm_90a")
+    count, registers, spill, rest = up._count_line(label, "sm_90a").split(maxsplit=3)
+    assert int(count) == len(up.unit_path(up._sass_of(compiled.cubin)))
+    assert int(registers) == compiled.resources.registers
+    assert int(spill) == compiled.resources.spill_store_bytes
+    assert rest == label

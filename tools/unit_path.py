@@ -16,6 +16,12 @@ PATH or `pip install nvidia-cuda-nvdisasm` (see `python -m flashinfer_jit inspec
 `--sass-hash` prints instead one line per matching configuration (every one without a label):
 a hash of its instructions and its label. Two such files from two trees, compared with `diff`,
 show whether a source change (a refactor, a comment, a moved definition) changed any SASS.
+`--counts` prints one line per matching configuration: its unit-path instruction count,
+registers, spill-store bytes and label; two such files show what a change did to every
+configuration, including the ones no benchmark times (the forty-fourth round of the kernel
+notes found two slow configurations this way).
+
+    python tools/unit_path.py --counts -j 2 > counts.txt        # every configuration
 """
 
 from __future__ import annotations
@@ -85,12 +91,23 @@ def sass_hash(sass: str) -> str:
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
 
 
-def _hash_line(label: str, arch: str) -> str:
+def _compiled(label: str, arch: str):
     from flashinfer_attn_scores.paged_mqa_logits.kernel_specs import all_kernel_specs
     from flashinfer_jit import compile_kernel
 
     spec = next(spec for spec in all_kernel_specs() if spec.label == label)
-    return f"{sass_hash(_sass_of(compile_kernel(spec, arch).cubin))} {label}"
+    return compile_kernel(spec, arch)
+
+
+def _hash_line(label: str, arch: str) -> str:
+    return f"{sass_hash(_sass_of(_compiled(label, arch).cubin))} {label}"
+
+
+def _count_line(label: str, arch: str) -> str:
+    compiled = _compiled(label, arch)
+    resources = compiled.resources
+    count = len(unit_path(_sass_of(compiled.cubin)))
+    return f"{count:4d} {resources.registers:3d} {resources.spill_store_bytes:3d} {label}"
 
 
 def _sass_of(cubin: bytes) -> str:
@@ -120,13 +137,22 @@ def main() -> int:
     parser.add_argument(
         "--sass-hash", action="store_true", help="print a hash of each configuration's SASS"
     )
-    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count(), help="with --sass-hash")
+    parser.add_argument(
+        "--counts",
+        action="store_true",
+        help="print each configuration's unit-path count, registers and spill-store bytes",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=os.cpu_count(), help="with --sass-hash or --counts"
+    )
     args = parser.parse_args()
     if args.sass_file is not None:
         report(f"{args.sass_file}, unit path", args.sass_file.read_text(), sys.stdout)
         return 0
-    if not args.label and not args.sass_hash:
-        parser.error("give a label, --sass-file or --sass-hash")
+    if args.sass_hash and args.counts:
+        parser.error("--sass-hash and --counts print one line per configuration each: pick one")
+    if not args.label and not args.sass_hash and not args.counts:
+        parser.error("give a label, --sass-file, --sass-hash or --counts")
 
     from flashinfer_attn_scores.paged_mqa_logits.kernel_specs import all_kernel_specs
     from flashinfer_jit import compile_kernel
@@ -134,11 +160,14 @@ def main() -> int:
     specs = [spec for spec in all_kernel_specs() if spec.label.startswith(args.label or "")]
     if not specs:
         sys.exit(f"no configuration's label starts with {args.label!r}")
-    if args.sass_hash:
+    if args.sass_hash or args.counts:
         if args.defines:
-            parser.error("--sass-hash hashes the configurations as registered; drop -D")
+            parser.error("--sass-hash and --counts take the configurations as registered; drop -D")
+        line_of = _hash_line if args.sass_hash else _count_line
+        if args.counts:
+            print("path regs spill label")
         with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-            for line in pool.map(_hash_line, [spec.label for spec in specs], repeat(args.arch)):
+            for line in pool.map(line_of, [spec.label for spec in specs], repeat(args.arch)):
                 print(line, flush=True)
         return 0
     for spec in specs:
