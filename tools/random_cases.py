@@ -2,6 +2,7 @@
 
     python tools/random_cases.py [--fp8 400] [--fp4 300] [--first-seed 100000] [--shapes wide]
     python tools/random_cases.py --fp8-seeds 3706131,3706245 --shapes wide   # chosen seeds only
+    python tools/random_cases.py --fp8 100 --fp4 60 --batches large   # 48-513 requests per call
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
@@ -10,7 +11,8 @@ tolerance. The suite runs 32 fp8 and 20 fp4 seeds; this widens the search. `--sh
 draws fp8's (num_heads, head_dim, next_n) from everything the contract admits on SM90
 (`draw_wide_head_shape`: next_n * num_heads any multiple of 8 up to 256, head_dim up to what
 fits the shared memory) instead of the suite's seven head shapes; nearly every seed is then a
-configuration of its own, compiled first. Every kernel
+configuration of its own, compiled first. `--batches large` draws 48-513 requests per call
+instead of 1-40 (`BATCH_MODES`). Every kernel
 configuration the seeds need is compiled first, in parallel (`flashinfer_jit.precompile`).
 `--schedules N` also compares the schedule helper on CUDA with its CPU version, bit for bit,
 for N random length vectors (batch 1..20000, zeros, huge lengths, negative entries, strided
@@ -104,6 +106,12 @@ def main() -> int:
         "--shapes", choices=("suite", "wide"), default="suite", help="fp8 head shapes to draw"
     )
     parser.add_argument(
+        "--batches",
+        choices=("small", "large"),
+        default="small",
+        help="batch sizes to draw: 1-40 or 48-513 requests",
+    )
+    parser.add_argument(
         "--fp8-seeds",
         help="comma-separated fp8 seeds to run instead of --fp8 and --fp4 (for example the"
         " seeds of a compute-sanitizer run)",
@@ -118,7 +126,10 @@ def main() -> int:
         runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
         runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     configs = sorted(
-        {kernel_config(variant, draw_call(seed, variant, args.shapes)) for variant, seed in runs},
+        {
+            kernel_config(variant, draw_call(seed, variant, args.shapes, args.batches))
+            for variant, seed in runs
+        },
         key=str,
     )
     began = time.perf_counter()
@@ -130,7 +141,7 @@ def main() -> int:
     began = time.perf_counter()
     for variant, seed in runs:
         try:
-            check_random_call(variant, seed, args.shapes)
+            check_random_call(variant, seed, args.shapes, args.batches)
         except Exception as exc:  # every failure is reported; none stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
@@ -152,7 +163,7 @@ def main() -> int:
     seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
     print(
         f"random cases: {passed} of {len(runs)} passed ({fp8_runs} fp8, {len(runs) - fp8_runs} fp4,"
-        f" {seeds}, {args.shapes} shapes) in {time.perf_counter() - began:.0f} s"
+        f" {seeds}, {args.shapes} shapes, {args.batches} batches) in {time.perf_counter() - began:.0f} s"
     )
     return 0 if not failures and not schedule_failures else 1
 

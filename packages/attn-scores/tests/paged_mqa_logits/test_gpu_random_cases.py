@@ -4,7 +4,9 @@ Each seed draws a whole call: batch size, a length mix (zeros, lengths off the b
 tile edges, an occasional long request), block size, next_n, strided `seq_lens` /
 `block_tables` views, `max_seq_len` beyond every length, a given or derived schedule, and
 `out=` or not; for fp8 also the head shape, the dtypes and a table wider than needed, for
-fp4 the dtypes, the spread of the UE8M0 scales and their order. The expectation is
+fp4 the dtypes, the spread of the UE8M0 scales and their order. `batches="large"` draws 48-513
+requests (the in-kernel schedule's block scan above 128, many request switches per CTA)
+instead of 1-40. The expectation is
 `attn_scores_cases.expected_logits` (a per-position gather and a matmul in float64), not the
 package's reference; the bound is relative to the row's largest sum of |head terms|.
 """
@@ -40,8 +42,16 @@ FP4_DTYPES = [
 ]
 
 
-def draw_lengths(rng: random.Random, batch_size: int) -> list[int]:
-    typical = rng.choice([1, 40, 300, 1500, 3000])
+# Batch sizes and typical lengths of the two batch modes. The large mode stays under about a
+# million KV tokens, so the float64 expectation on the host takes seconds, not minutes.
+BATCH_MODES = {
+    "small": ([1, 2, 3, 5, 8, 13, 24, 40], [1, 40, 300, 1500, 3000]),
+    "large": ([48, 100, 128, 129, 200, 257, 513], [40, 300, 1500, 3000]),
+}
+
+
+def draw_lengths(rng: random.Random, batch_size: int, typicals: list[int]) -> list[int]:
+    typical = rng.choice(typicals)
     lens = []
     for _ in range(batch_size):
         roll = rng.random()
@@ -67,12 +77,15 @@ def draw_wide_head_shape(rng: random.Random) -> tuple[int, int, int]:
     return num_heads, 32 * rng.randint(1, largest // 32), next_n
 
 
-def draw_call(seed: int, variant: str, shapes: str = "suite") -> dict:
+def draw_call(seed: int, variant: str, shapes: str = "suite", batches: str = "small") -> dict:
     """One random call. `shapes="wide"` draws fp8's head geometry from the whole admitted
-    space (`draw_wide_head_shape`) instead of `FP8_HEAD_SHAPES`; every other draw is the same."""
+    space (`draw_wide_head_shape`) instead of `FP8_HEAD_SHAPES`; every other draw is the same.
+    `batches` picks the batch sizes and typical lengths from `BATCH_MODES`; "small" draws what
+    every earlier seed drew."""
     rng = random.Random(seed)
-    batch_size = rng.choice([1, 2, 3, 5, 8, 13, 24, 40])
-    lens = draw_lengths(rng, batch_size)
+    batch_sizes, typicals = BATCH_MODES[batches]
+    batch_size = rng.choice(batch_sizes)
+    lens = draw_lengths(rng, batch_size, typicals)
     block_size = rng.choice([32, 64, 128])
     next_n = rng.randint(1, 4)
     longest = max(lens)
@@ -155,8 +168,10 @@ def test_random_fp4_call(seed):
     check_random_call("fp4", 1000 + seed)
 
 
-def check_random_call(variant: str, seed: int, shapes: str = "suite") -> None:
-    call = draw_call(seed, variant, shapes)
+def check_random_call(
+    variant: str, seed: int, shapes: str = "suite", batches: str = "small"
+) -> None:
+    call = draw_call(seed, variant, shapes, batches)
     case = build_case(call, variant, seed)
     tables, lens = strided_views(case) if call["strided"] else (case.block_tables, case.seq_lens)
     next_n = case.next_n

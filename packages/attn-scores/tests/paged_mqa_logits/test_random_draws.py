@@ -10,7 +10,7 @@ from attn_scores_cases import expected_logits, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 from test_gpu import PARAMETRIC_SHAPES
-from test_gpu_random_cases import FP8_HEAD_SHAPES, draw_call, draw_wide_head_shape
+from test_gpu_random_cases import BATCH_MODES, FP8_HEAD_SHAPES, draw_call, draw_wide_head_shape
 
 
 def test_wide_head_shapes_are_admitted_and_spread():
@@ -31,6 +31,21 @@ def test_wide_draw_changes_only_the_head_shape():
         assert (suite["num_heads"], suite["head_dim"]) in FP8_HEAD_SHAPES or suite["num_heads"] == 8
         for key in ("lens", "block_size", "max_seq_len", "strided", "use_out", "dtypes"):
             assert suite[key] == wide[key]
+
+
+def test_batch_modes():
+    """Small draws stay at 1-40 requests; large ones reach past the in-kernel schedule's
+    one-warp scan (128 requests) and stay small enough for the host's float64 expectation."""
+    for variant in ("fp8", "fp4"):
+        small = [draw_call(seed, variant) for seed in range(300)]
+        large = [draw_call(seed, variant, batches="large") for seed in range(300)]
+        assert {len(c["lens"]) for c in small} <= set(BATCH_MODES["small"][0])
+        assert {len(c["lens"]) for c in large} == set(BATCH_MODES["large"][0])
+        assert max(sum(c["lens"]) for c in large) < 1_500_000
+        assert sum(sum(c["lens"]) > 100_000 for c in large) > 30
+        assert any(c["lens"].count(0) > 10 for c in large)
+        assert {c["block_size"] for c in large} == {32, 64, 128}
+        assert {c["next_n"] for c in large} == {1, 2, 3, 4}
 
 
 def test_cpu_path_takes_wide_shapes():
