@@ -83,7 +83,10 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
     assert payload["complete"] is True
     assert payload["torch"]
     # GPU-only measurements are skipped, and say why.
-    assert payload["ceilings_bytes_per_s"].keys() == {"copy"}
+    ceilings = payload["ceilings_bytes_per_s"]
+    assert ceilings.keys() == {"copy", "copy_start", "copy_end"}
+    assert ceilings["copy"] == max(ceilings["copy_start"], ceilings["copy_end"]) > 0
+    assert "before the grid" in proc.stdout and "after it" in proc.stdout
     host_time = payload["host_time"]
     assert host_time["status"] == "skipped" and host_time["results"] == []
     assert "needs an SM90 GPU" in host_time["detail"]
@@ -97,7 +100,7 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
         assert 0.0 <= check["max_error"] <= check["tolerance"]
         assert r["timing"]["median_us"] > 0
         assert r["gather"] is None and r["gather_fraction"] is None
-        assert r["copy_fraction"] > 0
+        assert r["copy_fraction"] == pytest.approx(r["gb_per_s"] * 1e9 / ceilings["copy"])
         # The byte model: 132 B (fp8) or 68 B (fp4) per KV token, plus next_n outputs.
         work = r["work"]
         per_token = 132 if r["op"] == "fp8" else 68
