@@ -63,6 +63,11 @@ _DTYPES = {
 }
 
 
+def dtype_names(extras: list[str]) -> tuple[str, str]:
+    """(epilogue, accumulator) torch dtype names of a shape's optional fields."""
+    return _DTYPES[next((x for x in extras if x != "sfi"), "f32")]
+
+
 def _child(preheat_s: float, shapes: list[str]) -> None:
     import fp8_kernel_check as check
     import torch
@@ -73,7 +78,7 @@ def _child(preheat_s: float, shapes: list[str]) -> None:
         next_n, block_size, batch, avg_len = (int(x) for x in fields[:4])
         extras = fields[4:]
         interleaved = "sfi" in extras
-        epi, acc = _DTYPES[next((x for x in extras if x != "sfi"), "f32")]
+        epi, acc = dtype_names(extras)
         torch.manual_seed(1234)
         make_case, make_call = (
             (check.fp4_timing_case, check.fp4_call)
