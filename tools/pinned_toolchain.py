@@ -60,31 +60,17 @@ def pin(fingerprint_file: str) -> None:
 def random_case_specs(args: argparse.Namespace) -> list:
     """The kernel specs of `tools/random_cases.py`'s seeds (its draws, its config mapping)."""
     import random_cases
-    from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90, fp8_sm90
+    from flashinfer_attn_scores.paged_mqa_logits import launcher
 
     runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
     runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     configs = {
-        random_cases.kernel_config(variant, random_cases.draw_call(seed, variant, shape, batch))
+        random_cases.kernel_config(
+            variant, random_cases.draw_call(seed, variant, args.shapes, args.batches)
+        )
         for variant, seed in runs
-        for shape, batch in [(args.shapes, args.batches)]
     }
-    return [
-        fp4_sm90.fp4_config(
-            c.block_size, c.next_n, c.output_dtype, c.epi_dtype, c.is_kv_sf_interleaved
-        ).spec
-        if c.variant == "fp4"
-        else fp8_sm90.fp8_config(
-            c.block_size,
-            c.head_dim,
-            c.num_heads,
-            c.next_n,
-            c.output_dtype,
-            c.epi_dtype,
-            c.acc_dtype,
-        ).spec
-        for c in configs
-    ]
+    return [launcher.config_spec(c) for c in configs]
 
 
 def tree_ab_specs(shapes: str) -> list:

@@ -15,10 +15,16 @@ The FP8 kernel is `fp8_sm90`, the MXFP4 kernel `fp4_sm90`; both share the pipeli
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import fp4_sm90, fp8_sm90
+
+if TYPE_CHECKING:
+    from flashinfer_jit import KernelSpec
+
+    from .precompile import PagedMqaLogitsConfig
 
 # Looked up at call time, so tests can replace them. The custom ops' CUDA kernels (the
 # torch.compile path) launch once per call; eager calls keep the prepared launch of each
@@ -30,7 +36,30 @@ prepare_fp8_paged_mqa_logits = fp8_sm90.prepare
 prepare_fp4_paged_mqa_logits = fp4_sm90.prepare
 
 
-def compile_paged_mqa_logits_kernels(configs: Sequence[object], device: torch.device) -> None:
+def config_spec(config: PagedMqaLogitsConfig) -> KernelSpec:
+    """The kernel specialisation that `config` (a `precompile_paged_mqa_logits` entry) names."""
+    if config.variant == "fp4":
+        return fp4_sm90.fp4_config(
+            config.block_size,
+            config.next_n,
+            config.output_dtype,
+            config.epi_dtype,
+            config.is_kv_sf_interleaved,
+        ).spec
+    return fp8_sm90.fp8_config(
+        config.block_size,
+        config.head_dim,
+        config.num_heads,
+        config.next_n,
+        config.output_dtype,
+        config.epi_dtype,
+        config.acc_dtype,
+    ).spec
+
+
+def compile_paged_mqa_logits_kernels(
+    configs: Sequence[PagedMqaLogitsConfig], device: torch.device
+) -> None:
     """Compile (into the on-disk JIT cache) and load every configuration in `configs`.
 
     `configs` are `PagedMqaLogitsConfig` entries from `precompile_paged_mqa_logits`; the
@@ -40,20 +69,4 @@ def compile_paged_mqa_logits_kernels(configs: Sequence[object], device: torch.de
     """
     from flashinfer_jit import precompile
 
-    specs = [
-        fp4_sm90.fp4_config(
-            c.block_size, c.next_n, c.output_dtype, c.epi_dtype, c.is_kv_sf_interleaved
-        ).spec
-        if c.variant == "fp4"
-        else fp8_sm90.fp8_config(
-            c.block_size,
-            c.head_dim,
-            c.num_heads,
-            c.next_n,
-            c.output_dtype,
-            c.epi_dtype,
-            c.acc_dtype,
-        ).spec
-        for c in configs
-    ]
-    precompile(specs, device, load=True)
+    precompile([config_spec(c) for c in configs], device, load=True)
