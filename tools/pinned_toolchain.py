@@ -17,6 +17,16 @@ configurations of the given random-case seeds (`tools/random_cases.py`'s draws) 
 the `sitecustomize.py` written beside them calls `pin()`: every cache key then carries the
 recorded fingerprint, so the carried cubins are the ones loaded, and a configuration missing
 from the cache raises instead of being compiled by the local NVRTC under the recorded name.
+That `sitecustomize.py` hides the interpreter's own (the device image has one, from its Linux
+distribution); nothing these runs do needed it.
+
+An A/B of the two compilers on one GPU (`tools/tree_ab.py` puts each tree's `tools/` on its
+child's path, so only the copy is pinned; the old tree compiles its own keys into the same cache):
+
+    cp -r DIR/cache /tmp/cache && mkdir /tmp/new && cp -r packages tools /tmp/new/
+    cp DIR/sitecustomize.py /tmp/new/tools/
+    FLASHINFER_JIT_CACHE_DIR=/tmp/cache FLASHINFER_JIT_PINNED_TOOLCHAIN=$PWD/DIR/toolchain.json \
+        python tools/tree_ab.py . /tmp/new [--single]
 """
 
 from __future__ import annotations
