@@ -25,7 +25,7 @@ child's path, so only the copy is pinned; the old tree compiles its own keys int
 
     cp -r DIR/cache /tmp/cache && mkdir /tmp/new && cp -r packages tools /tmp/new/
     cp DIR/sitecustomize.py /tmp/new/tools/
-    FLASHINFER_JIT_CACHE_DIR=/tmp/cache FLASHINFER_JIT_PINNED_TOOLCHAIN=$PWD/DIR/toolchain.json \
+    FLASHINFER_JIT_CACHE_DIR=/tmp/cache FLASHINFER_JIT_PINNED_TOOLCHAIN=$PWD/DIR/toolchain.json \\
         python tools/tree_ab.py . /tmp/new [--single]
 """
 
