@@ -148,3 +148,99 @@ def test_check_flags_wrong_and_unwritten_elements_only_in_the_valid_region() -> 
     assert not result.passed and result.unwritten == 1
     logits[1, lens[0] - 1] = inside
     assert bench.check.check_case(case, logits).passed
+
+
+def test_dtype_choice_times_the_default_run_s_data_under_its_own_label() -> None:
+    shapes = _bench().shapes
+    default = shapes.IndexerShape("fp8", 8, 4096, 3, 64)
+    half = shapes.IndexerShape("fp8", 8, 4096, 3, 64, epi_dtype="float16", acc_dtype="float16")
+    assert default.label == "fp8 B=8 L=4096 next_n=3 bs=64"
+    assert half.label == "fp8 B=8 L=4096 next_n=3 bs=64 epi=float16 acc=float16"
+    assert half.seed() == default.seed() and half.seq_lens() == default.seq_lens()
+    grid = shapes.gpu_grid(["fp8"], quick=True, epi_dtype="float16")
+    assert {(s.epi_dtype, s.acc_dtype) for s in grid} == {("float16", "float32")}
+
+
+def test_op_call_passes_the_case_s_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    seen = {}
+
+    def record(op):
+        def call(*args, **kwargs):
+            seen[op] = {k: v for k, v in kwargs.items() if k.endswith("_dtype")}
+
+        return call
+
+    monkeypatch.setattr(bench.ops.flashinfer_attn_scores, "fp8_paged_mqa_logits", record("fp8"))
+    monkeypatch.setattr(bench.ops.flashinfer_attn_scores, "fp4_paged_mqa_logits", record("fp4"))
+    cpu = torch.device("cpu")
+    for shape in (
+        bench.shapes.IndexerShape("fp8", 2, 100, 1, 32, epi_dtype="float16", acc_dtype="float16"),
+        bench.shapes.IndexerShape("fp4", 2, 100, 1, 32, epi_dtype="bfloat16"),
+        bench.shapes.IndexerShape("fp8", 2, 100, 1, 32),
+    ):
+        case = bench.data.build_case(shape, cpu)
+        bench.ops.op_call(case, case.sets[0])()
+        if shape.op == "fp4":
+            assert seen["fp4"] == {"epi_dtype": torch.bfloat16}
+    assert seen["fp8"] == {"epi_dtype": torch.float32, "acc_dtype": torch.float32}
+
+
+def test_check_tolerance_is_the_loosest_of_output_epilogue_and_accumulator() -> None:
+    bench = _bench()
+    cpu = torch.device("cpu")
+    errors = {}
+    for dtypes in ({}, {"epi_dtype": "float16"}, {"epi_dtype": "float16", "acc_dtype": "float16"}):
+        shape = bench.shapes.IndexerShape("fp8", 3, 200, 1, 32, **dtypes)
+        case = bench.data.build_case(shape, cpu)
+        first = case.sets[0]
+        first.out.fill_(float("nan"))
+        logits = bench.ops.op_call(case, first)()
+        # The check's yardstick: row 0's maximum of the |weights| reference.
+        width = case.seq_lens[0]
+        magnitude = bench.ops.reference_logits(case, first, slice(0, 1), width, abs_weights=True)
+        row_max = magnitude[0].abs().max().item()
+        logits[0, 0] += 0.01 * row_max  # 1e-2 of the row: beyond 2e-3 and 5e-3, within 2e-2
+        result = bench.check.check_case(case, logits)
+        errors[tuple(dtypes.values())] = (result.tolerance, result.passed)
+    assert errors == {
+        (): (2e-3, False),
+        ("float16",): (5e-3, False),
+        ("float16", "float16"): (2e-2, True),
+    }
+
+
+def test_bench_refuses_a_dtype_an_op_does_not_take(capsys: pytest.CaptureFixture[str]) -> None:
+    cli = _bench().cli
+    for argv, message in (
+        (["--acc-dtype", "float16"], "--acc-dtype float16 does not apply to fp4"),
+        (["--ops", "fp8", "--epi-dtype", "bfloat16"], "--epi-dtype bfloat16 does not apply to fp8"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            cli.parse_args(argv)
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+    args = cli.parse_args(["--ops", "fp8", "--epi-dtype", "float16", "--acc-dtype", "float16"])
+    assert (args.epi_dtype, args.acc_dtype) == ("float16", "float16")
+    assert cli.parse_args(["--ops", "fp4", "--epi-dtype", "bfloat16"]).epi_dtype == "bfloat16"
+    assert (cli.parse_args([]).epi_dtype, cli.parse_args([]).acc_dtype) == ("float32", "float32")
+
+
+def test_bench_cpu_run_with_float16_dtypes_records_them(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    argv = ["--quick", "--device", "cpu", "--ops", "fp8", "--out", str(out)]
+    argv += ["--epi-dtype", "float16", "--acc-dtype", "float16"]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "every case with epi_dtype float16, acc_dtype float16" in proc.stdout
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert results and all(r["status"] == "PASS" for r in results)
+    assert {(r["epi_dtype"], r["acc_dtype"], r["check"]["tolerance"]) for r in results} == {
+        ("float16", "float16", 2e-2)
+    }

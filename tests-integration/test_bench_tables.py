@@ -482,3 +482,21 @@ def test_cli_merge_prints_the_joined_json(payload, tmp_path, capsys) -> None:
     assert merged == json.loads(json.dumps(t.merge_runs([t.load_results(p) for p in paths])))
     assert main(["--merge", str(paths[0]), str(paths[0])]) == 2
     assert "both hold the case" in capsys.readouterr().err
+
+
+def test_dtype_choice_is_named_and_never_merged_across(payload) -> None:
+    t = _tables()
+    assert "epi_dtype" not in t.run_description(payload)  # records without it ran the defaults
+    half = {
+        **payload,
+        "results": [
+            {**r, "epi_dtype": "float16", "acc_dtype": "float16"} for r in payload["results"]
+        ],
+    }
+    assert "every case ran epi_dtype float16, acc_dtype float16 (not the defaults" in (
+        t.run_description(half)
+    )
+    fp8_run, fp4_run = _split_by_op(payload)
+    fp4_half = {**fp4_run, "results": [{**r, "epi_dtype": "float16"} for r in fp4_run["results"]]}
+    with pytest.raises(ValueError, match="different \\(epi_dtype, acc_dtype\\) choices"):
+        t.merge_runs([fp8_run, fp4_half])

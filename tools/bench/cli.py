@@ -36,7 +36,7 @@ from .report import (
     write_json,
     write_plots,
 )
-from .shapes import OPS, IndexerShape, cpu_grid, gpu_grid
+from .shapes import ACC_DTYPES, DEFAULT_DTYPE, EPI_DTYPES, OPS, IndexerShape, cpu_grid, gpu_grid
 from .tables import load_results, markdown_report, merge_runs
 from .timing import (
     copy_bandwidth,
@@ -137,7 +137,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="auto: the SM90 GPU if there is one, else the CPU reference path; cpu: always CPU",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--epi-dtype",
+        choices=sorted({d for dtypes in EPI_DTYPES.values() for d in dtypes}),
+        default=DEFAULT_DTYPE,
+        help="every case's epi_dtype (default float32; bfloat16 is fp4's only)",
+    )
+    parser.add_argument(
+        "--acc-dtype",
+        choices=sorted({d for dtypes in ACC_DTYPES.values() for d in dtypes}),
+        default=DEFAULT_DTYPE,
+        help="every fp8 case's acc_dtype (default float32; fp4 always accumulates in float32)",
+    )
+    args = parser.parse_args(argv)
+    for op in args.ops:
+        for flag, value, allowed in (
+            ("--epi-dtype", args.epi_dtype, EPI_DTYPES[op]),
+            ("--acc-dtype", args.acc_dtype, ACC_DTYPES[op]),
+        ):
+            if value not in allowed:
+                parser.error(
+                    f"{flag} {value} does not apply to {op} (it takes {', '.join(allowed)}); "
+                    f"pass --ops without {op}"
+                )
+    return args
 
 
 def pick_device(choice: str) -> tuple[torch.device, str | None]:
@@ -293,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             "on small shapes to exercise the pipeline: the times below are host wall-clock "
             "times of the reference, NOT kernel measurements."
         )
-        shapes, mode = cpu_grid(args.ops, args.quick), "cpu-reference"
+        shapes = cpu_grid(args.ops, args.quick, args.epi_dtype, args.acc_dtype)
+        mode = "cpu-reference"
     else:
-        shapes, mode = gpu_grid(args.ops, args.quick), "sm90"
+        shapes = gpu_grid(args.ops, args.quick, args.epi_dtype, args.acc_dtype)
+        mode = "sm90"
         if args.small_batch_only:
             shapes = [shape for shape in shapes if shape.small_batch]
     if args.next_n:
@@ -306,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = []
     if not not_sm90:
         print(f"Benchmarking on {torch.cuda.get_device_name(device)}: {len(shapes)} cases")
+    if (args.epi_dtype, args.acc_dtype) != (DEFAULT_DTYPE, DEFAULT_DTYPE):
+        print(f"every case with epi_dtype {args.epi_dtype}, acc_dtype {args.acc_dtype}")
 
     ceilings = run_ceilings(measure_copy(device))
     print(

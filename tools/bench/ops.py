@@ -12,11 +12,22 @@ from .data import CallInputs, CaseData
 
 
 def op_call(case: CaseData, inputs: CallInputs) -> Callable[[], torch.Tensor]:
-    """A closure that runs the op on `inputs`, writing into `inputs.out`, returning the view."""
-    kv, n = case.kv_fused, case.max_seq_len
-    if case.shape.op == "fp8":
+    """A closure that runs the op on `inputs`, writing into `inputs.out`, returning the view,
+    with the case's epilogue (and, for fp8, accumulator) dtype."""
+    kv, n, shape = case.kv_fused, case.max_seq_len, case.shape
+    epi_dtype = getattr(torch, shape.epi_dtype)
+    if shape.op == "fp8":
+        acc_dtype = getattr(torch, shape.acc_dtype)
         return lambda: flashinfer_attn_scores.fp8_paged_mqa_logits(
-            inputs.q, kv, inputs.weights, inputs.block_tables, inputs.seq_lens, n, out=inputs.out
+            inputs.q,
+            kv,
+            inputs.weights,
+            inputs.block_tables,
+            inputs.seq_lens,
+            n,
+            epi_dtype=epi_dtype,
+            acc_dtype=acc_dtype,
+            out=inputs.out,
         )
     return lambda: flashinfer_attn_scores.fp4_paged_mqa_logits(
         inputs.q,
@@ -26,6 +37,7 @@ def op_call(case: CaseData, inputs: CallInputs) -> Callable[[], torch.Tensor]:
         inputs.block_tables,
         inputs.seq_lens,
         n,
+        epi_dtype=epi_dtype,
         out=inputs.out,
     )
 

@@ -26,6 +26,12 @@ SMALL_BATCH_MAX_B, SMALL_BATCH_MAX_LEN = 8, 16384
 # DeepSeek-V3.2's indexer: 64 heads of 128 (fp4 supports only this shape).
 NUM_HEADS, HEAD_DIM = 64, 128
 
+# The epilogue and accumulator dtypes a run may ask for (`--epi-dtype`, `--acc-dtype`), by op.
+# float32 is both ops' default; fp4's MMA always accumulates in float32.
+EPI_DTYPES = {"fp8": ("float32", "float16"), "fp4": ("float32", "float16", "bfloat16")}
+ACC_DTYPES = {"fp8": ("float32", "float16"), "fp4": ("float32",)}
+DEFAULT_DTYPE = "float32"
+
 
 @dataclass(frozen=True)
 class IndexerShape:
@@ -39,6 +45,8 @@ class IndexerShape:
         block_size: Tokens per KV block.
         num_heads: Query heads H.
         head_dim: Head dimension D.
+        epi_dtype: The op's `epi_dtype`, by torch name.
+        acc_dtype: fp8's `acc_dtype`, by torch name (always float32 for fp4).
     """
 
     op: str
@@ -48,12 +56,25 @@ class IndexerShape:
     block_size: int
     num_heads: int = NUM_HEADS
     head_dim: int = HEAD_DIM
+    epi_dtype: str = DEFAULT_DTYPE
+    acc_dtype: str = DEFAULT_DTYPE
 
     @property
-    def label(self) -> str:
+    def data_label(self) -> str:
+        """The label without the dtypes: what the lengths and data are drawn from, so a run
+        with other dtypes times the same bytes as the default run."""
         return (
             f"{self.op} B={self.batch} L={self.avg_len} next_n={self.next_n} bs={self.block_size}"
         )
+
+    @property
+    def label(self) -> str:
+        dtypes = "".join(
+            f" {name}={value}"
+            for name, value in (("epi", self.epi_dtype), ("acc", self.acc_dtype))
+            if value != DEFAULT_DTYPE
+        )
+        return self.data_label + dtypes
 
     @property
     def small_batch(self) -> bool:
@@ -62,7 +83,7 @@ class IndexerShape:
 
     def seed(self) -> int:
         """A seed derived from the shape alone, so every run draws the same lengths and data."""
-        digest = hashlib.sha256(self.label.encode()).digest()
+        digest = hashlib.sha256(self.data_label.encode()).digest()
         return int.from_bytes(digest[:4], "little")
 
     def seq_lens(self) -> list[int]:
@@ -73,20 +94,30 @@ class IndexerShape:
         return lengths.tolist()
 
 
-def gpu_grid(ops: Iterable[str], quick: bool) -> list[IndexerShape]:
-    """The full PERFORMANCE.md grid, or a small slice of it with `quick`."""
+def gpu_grid(
+    ops: Iterable[str],
+    quick: bool,
+    epi_dtype: str = DEFAULT_DTYPE,
+    acc_dtype: str = DEFAULT_DTYPE,
+) -> list[IndexerShape]:
+    """The full PERFORMANCE.md grid, or a small slice of it with `quick`, at these dtypes."""
     if quick:
         batches, lens, next_ns, blocks = (8, 128), (16384,), (1, 2), (64,)
     else:
         batches, lens, next_ns, blocks = GRID_BATCH, GRID_AVG_LEN, GRID_NEXT_N, GRID_BLOCK_SIZE
     return [
-        IndexerShape(op, b, length, n, bs)
+        IndexerShape(op, b, length, n, bs, epi_dtype=epi_dtype, acc_dtype=acc_dtype)
         for op in ops
         for b, length, n, bs in itertools.product(batches, lens, next_ns, blocks)
     ]
 
 
-def cpu_grid(ops: Iterable[str], quick: bool) -> list[IndexerShape]:
+def cpu_grid(
+    ops: Iterable[str],
+    quick: bool,
+    epi_dtype: str = DEFAULT_DTYPE,
+    acc_dtype: str = DEFAULT_DTYPE,
+) -> list[IndexerShape]:
     """Small shapes that exercise the pipeline through the CPU reference path in seconds.
 
     They keep the grid's structure (several requests, every block size, next_n up to 4) at
@@ -95,4 +126,8 @@ def cpu_grid(ops: Iterable[str], quick: bool) -> list[IndexerShape]:
     cases = [(2, 256, 1, 32), (3, 384, 2, 64)]
     if not quick:
         cases += [(4, 512, 3, 128), (2, 640, 4, 64), (8, 192, 1, 32)]
-    return [IndexerShape(op, b, length, n, bs) for op in ops for b, length, n, bs in cases]
+    return [
+        IndexerShape(op, b, length, n, bs, epi_dtype=epi_dtype, acc_dtype=acc_dtype)
+        for op in ops
+        for b, length, n, bs in cases
+    ]

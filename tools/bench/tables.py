@@ -73,14 +73,21 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         The joined payload.
 
     Raises:
-        ValueError: If fewer than two runs are given, the runs name different devices or
-            timed the host on different problems, or two runs hold the same case.
+        ValueError: If fewer than two runs are given, the runs name different devices,
+            timed the host on different problems or ran other epilogue/accumulator dtypes,
+            or two runs hold the same case.
     """
     if len(payloads) < 2:
         raise ValueError(f"merging needs at least two results files, got {len(payloads)}")
     devices = [p.get("device") for p in payloads]
     if any(device != devices[0] for device in devices):
         raise ValueError(f"the runs were made on different devices: {devices}")
+    choices = sorted({dtype_choice(r) for p in payloads for r in p["results"]})
+    if len(choices) > 1:
+        raise ValueError(
+            f"the runs used different (epi_dtype, acc_dtype) choices: {choices}; "
+            "their tables would mix configurations"
+        )
     seen: dict[CaseKey, int] = {}
     for number, payload in enumerate(payloads, 1):
         for record in payload["results"]:
@@ -116,6 +123,12 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "host_time": host_time,
         "results": [record for p in payloads for record in p["results"]],
     }
+
+
+def dtype_choice(record: Record) -> tuple[str, str]:
+    """A record's (epi_dtype, acc_dtype); records written before `--epi-dtype` existed ran
+    the defaults."""
+    return (record.get("epi_dtype", "float32"), record.get("acc_dtype", "float32"))
 
 
 def case_key(record: Record) -> CaseKey:
@@ -636,6 +649,12 @@ def run_description(payload: Mapping[str, Any]) -> str:
     if copy:
         text += f"device copy ceiling {copy / 1e12:.2f} TB/s (bytes read plus written); "
     text += f"{passed} of {len(statuses)} cases PASS the float64 check"
+    choices = sorted({dtype_choice(r) for r in payload["results"]})
+    if choices and choices != [("float32", "float32")]:
+        text += "; every case ran " + " / ".join(
+            f"epi_dtype {epi}, acc_dtype {acc}" for epi, acc in choices
+        )
+        text += " (not the defaults: the targets are read at the float32 defaults)"
     if not payload.get("complete", True):
         text += " (the run did not finish: `complete` is false)"
     return text + "."
