@@ -127,8 +127,8 @@ def fp8_paged_mqa_logits(
             so pass `output_dtype` explicitly in code that calls both.
         epi_dtype: Epilogue dtype, float32 (default) or float16. float16 halves epilogue
             traffic but saturates above 65504 in magnitude, so long sequences can overflow to
-            inf where float32 would not. On SM90 it is mostly 3-13 % faster at next_n 2-4 (the same
-            at next_n 1); the docs' performance page has the figures.
+            inf where float32 would not. On SM90 it is mostly 3-13 % faster at next_n 2-4
+            (the same at next_n 1); the docs' performance page has the figures.
         acc_dtype: Tensor-core accumulator dtype, float32 (default) or float16. With a float16
             epilogue as well, 4-27 % faster than the defaults at next_n 2-4 on SM90, at the
             cost of the accumulator's rounding (see the docs' numerics page).
