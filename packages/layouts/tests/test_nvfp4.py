@@ -336,3 +336,16 @@ def test_swizzle_offset_of_tensors_matches_ints():
 def test_swizzle_offset_argument_errors(row, col, num_cols, exc, match):
     with pytest.raises(exc, match=match):
         fl.swizzle_128x4_offset(row, col, num_cols)
+
+
+def test_an_infinite_element_saturates_its_block_scale_at_448_and_itself_at_6():
+    """scale = e4m3(min(amax / 6 * gsf, 448)): an infinite amax gives 448 (byte 0x7E, not the
+    E4M3 NaN 0x7F), and the infinity itself rounds to E2M1's largest magnitude with its sign."""
+    a = torch.zeros(2, 32)
+    a[0, 3], a[0, 0] = float("inf"), 300.0  # 300 / 448 = 0.67: nearest E2M1 value 0.5 (code 1)
+    a[1, 20] = -float("inf")
+    values, scales = fl.nvfp4_quantize(a, 1.0, swizzled=False)
+    assert scales.tolist() == [[0x7E, 0], [0, 0x7E]]
+    assert values[0, :2].tolist() == [0x01, 0x70]  # element 0 low nibble, element 3 high
+    assert values[1, 10].item() == 0x0F  # element 20, low nibble: -6
+    assert int(values.count_nonzero()) == 3

@@ -70,6 +70,19 @@ def overlapping(kv_fused: torch.Tensor) -> torch.Tensor:
     return kv_fused[:1].expand(kv_fused.shape)
 
 
+def two_overlapping(kv_fused: torch.Tensor) -> torch.Tensor:
+    """A pool of two blocks on the same bytes: the smallest pool whose pitch is used."""
+    return kv_fused[:1].expand(2, *kv_fused.shape[1:])
+
+
+def partly_overlapping(kv_fused: torch.Tensor) -> torch.Tensor:
+    """Blocks 16 bytes closer than a block: each one's last 16 bytes are the next one's first
+    (the pitch is 16-byte aligned, so only the overlap is wrong)."""
+    block_bytes = kv_fused[0].numel()
+    flat = kv_fused.reshape(-1)
+    return flat.as_strided(kv_fused.shape, (block_bytes - 16, *kv_fused.stride()[1:]))
+
+
 BLOCK_PITCH_MESSAGE = r"kv_fused blocks must not overlap and must start at multiples of 16 bytes"
 
 FP8_ERRORS = {
@@ -113,6 +126,16 @@ FP8_ERRORS = {
         lambda c: {"kv_fused": overlapping(c.kv_fused)},
         ValueError,
         BLOCK_PITCH_MESSAGE + r".*got strides \(0, 36, 36, 1\)",
+    ),
+    "kv_two_blocks_overlap": (
+        lambda c: {"kv_fused": two_overlapping(c.kv_fused)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*got strides \(0, 36, 36, 1\) for shape \[2, 32, 1, 36\]",
+    ),
+    "kv_blocks_overlap_by_16_bytes": (
+        lambda c: {"kv_fused": partly_overlapping(c.kv_fused)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*>= the block's 1152 bytes, got strides \(1136, 36, 36, 1\)",
     ),
     "shared_memory_fit": (
         lambda c: {
@@ -483,6 +506,16 @@ FP4_ERRORS = {
         lambda c: {"kv_fused": overlapping(c.kv_fused)},
         ValueError,
         BLOCK_PITCH_MESSAGE,
+    ),
+    "kv_two_blocks_overlap": (
+        lambda c: {"kv_fused": two_overlapping(c.kv_fused)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*got strides \(0, 68, 68, 1\)",
+    ),
+    "kv_blocks_overlap_by_16_bytes": (
+        lambda c: {"kv_fused": partly_overlapping(c.kv_fused)},
+        ValueError,
+        BLOCK_PITCH_MESSAGE + r".*>= the block's 2176 bytes, got strides \(2160, 68, 68, 1\)",
     ),
     "block_size_16": (
         lambda c: {"kv_fused": torch.zeros(10, 16, 1, 68, dtype=torch.uint8)},
