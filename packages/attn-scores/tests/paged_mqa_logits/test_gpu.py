@@ -269,6 +269,10 @@ def test_fp8_nan_in_k_reaches_exactly_its_logits(next_n, output_dtype, epi_dtype
     # Every slot of request 0 at token 37, the newest slot of request 2 at its last token.
     assert int(nan_expected.sum()) == next_n + 1
     assert torch.isnan(got[nan_expected]).all()
+    # The same call into a finite buffer: those NaN were written by the kernel, not left over.
+    finite_out = torch.full_like(out, UNTOUCHED)
+    again = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=finite_out, **dtypes).cpu()
+    assert torch.isnan(again[nan_expected]).all()
     finite = valid & ~nan_expected
     magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
     assert_rows_close(
@@ -375,9 +379,14 @@ def test_fp8_strided_tables_and_lengths():
 
 def test_fp8_row_slice_of_a_wider_buffer():
     case = fp8_case(32, 1, seed=4)
-    big = torch.full((case.rows + 7, 2048), float("nan"), device="cuda")
+    padded = fa.padded_seq_len(case.max_seq_len)
+    # Finite around the slice, so that any stray write shows (NaN included); NaN where the
+    # call may write, so that a valid element left unwritten shows.
+    big = torch.full((case.rows + 7, 2048), UNTOUCHED, device="cuda")
+    big[3 : 3 + case.rows, :padded] = float("nan")
     got = fa.fp8_paged_mqa_logits(*case.fp8_args(), out=big[3 : 3 + case.rows])
-    assert torch.isnan(big[:3]).all() and torch.isnan(big[3 + case.rows :]).all()
+    assert (big[:3] == UNTOUCHED).all() and (big[3 + case.rows :] == UNTOUCHED).all()
+    assert (big[3 : 3 + case.rows, padded:] == UNTOUCHED).all()
     expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
     mask = valid_mask(case.seq_lens.cpu(), 1, case.max_seq_len)
     assert_rows_close(got, expected, mask, tolerance(torch.float32))
@@ -449,6 +458,31 @@ def test_given_schedule_equals_internal_schedule():
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
     assert torch.isfinite(internal[mask]).all()
     assert torch.equal(with_schedule[mask], internal[mask])
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_given_schedule_is_the_one_followed(variant):
+    """White-box: with `schedule_meta` the kernel takes its CTA ranges from it, not from
+    `seq_lens`. The helper's schedule of all-zero lengths (stale here, a validate-mode error)
+    gives every CTA an empty range: nothing is written, and nothing hangs."""
+    next_n = 2
+    case = fp8_case(64, next_n, seed=8) if variant == "fp8" else fp4_case(64, next_n, seed=8)
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+    dtype = torch.float32
+    empty = fa.compute_paged_mqa_logits_schedule(
+        torch.zeros_like(case.seq_lens), next_n=next_n, variant=variant
+    )
+    out = poisoned_out(case.rows, case.max_seq_len, dtype)
+    op(*args, output_dtype=dtype, schedule_meta=empty, out=out)
+    torch.cuda.synchronize()
+    assert_nothing_written(out, case.rows, case.max_seq_len)
+    # The fresh schedule, into the same buffer: every valid element written.
+    schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=next_n, variant=variant)
+    got = op(*args, output_dtype=dtype, schedule_meta=schedule, out=out)
+    mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    assert torch.isfinite(got.cpu()[mask]).all()
+    assert_nothing_written_around(out, case.rows, case.max_seq_len)
 
 
 def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: int = 0):

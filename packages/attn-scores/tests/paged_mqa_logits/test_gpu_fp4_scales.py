@@ -182,8 +182,12 @@ def test_spec_zero_placeholder_example_on_gpu():
     mask = valid_mask(seq_lens.cpu(), next_n, max_seq_len)
     assert (logits.cpu()[mask] == 0).all()
 
-    out = torch.empty(
-        B * next_n, fa.padded_seq_len(max_seq_len), dtype=torch.bfloat16, device="cuda"
+    # NaN first: fresh memory may already hold the zeros this call must write.
+    out = torch.full(
+        (B * next_n, fa.padded_seq_len(max_seq_len)),
+        float("nan"),
+        dtype=torch.bfloat16,
+        device="cuda",
     )
     again = fa.fp4_paged_mqa_logits(
         q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len, out=out
