@@ -58,23 +58,23 @@ def test_work_model_counts_each_input_and_output_once() -> None:
     assert fp4.output_bytes == 300 * 2 * 2
 
 
-def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
+def _run_bench_on_cpu(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`python tools/bench --quick --device cpu --out DIR ARGV...` in a child process; the
+    finished process and DIR."""
     out = tmp_path / "bench"
+    command = [sys.executable, str(REPO / "tools" / "bench"), "--quick", "--device", "cpu"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "bench"),
-            "--quick",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
+        [*command, "--out", str(out), *argv],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
     )
+    return proc, out
+
+
+def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
+    proc, out = _run_bench_on_cpu(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "need an SM90 (Hopper) GPU" in proc.stdout
 
@@ -227,15 +227,8 @@ def test_bench_refuses_a_dtype_an_op_does_not_take(capsys: pytest.CaptureFixture
 
 
 def test_bench_cpu_run_with_float16_dtypes_records_them(tmp_path: Path) -> None:
-    out = tmp_path / "bench"
-    argv = ["--quick", "--device", "cpu", "--ops", "fp8", "--out", str(out)]
-    argv += ["--epi-dtype", "float16", "--acc-dtype", "float16"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "bench"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    proc, out = _run_bench_on_cpu(
+        tmp_path, "--ops", "fp8", "--epi-dtype", "float16", "--acc-dtype", "float16"
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every case with epi_dtype float16, acc_dtype float16" in proc.stdout
