@@ -105,11 +105,7 @@ def gpu_grid(
         batches, lens, next_ns, blocks = (8, 128), (16384,), (1, 2), (64,)
     else:
         batches, lens, next_ns, blocks = GRID_BATCH, GRID_AVG_LEN, GRID_NEXT_N, GRID_BLOCK_SIZE
-    return [
-        IndexerShape(op, b, length, n, bs, epi_dtype=epi_dtype, acc_dtype=acc_dtype)
-        for op in ops
-        for b, length, n, bs in itertools.product(batches, lens, next_ns, blocks)
-    ]
+    return _shapes(ops, itertools.product(batches, lens, next_ns, blocks), epi_dtype, acc_dtype)
 
 
 def cpu_grid(
@@ -126,6 +122,14 @@ def cpu_grid(
     cases = [(2, 256, 1, 32), (3, 384, 2, 64)]
     if not quick:
         cases += [(4, 512, 3, 128), (2, 640, 4, 64), (8, 192, 1, 32)]
+    return _shapes(ops, cases, epi_dtype, acc_dtype)
+
+
+def _shapes(
+    ops: Iterable[str], cases: Iterable[tuple[int, int, int, int]], epi_dtype: str, acc_dtype: str
+) -> list[IndexerShape]:
+    """Every op at every (batch, avg_len, next_n, block_size) of `cases`, at these dtypes."""
+    cases = list(cases)
     return [
         IndexerShape(op, b, length, n, bs, epi_dtype=epi_dtype, acc_dtype=acc_dtype)
         for op in ops
