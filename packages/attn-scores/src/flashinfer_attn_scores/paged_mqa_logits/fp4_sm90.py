@@ -55,11 +55,13 @@ def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     (H200, 2026-11-30, `--experiments fp4-stages`, two rounds, outputs bitwise equal). next_n 2
     (N = 128) with 3 instead of 2: 495 -> 417 us (H200, B 128, L 64k, block 64, 2026-11-29);
     with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at B 128, L 64k and 163 -> 147
-    us at B 64, L 32k, but only with a float32 epilogue (with 3, a 16-bit one spills at block
-    64 and at block 128 in token order)."""
+    us at B 64, L 32k, with a float32 epilogue; with the bfloat16 one, whose head sums run on
+    the tensor cores, 3 instead of 2 took 0.87-0.93x the time (B 64 L 32k and B 128 L 32k-64k,
+    blocks 32-128, H200, 2026-12-01, `tools/tree_ab.py`, outputs bitwise equal). With 3, the
+    float16 epilogue spills at block 64 and at block 128 in token order."""
     if n <= 64:
         return 5
-    if n <= 128 or (n <= 192 and epi_dtype == torch.float32):
+    if n <= 128 or (n <= 192 and epi_dtype != torch.float16):
         return 3
     return 2
 
@@ -86,7 +88,9 @@ class Fp4KernelConfig:
 
     def shared_memory_bytes(self, stages: int) -> int:
         q_slots = 2 * self.n * HEAD_DIM
-        weights = q_slots + stages * TOKENS_PER_UNIT * ROW_BYTES
+        # The bfloat16 epilogue's tensor-core head sum: per q slot, 8 x N bfloat16 weights.
+        head_sum = q_slots + (2 * 8 * self.n * 2 if self.epi_dtype == torch.bfloat16 else 0)
+        weights = head_sum + stages * TOKENS_PER_UNIT * ROW_BYTES
         # Weight slots: with paired loads, four quad-major runs padded by 4 floats each.
         pair_loads = weight_pair_loads(self.next_n, self.epi_dtype)
         head_scales = weights + 2 * (self.n + 16 if pair_loads else self.n) * 4

@@ -60,6 +60,18 @@
 #ifndef PRIME_TABLE_WINDOW  // a define of the launch (a measurement) wins
 #define PRIME_TABLE_WINDOW 0   // see BlockTableWindow
 #endif
+// TC_HEAD_SUM (the bfloat16 epilogue; 0 is a measurement knob): the weighted head sums run on
+// the tensor cores as a second WGMMA, relu(S) (64 tokens x N, bfloat16, from registers) times
+// a per-request N x 8 bfloat16 tile whose column 2t holds draft slot t's folded weights in its
+// 64 rows and 0 elsewhere, so column 2t of the 64 x 8 float32 result is slot t's sum. The
+// accumulator stays in the scaled units (the bfloat16 exponent range is float32's, and the
+// scaled scores are at most 128 * 384^2), so relu(S) costs one F2FP per pair instead of two
+// power-of-two multiplies per score, an F2FP and an HFMA2 per pair. Rounding: each relu(score)
+// and each folded weight once to bfloat16, as in the CUDA-core bfloat16 epilogue, but the
+// products and sums are float32.
+#ifndef TC_HEAD_SUM
+#define TC_HEAD_SUM (EPI_DTYPE == 2)
+#endif
 #include "paged_mqa_common.cuh"
 #include "wgmma_fp8.cuh"
 
@@ -112,9 +124,18 @@ __device__ __forceinline__ int weight_position(int column) {
   return kWeightPairLoads ? (column % 8 / 2) * kWeightQuadStride + column / 8 * 2 + column % 2 : column;
 }
 
+// TC_HEAD_SUM: per q slot, the head sum's B operand: 8 rows (output columns) of kN bfloat16
+// (K = the q rows), K-major in 128-byte swizzle atoms of 8 rows x 64 values (atom a: K in
+// [64a, 64a + 64), at a * 1024). Slot t's weights are row 2t of atom t; everything else is 0,
+// written once at kernel start.
+constexpr int kHeadSumSlotBytes = TC_HEAD_SUM ? 8 * kN * 2 : 0;
+static_assert(!TC_HEAD_SUM || (EPI_DTYPE == 2 && NUM_HEADS == 64 && kNHalf % 16 == 0),
+              "the tensor-core head sum: bfloat16 epilogue, 64 heads (one atom per draft slot)");
+
 struct SharedLayout {
   static constexpr int kQ = 0;  // 1024-byte aligned for the 128-byte swizzle
-  static constexpr int kKv = kQ + 2 * kQSlotBytes;
+  static constexpr int kHeadSum = kQ + 2 * kQSlotBytes;  // 1024-byte aligned too
+  static constexpr int kKv = kHeadSum + 2 * kHeadSumSlotBytes;
   static constexpr int kWeights = kKv + NUM_STAGES * kKvTileBytes;
   static constexpr int kHeadScale = kWeights + 2 * kWeightSlotFloats * 4;
   static constexpr int kSlotExp = kHeadScale + 2 * kN * 4;
@@ -229,12 +250,14 @@ __device__ __forceinline__ uint32_t row_tables(uint32_t sf0, uint32_t sf1, uint3
 }
 
 // Decode request b's q (kN rows of 64 packed bytes + one scale word) into a q slot, and write
-// the slot's folded weights, head scales and per-draft-slot exponents Q_t. Called by every
+// the slot's folded weights (TC_HEAD_SUM: into the head-sum tile), head scales and
+// per-draft-slot exponents Q_t. Called by every
 // staging warp with its `part`: rows part*32 + lane + i*32*kStagingWarps, then (after the
 // staging warps' barrier) draft slots t = part, part + kStagingWarps, ...
 __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const uint32_t* q_sf,
                                         const float* weights, const uint2* luts, uint8_t* q_dst,
-                                        float* weight_dst, float* head_scale_dst, int* slot_exp_dst) {
+                                        float* weight_dst, float* head_scale_dst, int* slot_exp_dst,
+                                        uint8_t* head_sum_dst) {
   const int lane = threadIdx.x % 32;
   // Each row's largest group exponent is parked in head_scale_dst (as an int) until the slot
   // maxima are known.
@@ -274,6 +297,13 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
     const float w_a = weights[static_cast<long long>(b) * kN + row_a];
     const float w_b = weights[static_cast<long long>(b) * kN + row_b];
     __syncwarp();  // every lane has read row_exp before it is overwritten
+#if TC_HEAD_SUM
+    // Row 2t of atom t, K = head (lane and lane + 32); w * scale is exact in float32, so this
+    // rounds like bfloat16(w) times the power of two.
+    uint8_t* atom = head_sum_dst + t * 1024;
+    *reinterpret_cast<__nv_bfloat16*>(atom + swizzled_128(2 * t, 2 * lane)) = __float2bfloat16_rn(w_a * scale_a);
+    *reinterpret_cast<__nv_bfloat16*>(atom + swizzled_128(2 * t, 2 * lane + 64)) = __float2bfloat16_rn(w_b * scale_b);
+#else
 #if EPI_DTYPE == 0
     weight_dst[weight_position(row_a)] = w_a * scale_a;
     weight_dst[weight_position(row_b)] = w_b * scale_b;
@@ -284,6 +314,7 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
 #endif
     head_scale_dst[row_a] = scale_a;
     head_scale_dst[row_b] = scale_b;
+#endif
   }
 }
 
@@ -302,7 +333,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
 
   auto stage_request_q = [&](int b, int slot, int part) {
     stage_q(b, part, q, q_sf, weights, luts, q_slots + slot * kQSlotBytes, weight_slots + slot * kWeightSlotFloats,
-            head_scale_slots + slot * kN, slot_exp + slot * 4);
+            head_scale_slots + slot * kN, slot_exp + slot * 4, smem + SharedLayout::kHeadSum + slot * kHeadSumSlotBytes);
   };
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
     const int scale_bytes = SF_INTERLEAVED ? kScaleBytes : boxes * kBoxRows * 4;
@@ -460,6 +491,51 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       return;
     }
 
+#if TC_HEAD_SUM
+    // The head sums on the tensor cores (TC_HEAD_SUM above). Per half, as its MMA group
+    // completes: relu(acc) packed to bfloat16 pairs, which are already the A fragments of
+    // k steps 16k .. 16k + 15 (wgmma_bf16_m64n8k16_rs), then kNHalf / 16 MMAs of N = 8 into one
+    // chain. The wait keeps one group pending: the second half's MMA before the first half's
+    // head sum, the first half's head sum before the second's.
+    float head_sums[4];
+    uint32_t relu_scores[kN / 16][4];
+    const uint64_t sum_desc = smem_desc<128>(smem + SharedLayout::kHeadSum) + warp_uniform(slot) * (kHeadSumSlotBytes >> 4);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      wgmma_wait<kHalves - 1>();
+#pragma unroll
+      for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
+#pragma unroll
+      for (int kk = 0; kk < kNHalf / 16; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const __nv_bfloat162 pair = relu_pack(acc[h][8 * kk + 2 * r], acc[h][8 * kk + 2 * r + 1]);
+          relu_scores[h * (kNHalf / 16) + kk][r] = *reinterpret_cast<const uint32_t*>(&pair);
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kNHalf / 16; ++kk) {
+        const int ks = h * (kNHalf / 16) + kk;  // K = q rows 16 ks .. 16 ks + 15: atom ks / 4, 32 bytes each
+        wgmma_bf16_m64n8k16_rs(head_sums, relu_scores[ks], smem_desc_advance(sum_desc, ks / 4 * 1024 + ks % 4 * 32),
+                               ks != 0);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    if (EXP_PHASES) mma_done = clock();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) reg_fence(head_sums[i]);
+    // Column 2 quad is draft slot quad: head_sums[0] its sum for row row0, head_sums[2] for
+    // row0 + 8, each times 2^(M + Q_t - 266).
+    if (quad < NEXT_N) {
+      const int exponent = slot_exp[slot * 4 + quad] - 266;
+      Out* slot_out = out + (static_cast<long long>(unit.b) * NEXT_N + quad) * out_stride +
+                      (static_cast<long long>(unit.u) * kTile + row0);
+      slot_out[0] = to_out(scale_by_pow2_from(head_sums[0], static_cast<int>(maxima & 0xffffu) + exponent));
+      slot_out[8] = to_out(scale_by_pow2_from(head_sums[2], static_cast<int>(maxima >> 16) + exponent));
+    }
+#else
     // Epilogue, half by half as the MMA groups complete (no lane-dependent branch until the
     // last wait: ptxas serializes wgmmas in flight across one). float32: the folded weights w'
     // (head scales inside) times relu(acc), summed, then 2^(M + Q_t - 266) once (two exact
@@ -559,6 +635,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 #endif
       }
     }
+#endif
   };
   if (!EXP_PHASES) {
     run_consumer(consumer_index, walk, bars, process, enter_request);
@@ -589,6 +666,13 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   build_lut(smem + SharedLayout::kLut);
+  if (TC_HEAD_SUM) {
+    // The head-sum tiles' zeros (stage_q only ever writes each slot's row of weights), for the
+    // tensor cores: generic stores, fenced before the block-wide barrier below.
+    uint4* tiles = reinterpret_cast<uint4*>(smem + SharedLayout::kHeadSum);
+    for (int i = threadIdx.x; i < 2 * kHeadSumSlotBytes / 16; i += blockDim.x) tiles[i] = make_uint4(0, 0, 0, 0);
+    fence_proxy_async_smem();
+  }
   const Barriers bars(smem + SharedLayout::kBarriers);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&kv_map);

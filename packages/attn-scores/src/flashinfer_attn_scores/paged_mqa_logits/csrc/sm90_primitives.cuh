@@ -144,6 +144,21 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
+// D (64 x 8, float32) += A (64 x 16, bfloat16, from registers) * B (16 x 8, bfloat16, K-major
+// in shared memory). a[0..3] hold, for this thread's rows r = 16*warp + lane/4 and r + 8 and
+// columns c = 2*(lane % 4), the pairs A[r][c..c+1], A[r+8][c..c+1], A[r][c+8..c+9],
+// A[r+8][c+8..c+9] (low half: the lower column), which is exactly how a float32 accumulator
+// fragment of an earlier WGMMA holds columns 16k .. 16k + 15 of its rows (FlashAttention-3's
+// P x V uses the same identity). d[0..1]: D[r][c..c+1], d[2..3]: D[r+8][c..c+1].
+__device__ __forceinline__ void wgmma_bf16_m64n8k16_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                       int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
 // Keep the accumulator registers ordered with respect to the asynchronous WGMMA.
 template <typename T>
 __device__ __forceinline__ void reg_fence(T& r) {
