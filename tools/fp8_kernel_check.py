@@ -1245,10 +1245,12 @@ def sm_rate_experiments(calls: int = 40) -> None:
         del case
 
 
-def profile_one(next_n, block_size, batch, avg, kernel="fp8", experiment=()):
+def profile_one(
+    next_n, block_size, batch, avg, kernel="fp8", experiment=(), epi_dtype=torch.float32
+):
     under_test = FP4 if kernel == "fp4" else FP8
     case, _ = under_test.make_case(next_n, block_size, batch, avg)
-    call = under_test.call(case, None, experiment)
+    call = under_test.call(case, None, experiment, epi_dtype=epi_dtype)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -1342,6 +1344,12 @@ if __name__ == "__main__":
     )
     parser.add_argument("--profile-kernel", choices=["fp8", "fp4"], default="fp8")
     parser.add_argument(
+        "--profile-epi",
+        choices=["float32", "float16", "bfloat16"],
+        default="float32",
+        help="epi_dtype of the profiled launch (bfloat16: fp4 only)",
+    )
+    parser.add_argument(
         "--profile-experiment",
         default="",
         help="knobs of the profiled launch, e.g. EXP_SKIP_DECODE=1,EXP_SKIP_EPILOGUE=1",
@@ -1365,7 +1373,10 @@ if __name__ == "__main__":
             for name, value in (kv.split("=") for kv in args.profile_experiment.split(",") if kv)
         )
         profile_one(
-            *map(int, args.profile_shape.split(",")), kernel=args.profile_kernel, experiment=knobs
+            *map(int, args.profile_shape.split(",")),
+            kernel=args.profile_kernel,
+            experiment=knobs,
+            epi_dtype=getattr(torch, args.profile_epi),
         )
         sys.exit(0)
     if args.experiments:

@@ -159,17 +159,19 @@ if [ -n "${HOST_AB:-}" ]; then
   done
 fi
 if [ "${PROFILE:-0}" = 1 ]; then
-  # PROFILE_SPECS: ";"-separated "kernel next_n,block_size,batch,avg_len" launches to profile;
-  # each gets its section report (<name>.txt) and per-SASS-instruction executions and stall
-  # samples (<name>.sass.csv) in $OUT.
+  # PROFILE_SPECS: ";"-separated "kernel next_n,block_size,batch,avg_len [epi_dtype]" launches
+  # to profile; each gets its section report (<name>.txt) and per-SASS-instruction executions
+  # and stall samples (<name>.sass.csv) in $OUT.
   IFS=';' read -ra specs <<< "${PROFILE_SPECS:-fp4 1,64,128,32768;fp8 2,64,128,32768}"
   for spec in "${specs[@]}"; do
-    read -r kernel shape <<< "$spec"
-    name=ncu_${kernel}_${shape//,/_}
+    read -r kernel shape epi <<< "$spec"
+    epi=${epi:-float32}
+    name=ncu_${kernel}_${shape//,/_}_${epi}
     timeout 200 ncu --clock-control none -k "regex:${kernel}_paged_mqa_logits_sm90" -s 2 -c 1 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
       --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -o "$OUT/$name" -f \
-      python tools/fp8_kernel_check.py --profile --profile-kernel "$kernel" --profile-shape "$shape" > "$OUT/$name.log" 2>&1
+      python tools/fp8_kernel_check.py --profile --profile-kernel "$kernel" --profile-shape "$shape" \
+      --profile-epi "$epi" > "$OUT/$name.log" 2>&1
     ncu -i "$OUT/$name.ncu-rep" > "$OUT/$name.txt" 2>&1
     ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.sass.csv" 2>&1
     rm -f "$OUT/$name.ncu-rep"
