@@ -16,9 +16,9 @@ written, and writes outside the padded rows. Cases:
 - fp8 in a CUDA graph captured once (schedule_meta=None) and replayed after changing the
   contents of seq_lens (other lengths, other zero positions, all zero);
 - fp4: block size 32 and 128 token-major, 128 with interleaved scales (next_n 2, and next_n 1
-  with 1040 requests), and float16 and
-  bfloat16 epilogues at block 64, once the fp4 kernel exists (until then its
-  NotImplementedError is caught and "fp4 skipped" printed).
+  with 1040 requests), and float16 and bfloat16 epilogues at block 64 (bfloat16 also with 260
+  requests), once the fp4 kernel exists (until then its NotImplementedError is caught and
+  "fp4 skipped" printed).
 
 Inputs are built on the CPU and copied over, so the GPU runs little besides the ops. With
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own allocation, so memcheck sees exact
@@ -343,7 +343,8 @@ def fp4_calls(device: torch.device) -> list[Call]:
     # (block size, next_n, interleaved scales, requests): the B = 260 ones reuse q slots in a
     # CTA (next_n 1 runs five consumer warpgroups, next_n 2 three), and B = 1040 gives every CTA
     # more units than next_n 1's 20 KV stages, so stages are reused too.
-    # The last two: 16-bit epilogues (epilogue dtype, the rest float32).
+    # The last three: 16-bit epilogues (epilogue dtype, the rest float32); the bfloat16 one
+    # with B = 260 rewrites its tensor-core head-sum tile in reused q slots.
     specs = [
         (32, 1, False, 1, torch.float32),
         (128, 4, False, 1, torch.float32),
@@ -354,6 +355,7 @@ def fp4_calls(device: torch.device) -> list[Call]:
         (64, 1, False, 260, torch.float32),
         (64, 1, False, 1, torch.float16),
         (64, 3, False, 1, torch.bfloat16),
+        (64, 2, False, 65, torch.bfloat16),
     ]
     return [
         build_call(
