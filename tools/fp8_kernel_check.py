@@ -1367,6 +1367,8 @@ if __name__ == "__main__":
     )
     args = parser.parse_args()
     PREHEAT_S = args.preheat
+    if args.profile and args.profile_kernel == "fp8" and args.profile_epi == "bfloat16":
+        parser.error("--profile-epi bfloat16 is fp4's only (fp8 takes float32 or float16)")
     if args.profile:
         knobs = tuple(
             (name, int(value))

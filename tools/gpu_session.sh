@@ -14,7 +14,7 @@
 #   READ_RATE="paths hop writes write-volume epochs" EXPERIMENTS=load-path SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 # Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), EXPERIMENTS
 # ("large fp4 consumers data": variant tables of tools/fp8_kernel_check.py), PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
-# against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
+# against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768 float16": ncu launches, an optional epilogue dtype last), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
 # (110 s per tool run; five runs then fit one 600 s device call even if each one times out).

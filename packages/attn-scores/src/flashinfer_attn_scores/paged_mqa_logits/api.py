@@ -362,10 +362,10 @@ def fp4_paged_mqa_logits(
         output_dtype: bfloat16 (default), float32 or float16. The FP8 variant defaults to
             float32, so pass it explicitly in code that calls both.
         epi_dtype: Epilogue dtype, float32 (default), float16 or bfloat16. float16 saturates
-            above 65504 in magnitude, so long sequences can overflow to inf. On SM90 float32
-            and bfloat16 take about the same time (bfloat16 rounds each head score and
-            weight to bfloat16 and sums in float32 on the tensor cores); float16 is slower
-            (each head score is first brought to its true scale in float32).
+            above 65504 in magnitude, so long sequences can overflow to inf. On SM90 keep
+            float32: bfloat16 takes about the same time and rounds each head score and weight
+            to bfloat16 (then sums in float32 on the tensor cores); float16 is slower (each
+            head score is first brought to its true scale in float32).
         is_kv_sf_interleaved: False (default) when each block's scales are in token order.
             True when they are split into 4 equal runs interleaved round-robin, so slot `k`
             holds the scales of token `(k % 4) * (block_size // 4) + k // 4`; only allowed

@@ -57,7 +57,8 @@ def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     with 4 it spills. next_n 3 (N = 192) with 3: 621 -> 540 us at B 128, L 64k and 163 -> 147
     us at B 64, L 32k, with a float32 epilogue; with the bfloat16 one, whose head sums run on
     the tensor cores, 3 instead of 2 took 0.87-0.93x the time (B 64 L 32k and B 128 L 32k-64k,
-    blocks 32-128, H200, 2026-12-01, `tools/tree_ab.py`, outputs bitwise equal). With 3, the
+    blocks 32, 64 and 128 interleaved, H200, 2026-12-01, `tools/tree_ab.py`, outputs bitwise
+    equal). With 3, the
     float16 epilogue spills at block 64 and at block 128 in token order."""
     if n <= 64:
         return 5

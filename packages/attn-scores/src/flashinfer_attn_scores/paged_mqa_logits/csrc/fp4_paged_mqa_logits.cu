@@ -62,8 +62,9 @@
 #endif
 // TC_HEAD_SUM (the bfloat16 epilogue; 0 is a measurement knob): the weighted head sums run on
 // the tensor cores as a second WGMMA, relu(S) (64 tokens x N, bfloat16, from registers) times
-// a per-request N x 8 bfloat16 tile whose column 2t holds draft slot t's folded weights in its
-// 64 rows and 0 elsewhere, so column 2t of the 64 x 8 float32 result is slot t's sum. The
+// a per-request N x 8 bfloat16 tile whose column 2t holds draft slot t's folded weights in rows
+// 64t .. 64t + 63 (the slot's heads) and 0 elsewhere, so column 2t of the 64 x 8 float32
+// result is slot t's sum. EXP_PHASES then counts the head sum's MMA in "MMA wait". The
 // accumulator stays in the scaled units (the bfloat16 exponent range is float32's, and the
 // scaled scores are at most 128 * 384^2), so relu(S) costs one F2FP per pair instead of two
 // power-of-two multiplies per score, an F2FP and an HFMA2 per pair. Rounding: each relu(score)
@@ -120,7 +121,7 @@ constexpr int kWeightQuadStride = kN / 4 + 4;  // floats
 constexpr int kWeightSlotFloats = kWeightPairLoads ? 4 * kWeightQuadStride : kN;
 static_assert(kWeightQuadStride % 4 == 0 && (kN / 8) % 2 == 0, "16-byte weight loads of group pairs");
 
-__device__ __forceinline__ int weight_position(int column) {
+[[maybe_unused]] __device__ __forceinline__ int weight_position(int column) {  // unused with TC_HEAD_SUM
   return kWeightPairLoads ? (column % 8 / 2) * kWeightQuadStride + column / 8 * 2 + column % 2 : column;
 }
 
@@ -218,11 +219,12 @@ __device__ __forceinline__ void build_lut(uint8_t* lut) {
   }
 }
 
-// scale_by_pow2 for e = M + Q_t - 266 - kTwiceRelu, which the UE8M0 ranges keep in [-267, 243]:
-// its upper clamp never applies, so one add-and-max and one shift (floor(e / 2)) remain. As
-// there, e below -252 is taken as -252, which changes a result only if |x| > 2^102 (weights
-// beyond about 2^70); otherwise both give 0.
-__device__ __forceinline__ float scale_by_pow2_from(float x, int e) {
+// scale_by_pow2 for e = M + Q_t - 266 - kTwiceRelu (the float32 epilogue) or M + Q_t - 266
+// (TC_HEAD_SUM), which the UE8M0 ranges keep in [-267, 244]: its upper clamp never applies, so
+// one add-and-max and one shift (floor(e / 2)) remain. As there, e below -252 is taken as
+// -252, which changes a result only if |x| > 2^102 (weights beyond about 2^70); otherwise
+// both give 0.
+[[maybe_unused]] __device__ __forceinline__ float scale_by_pow2_from(float x, int e) {  // unused with float16
   e = max(e, -252);
   const int low = e >> 1;
   return x * __int_as_float((low + 127) << 23) * __int_as_float((e - low + 127) << 23);
@@ -387,8 +389,12 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
   const uint32_t exponent_selector = quad | (4 + quad) << 8;
   const uint8_t* kv_tiles = smem + SharedLayout::kKv;
   const uint8_t* q_slots = smem + SharedLayout::kQ;
+#if !TC_HEAD_SUM
   const float* weight_slots = reinterpret_cast<const float*>(smem + SharedLayout::kWeights);
+#endif
+#if !TC_HEAD_SUM && EPI_DTYPE != 0
   const float* head_scale_slots = reinterpret_cast<const float*>(smem + SharedLayout::kHeadScale);
+#endif
   const int* slot_exp = reinterpret_cast<const int*>(smem + SharedLayout::kSlotExp);
   const uint2* luts = reinterpret_cast<const uint2*>(smem + SharedLayout::kLut);
   const uint8_t* scales = smem + SharedLayout::kScales;
@@ -574,7 +580,9 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
       }
 #pragma unroll
       for (int i = 0; i < Mma::kRegs; ++i) reg_fence(acc[h][i]);
+#if EPI_DTYPE == 0
       float4 wq;  // kWeightPairLoads: this lane's weights of groups j and j + 1 (jl even)
+#endif
 #pragma unroll
       for (int jl = 0; jl < kNHalf / 8; ++jl) {
         const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
