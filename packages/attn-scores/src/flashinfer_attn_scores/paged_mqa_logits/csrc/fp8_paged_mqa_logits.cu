@@ -147,7 +147,7 @@ __device__ __forceinline__ uint32_t swizzled_offset(uint32_t row, uint32_t unit)
 
 // The two accumulator values (row r0 + 8*i, columns c, c+1) of 8-column group j; with
 // RELU_FORM 3 (float32 epilogue, float16 accumulator) their ReLUs.
-__device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j, int i, Epi& x0, Epi& x1) {
+[[maybe_unused]] __device__ __forceinline__ void acc_pair(const AccReg (&acc)[Mma::kRegs], int j, int i, Epi& x0, Epi& x1) {
 #if ACC_FP16
   const __half2 h = *reinterpret_cast<const __half2*>(&acc[2 * j + i]);
 #if EPI_DTYPE == 1
@@ -201,7 +201,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     constexpr int kUnitsPerChunkRow = kSwizzle / 16;
     constexpr int kUnits = kN * kUnitsPerRow;
     constexpr int kStride = 32 * kStagingWarps;
-    constexpr int kWeightsPerLane = (kN + kStride - 1) / kStride;
+    [[maybe_unused]] constexpr int kWeightsPerLane = (kN + kStride - 1) / kStride;  // unused with ASYNC_Q_ARRIVE
     const float* w_src = weights + static_cast<long long>(b) * kN;
 #if ASYNC_Q_ARRIVE
     // float32 weights: 16-byte cp.async copies as well (kN % 8 == 0). Nothing here waits for
