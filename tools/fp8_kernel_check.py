@@ -360,6 +360,7 @@ class KernelUnderTest:
     config: Callable  # (block_size, next_n, experiment) -> kernel config
     call: Callable  # (case, schedule, experiment) -> the launch, as a zero-argument callable
     bytes_per_token: int  # KV bytes per token, outputs (4 B float32 per draft slot) aside
+    label: str = ""  # the table header's name where it is not `variant` (another epilogue)
 
 
 # Seconds of back-to-back calls of a variant before it is timed (--preheat): the GPU then sits
@@ -383,7 +384,7 @@ def variant_table(kernel: KernelUnderTest, shapes, variants, copy_bw: float) -> 
     """Time every variant at every shape; variants that compute logits are compared bitwise
     with the first one (production) on the valid region."""
     print(
-        f"\n{kernel.variant} variant             next_n  bs     B      L  time_us  frac_copy  tokens/us"
+        f"\n{kernel.label or kernel.variant} variant             next_n  bs     B      L  time_us  frac_copy  tokens/us"
     )
     for next_n, block_size, batch, avg in shapes:
         case, total = kernel.make_case(next_n, block_size, batch, avg)
@@ -648,6 +649,23 @@ def fp4_timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
+def fp4_gaussian_case(next_n, block_size, batch, avg, seed=3):
+    """fp4_timing_case's shapes with the benchmark's kind of data (tools/bench/data.py):
+    Gaussian q and K rows quantised to MXFP4, the pool chunk by chunk."""
+    import flashinfer_layouts
+
+    case, total = fp4_timing_case(next_n, block_size, batch, avg, seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    kv = case["kv_fused"]
+    for first in range(0, kv.shape[0], 4096):
+        rows = kv[first : first + 4096]
+        k = torch.randn(rows.shape[0], block_size, 128, generator=gen, device="cuda")
+        rows.copy_(flashinfer_layouts.quantize_mxfp4_kv_cache(k))
+    q = torch.randn(batch, next_n, 64, 128, generator=gen, device="cuda")
+    case["q"], case["q_sf"] = flashinfer_layouts.quantize_mxfp4_q(q)
+    return case, total
+
+
 def fp4_call(
     case,
     schedule,
@@ -676,13 +694,45 @@ def fp4_call(
     )
 
 
-def fp4_config(block_size, next_n, experiment):
+def fp4_sm90_config(block_size, next_n, experiment, epi_dtype):
     from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90
 
-    return fp4_sm90.fp4_config(block_size, next_n, torch.float32, torch.float32, False, experiment)
+    return fp4_sm90.fp4_config(block_size, next_n, torch.float32, epi_dtype, False, experiment)
+
+
+def fp4_config(block_size, next_n, experiment):
+    return fp4_sm90_config(block_size, next_n, experiment, torch.float32)
 
 
 FP4 = KernelUnderTest("fp4", fp4_timing_case, fp4_config, fp4_call, 68)
+FP4_BF16_EPI = dataclasses.replace(
+    FP4,
+    label="fp4, bfloat16 epilogue,",
+    config=lambda block_size, next_n, experiment: fp4_sm90_config(
+        block_size, next_n, experiment, torch.bfloat16
+    ),
+    call=lambda case, schedule, experiment=(): fp4_call(
+        case, schedule, experiment, epi_dtype=torch.bfloat16
+    ),
+)
+
+# Where fp4's time goes at next_n 2-4 under a sustained load (run with --preheat 2): each row
+# prints the SM clock and power the variant settles at, with the float32 epilogue and with the
+# bfloat16 one (the head sum on the tensor cores). In bursts the bfloat16 epilogue issues 23-41 %
+# fewer consumer instructions and takes 0.95-1.06x the float32 time (forty-ninth round): a row
+# below 1980 MHz is held by the 700 W cap, and a variant that drops a stage and gains clock
+# shows what that stage costs in power.
+FP4_POWER_VARIANTS = [
+    ("production", ()),
+    ("no MMA/decode/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("no decode", (("EXP_SKIP_DECODE", 1),)),
+    ("no MMA", (("EXP_SKIP_MMA", 1),)),
+    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
+]
+FP4_POWER_SHAPES = [(2, 64, 128, 65536), (3, 64, 128, 32768), (4, 64, 64, 65536)]
+# The same on the benchmark's kind of data (the tensor cores' energy depends on the bits they
+# multiply), next_n 1 besides.
+FP4_GAUSSIAN_POWER_SHAPES = [(1, 64, 128, 65536), *FP4_POWER_SHAPES]
 
 
 def fp4_experiments(copy_bw: float) -> None:
@@ -1307,6 +1357,23 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     ),
     "n2-weights": lambda copy_bw: variant_table(FP8, N2_WEIGHT_SHAPES, N2_WEIGHT_VARIANTS, copy_bw),
     "power": lambda copy_bw: variant_table(FP8, POWER_SHAPES, POWER_VARIANTS, copy_bw),
+    "fp4-power": lambda copy_bw: (
+        variant_table(FP4, FP4_POWER_SHAPES, FP4_POWER_VARIANTS, copy_bw),
+        variant_table(FP4_BF16_EPI, FP4_POWER_SHAPES, FP4_POWER_VARIANTS, copy_bw),
+    ),
+    "fp4-power-gaussian": lambda copy_bw: tuple(
+        variant_table(
+            dataclasses.replace(
+                kernel,
+                make_case=fp4_gaussian_case,
+                label=f"{kernel.label or 'fp4,'} Gaussian data,",
+            ),
+            FP4_GAUSSIAN_POWER_SHAPES,
+            FP4_POWER_VARIANTS,
+            copy_bw,
+        )
+        for kernel in (FP4, FP4_BF16_EPI)
+    ),
     "stages": lambda copy_bw: variant_table(FP8, STAGE_SHAPES, STAGE_VARIANTS, copy_bw),
     "fp4-stages": lambda copy_bw: variant_table(FP4, FP4_STAGE_SHAPES, FP4_STAGE_VARIANTS, copy_bw),
     "fp4-n2-consumers": lambda copy_bw: variant_table(
