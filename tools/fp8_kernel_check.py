@@ -438,6 +438,36 @@ FP8 = KernelUnderTest(
 )
 
 
+def fp8_gaussian_case(next_n, block_size, batch, avg, seed=3):
+    """timing_case's shapes with the benchmark's kind of KV rows (quantised Gaussian)."""
+    case, total = timing_case(next_n, block_size, batch, avg, seed)
+    quantised_gaussian_kv(case["kv_fused"])
+    return case, total
+
+
+FP8_GAUSSIAN = dataclasses.replace(FP8, make_case=fp8_gaussian_case, label="fp8, Gaussian data,")
+FP8_F16_GAUSSIAN = dataclasses.replace(
+    FP8_GAUSSIAN,
+    label="fp8, float16 epilogue and accumulator, Gaussian data,",
+    config=lambda block_size, next_n, experiment: fp8_sm90.fp8_config(
+        block_size, 128, 64, next_n, torch.float32, torch.float16, torch.float16, experiment
+    ),
+    call=lambda case, schedule, experiment=(): fp8_call(
+        case, schedule, experiment, epi_dtype=torch.float16, acc_dtype=torch.float16
+    ),
+)
+# fp8 at the cap with either accumulator (run with --preheat 2): how much of a call's energy
+# the MMAs and the epilogue take with float32 and with float16 accumulation, beside fp4's tables
+# (fp4's accumulator is float32 by the spec).
+FP8_ACC_POWER_VARIANTS = [
+    ("production", ()),
+    ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
+    ("no MMA", (("EXP_SKIP_MMA", 1),)),
+    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
+]
+FP8_ACC_POWER_SHAPES = [(2, 64, 128, 65536), (3, 64, 128, 32768), (4, 64, 64, 65536)]
+
+
 def large_experiments(copy_bw: float) -> None:
     variant_table(FP8, EXPERIMENT_SHAPES, EXPERIMENTS, copy_bw)
 
@@ -1360,6 +1390,10 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
     "fp4-power": lambda copy_bw: (
         variant_table(FP4, FP4_POWER_SHAPES, FP4_POWER_VARIANTS, copy_bw),
         variant_table(FP4_BF16_EPI, FP4_POWER_SHAPES, FP4_POWER_VARIANTS, copy_bw),
+    ),
+    "fp8-power-acc": lambda copy_bw: tuple(
+        variant_table(kernel, FP8_ACC_POWER_SHAPES, FP8_ACC_POWER_VARIANTS, copy_bw)
+        for kernel in (FP8_GAUSSIAN, FP8_F16_GAUSSIAN)
     ),
     "fp4-power-gaussian": lambda copy_bw: tuple(
         variant_table(
