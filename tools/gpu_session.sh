@@ -87,8 +87,8 @@ if [ -n "${RANDOM_CASES:-}" ]; then
   read -r fp8_seeds fp4_seeds schedule_seeds first_seed <<< "$RANDOM_CASES"
   python tools/random_cases.py --fp8 "$fp8_seeds" --fp4 "${fp4_seeds:-0}" \
     --schedules "${schedule_seeds:-0}" --first-seed "${first_seed:-100000}" \
-    --shapes "${RANDOM_SHAPES:-suite}" --batches "${RANDOM_BATCHES:-small}" 2>&1 | tr '\r' '\n' \
-    | grep -v "kernel/s\]\|s/kernel\]" > "$OUT/random-cases.log"
+    --shapes "${RANDOM_SHAPES:-suite}" --batches "${RANDOM_BATCHES:-small}" 2>&1 | stdbuf -oL tr '\r' '\n' \
+    | grep --line-buffered -v "kernel/s\]\|s/kernel\]" > "$OUT/random-cases.log"
   grep -E "^(FAIL|random cases|schedules|[0-9]+ kernel)" "$OUT/random-cases.log" | head -30
 fi
 for which in ${EXPERIMENTS:-}; do
