@@ -459,12 +459,7 @@ FP8_F16_GAUSSIAN = dataclasses.replace(
 # fp8 at the cap with either accumulator (run with --preheat 2): how much of a call's energy
 # the MMAs and the epilogue take with float32 and with float16 accumulation, beside fp4's tables
 # (fp4's accumulator is float32 by the spec).
-FP8_ACC_POWER_VARIANTS = [
-    ("production", ()),
-    ("no MMA/epilogue", (("EXP_SKIP_MATH", 1),)),
-    ("no MMA", (("EXP_SKIP_MMA", 1),)),
-    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
-]
+FP8_ACC_POWER_VARIANTS = EXPERIMENTS[:4]  # production and the three stage drops
 FP8_ACC_POWER_SHAPES = [(2, 64, 128, 65536), (3, 64, 128, 32768), (4, 64, 64, 65536)]
 
 
@@ -752,13 +747,7 @@ FP4_BF16_EPI = dataclasses.replace(
 # fewer consumer instructions and takes 0.95-1.06x the float32 time (forty-ninth round): a row
 # below 1980 MHz is held by the 700 W cap, and a variant that drops a stage and gains clock
 # shows what that stage costs in power.
-FP4_POWER_VARIANTS = [
-    ("production", ()),
-    ("no MMA/decode/epilogue", (("EXP_SKIP_MATH", 1),)),
-    ("no decode", (("EXP_SKIP_DECODE", 1),)),
-    ("no MMA", (("EXP_SKIP_MMA", 1),)),
-    ("no epilogue", (("EXP_SKIP_EPILOGUE", 1),)),
-]
+FP4_POWER_VARIANTS = FP4_EXPERIMENTS[:5]  # production and the four stage drops
 FP4_POWER_SHAPES = [(2, 64, 128, 65536), (3, 64, 128, 32768), (4, 64, 64, 65536)]
 # The same on the benchmark's kind of data (the tensor cores' energy depends on the bits they
 # multiply), next_n 1 besides.
