@@ -439,7 +439,8 @@ FP8 = KernelUnderTest(
 
 
 def fp8_gaussian_case(next_n, block_size, batch, avg, seed=3):
-    """timing_case's shapes with the benchmark's kind of KV rows (quantised Gaussian)."""
+    """timing_case's shapes with the benchmark's kind of KV rows (quantised Gaussian; their
+    generator's seed is quantised_gaussian_kv's, not `seed`)."""
     case, total = timing_case(next_n, block_size, batch, avg, seed)
     quantised_gaussian_kv(case["kv_fused"])
     return case, total
@@ -452,9 +453,7 @@ FP8_F16_GAUSSIAN = dataclasses.replace(
     config=lambda block_size, next_n, experiment: fp8_sm90.fp8_config(
         block_size, 128, 64, next_n, torch.float32, torch.float16, torch.float16, experiment
     ),
-    call=lambda case, schedule, experiment=(): fp8_call(
-        case, schedule, experiment, epi_dtype=torch.float16, acc_dtype=torch.float16
-    ),
+    call=functools.partial(fp8_call, epi_dtype=torch.float16, acc_dtype=torch.float16),
 )
 # fp8 at the cap with either accumulator (run with --preheat 2): how much of a call's energy
 # the MMAs and the epilogue take with float32 and with float16 accumulation, beside fp4's tables
@@ -736,12 +735,10 @@ FP4_BF16_EPI = dataclasses.replace(
     config=lambda block_size, next_n, experiment: fp4_sm90_config(
         block_size, next_n, experiment, torch.bfloat16
     ),
-    call=lambda case, schedule, experiment=(): fp4_call(
-        case, schedule, experiment, epi_dtype=torch.bfloat16
-    ),
+    call=functools.partial(fp4_call, epi_dtype=torch.bfloat16),
 )
 
-# Where fp4's time goes at next_n 2-4 under a sustained load (run with --preheat 2): each row
+# Where fp4's time goes under a sustained load (run with --preheat 2): each row
 # prints the SM clock and power the variant settles at, with the float32 epilogue and with the
 # bfloat16 one (the head sum on the tensor cores). In bursts the bfloat16 epilogue issues 23-41 %
 # fewer consumer instructions and takes 0.95-1.06x the float32 time (forty-ninth round): a row
