@@ -737,6 +737,10 @@ FP4_BF16_EPI = dataclasses.replace(
     ),
     call=functools.partial(fp4_call, epi_dtype=torch.bfloat16),
 )
+FP4_GAUSSIAN = dataclasses.replace(FP4, make_case=fp4_gaussian_case, label="fp4, Gaussian data,")
+FP4_BF16_EPI_GAUSSIAN = dataclasses.replace(
+    FP4_BF16_EPI, make_case=fp4_gaussian_case, label="fp4, bfloat16 epilogue, Gaussian data,"
+)
 
 # Where fp4's time goes under a sustained load (run with --preheat 2): each row
 # prints the SM clock and power the variant settles at, with the float32 epilogue and with the
@@ -749,6 +753,14 @@ FP4_POWER_SHAPES = [(2, 64, 128, 65536), (3, 64, 128, 32768), (4, 64, 64, 65536)
 # The same on the benchmark's kind of data (the tensor cores' energy depends on the bits they
 # multiply), next_n 1 besides.
 FP4_GAUSSIAN_POWER_SHAPES = [(1, 64, 128, 65536), *FP4_POWER_SHAPES]
+# The |x| epilogue's best case at the cap (run with --preheat 2): its head terms alone, one FFMA
+# each (EXP_ABS_TERMS, wrong logits), without the extra MMA columns the real design needs. The
+# unit path (block 64, float32 output, NVRTC 13.5) drops 235 -> 205, 297 -> 235, 446 -> 350 and
+# 493 -> 365 instructions at next_n 1-4. In bursts (twenty-sixth round) the terms alone bought
+# 1.5-6 %; at the cap fp4 next_n 2-4 needs up to 11 % less time for its 0.75 target.
+FP4_ABS_TERM_VARIANTS = interleaved(
+    ("production", ()), ("|x| terms alone", (("EXP_ABS_TERMS", 1),))
+)
 
 
 def fp4_experiments(copy_bw: float) -> None:
@@ -1381,18 +1393,12 @@ SINGLE_EXPERIMENTS: dict[str, Callable[[float], None]] = {
         variant_table(kernel, FP8_ACC_POWER_SHAPES, FP8_ACC_POWER_VARIANTS, copy_bw)
         for kernel in (FP8_GAUSSIAN, FP8_F16_GAUSSIAN)
     ),
+    "fp4-abs-power": lambda copy_bw: variant_table(
+        FP4_GAUSSIAN, FP4_GAUSSIAN_POWER_SHAPES, FP4_ABS_TERM_VARIANTS, copy_bw
+    ),
     "fp4-power-gaussian": lambda copy_bw: tuple(
-        variant_table(
-            dataclasses.replace(
-                kernel,
-                make_case=fp4_gaussian_case,
-                label=f"{kernel.label or 'fp4,'} Gaussian data,",
-            ),
-            FP4_GAUSSIAN_POWER_SHAPES,
-            FP4_POWER_VARIANTS,
-            copy_bw,
-        )
-        for kernel in (FP4, FP4_BF16_EPI)
+        variant_table(kernel, FP4_GAUSSIAN_POWER_SHAPES, FP4_POWER_VARIANTS, copy_bw)
+        for kernel in (FP4_GAUSSIAN, FP4_BF16_EPI_GAUSSIAN)
     ),
     "stages": lambda copy_bw: variant_table(FP8, STAGE_SHAPES, STAGE_VARIANTS, copy_bw),
     "fp4-stages": lambda copy_bw: variant_table(FP4, FP4_STAGE_SHAPES, FP4_STAGE_VARIANTS, copy_bw),

@@ -782,8 +782,15 @@ __device__ __forceinline__ Epi relu(Epi x) {
 // undoes it).
 constexpr bool kTwiceRelu = RELU_FORM == 1;
 constexpr float kHeadTermScale = kTwiceRelu ? 0.5f : 1.f;
+// EXP_ABS_TERMS=1 (a measurement, wrong logits; RELU_FORM 1 only): each head term is w |x|, one
+// FFMA with an |x| operand instead of an FADD and an FFMA. That is the epilogue of the |x|
+// design (w relu(x) = w (x + |x|) / 2, with the linear part sum_h w_h x_h from extra MMA
+// columns; twenty-sixth round of the kernel notes) without the cost of those columns.
+#ifndef EXP_ABS_TERMS
+#define EXP_ABS_TERMS 0
+#endif
 #if RELU_FORM == 1
-__device__ __forceinline__ Epi head_term(Epi x) { return x + fabsf(x); }
+__device__ __forceinline__ Epi head_term(Epi x) { return EXP_ABS_TERMS ? fabsf(x) : x + fabsf(x); }
 #elif RELU_FORM == 3
 __device__ __forceinline__ Epi head_term(Epi x) { return x; }  // acc_pair applied the ReLU
 #else
