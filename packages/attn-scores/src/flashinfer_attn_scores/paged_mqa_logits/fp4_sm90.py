@@ -58,8 +58,7 @@ def consumers_for(n: int, epi_dtype: torch.dtype) -> int:
     us at B 64, L 32k, with a float32 epilogue; with the bfloat16 one, whose head sums run on
     the tensor cores, 3 instead of 2 took 0.87-0.93x the time (B 64 L 32k and B 128 L 32k-64k,
     blocks 32, 64 and 128 interleaved, H200, 2026-12-01, `tools/tree_ab.py`, outputs bitwise
-    equal). With 3, the
-    float16 epilogue spills at block 64 and at block 128 in token order."""
+    equal). With 3, the float16 epilogue spills at block 64 and at block 128 in token order."""
     if n <= 64:
         return 5
     if n <= 128 or (n <= 192 and epi_dtype != torch.float16):
