@@ -13,6 +13,7 @@ import torch
 from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import custom_ops, dispatch
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+from test_gpu import VARIANTS
 
 FP8_OP = "fp8_paged_mqa_logits_into"
 FP4_OP = "fp4_paged_mqa_logits_into"
@@ -234,16 +235,15 @@ def test_dynamic_shapes_compile_once_and_match_eager(variant):
     sizes as symbols through the validation, the output allocation and the op's fake."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    kind = VARIANTS[variant]
+    op = kind.op
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(op, backend=counter, fullgraph=True, dynamic=True)
     for seed, lens in enumerate(DYNAMIC_BATCHES):
         case = dynamic_case(variant, lens, seed=100 + seed)
-        args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+        args = kind.args(case)
         cols = fa.padded_seq_len(case.max_seq_len) + 64 * seed  # out's pitch varies too
-        out = poisoned(
-            case.rows + 1 + seed, cols, torch.float32 if variant == "fp8" else torch.bfloat16
-        )
+        out = poisoned(case.rows + 1 + seed, cols, kind.output_dtype)
         got = compiled(*args, out=out)
         assert got.shape == (case.rows, case.max_seq_len) and got.data_ptr() == out.data_ptr()
         next_n = DYNAMIC_NEXT_N[variant]
@@ -407,7 +407,7 @@ def test_compiled_with_cuda_graphs_follows_new_seq_lens(variant):
     case = case.to("cuda")
     max_seq_len = 800
     args = case.fp8_args()[:5] if variant == "fp8" else case.fp4_args()[:6]
-    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    op = VARIANTS[variant].op
 
     def call(*tensors):
         return op(*tensors, max_seq_len)
@@ -440,14 +440,14 @@ def test_dynamic_shapes_compile_once_and_match_eager_on_gpu(variant):
     from test_gpu_random_cases import ACCUMULATION_ERROR
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
-    output_dtype = torch.float32 if variant == "fp8" else torch.bfloat16
+    kind = VARIANTS[variant]
+    op, output_dtype = kind.op, kind.output_dtype
     next_n = DYNAMIC_NEXT_N[variant]
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(op, backend=counter, fullgraph=True, dynamic=True)
     for seed, lens in enumerate(DYNAMIC_BATCHES):
         case = dynamic_case(variant, lens, seed=120 + seed).to("cuda")
-        args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+        args = kind.args(case)
         got = compiled(*args)
         eager = op(*args)
         torch.cuda.synchronize()

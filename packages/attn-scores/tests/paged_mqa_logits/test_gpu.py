@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import flashinfer_attn_scores as fa
 import pytest
 import torch
@@ -145,6 +148,36 @@ def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS, dev
         seed=seed,
     )
     return case.to(str(device))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One op as the tests call it: its public function, float64 reference and default output
+    dtype, the suite's case maker, and where kv_fused and block_tables sit in its arguments."""
+
+    name: str
+    op: Callable
+    reference: Callable
+    output_dtype: torch.dtype
+    make_case: Callable
+    kv_index: int
+
+    @property
+    def table_index(self) -> int:
+        return self.kv_index + 2
+
+    def args(self, case) -> tuple:
+        return case.fp8_args() if self.name == "fp8" else case.fp4_args()
+
+
+VARIANTS = {
+    "fp8": Variant(
+        "fp8", fa.fp8_paged_mqa_logits, fp8_paged_mqa_logits_reference, torch.float32, fp8_case, 1
+    ),
+    "fp4": Variant(
+        "fp4", fa.fp4_paged_mqa_logits, fp4_paged_mqa_logits_reference, torch.bfloat16, fp4_case, 2
+    ),
+}
 
 
 @pytest.mark.parametrize(("output_dtype", "epi_dtype", "acc_dtype"), FP8_DTYPES)
@@ -298,21 +331,9 @@ def test_float32_epilogue_is_more_precise_than_a_16_bit_one(variant, narrow_epil
     On the H200 (2026-12-01, seeds 11-16) the ratio read 0.20-0.21 for fp8 against float16 and
     0.050-0.056 for fp4 against bfloat16 (0.026 before the bfloat16 epilogue summed in
     float32 on the tensor cores)."""
-    lens = [1200, 0, 900, 1300]
-    if variant == "fp8":
-        case = fp8_case(64, 2, seed=seed, lens=lens)
-        op, args, reference = (
-            fa.fp8_paged_mqa_logits,
-            case.fp8_args(),
-            fp8_paged_mqa_logits_reference,
-        )
-    else:
-        case = fp4_case(64, 2, seed=seed, lens=lens)
-        op, args, reference = (
-            fa.fp4_paged_mqa_logits,
-            case.fp4_args(),
-            fp4_paged_mqa_logits_reference,
-        )
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, 2, seed=seed, lens=[1200, 0, 900, 1300])
+    op, args, reference = kind.op, kind.args(case), kind.reference
     expected = reference(*args)
     magnitude = magnitude_of(reference, args)
     mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
@@ -377,22 +398,12 @@ def test_many_short_requests_per_cta(variant, epi_dtype, next_n, batch):
     """Both q slots reused many times per CTA; fp4's bfloat16 epilogue also rewrites its
     head-sum tile's weights per request (one atom per draft slot, so next_n 2-4)."""
     lens = many_short_lengths(batch, seed=batch)
+    kind = VARIANTS[variant]
     if variant == "fp8":
         case = fp8_case(64, next_n, seed=batch, lens=lens, max_seq_len=320)
-        op, args, reference, dtype = (
-            fa.fp8_paged_mqa_logits,
-            case.fp8_args(),
-            fp8_paged_mqa_logits_reference,
-            torch.float32,
-        )
     else:
         case = fp4_case(64, next_n, seed=batch, lens=lens)
-        op, args, reference, dtype = (
-            fa.fp4_paged_mqa_logits,
-            case.fp4_args(),
-            fp4_paged_mqa_logits_reference,
-            torch.bfloat16,
-        )
+    op, args, reference, dtype = kind.op, kind.args(case), kind.reference, kind.output_dtype
     out = poisoned_out(case.rows, args[-1], dtype)
     got = op(*args, out=out, epi_dtype=epi_dtype)
     expected = reference(*args)
@@ -417,16 +428,12 @@ def test_a_nan_weight_reaches_exactly_its_row(variant, epi_dtype, next_n):
     each draft slot sums its own heads only. fp4's bfloat16 epilogue sums on the tensor cores
     over all draft slots' columns at once, with the other slots' weights held as zeros there,
     so a NaN in the wrong place of that tile would reach the other slots' rows."""
-    lens = [300, 0, 129]
-    case = (fp8_case if variant == "fp8" else fp4_case)(64, next_n, seed=60 + next_n, lens=lens)
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, next_n, seed=60 + next_n, lens=[300, 0, 129])
     poisoned_rows = [0 * next_n + next_n - 1, 2 * next_n + 0]  # request 0's newest, 2's oldest
     for row, head in zip(poisoned_rows, [5, 63]):
         case.weights[row, head] = float("nan")
-    op, args, reference = (
-        (fa.fp8_paged_mqa_logits, case.fp8_args(), fp8_paged_mqa_logits_reference)
-        if variant == "fp8"
-        else (fa.fp4_paged_mqa_logits, case.fp4_args(), fp4_paged_mqa_logits_reference)
-    )
+    op, args, reference = kind.op, kind.args(case), kind.reference
     out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
     got = op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=out).cpu()
     expected = reference(*args).cpu()
@@ -502,12 +509,9 @@ def test_deterministic(variant):
     # Each call into its own NaN-poisoned `out`: a fresh allocation would reuse the storage
     # the first call's result was copied out of, and hold its bits whether or not the second
     # call wrote them.
-    if variant == "fp8":
-        case = fp8_case(64, 2, seed=5)
-        op, args, dtype = fa.fp8_paged_mqa_logits, case.fp8_args(), torch.float32
-    else:
-        case = fp4_case(64, 2, seed=5)
-        op, args, dtype = fa.fp4_paged_mqa_logits, case.fp4_args(), torch.bfloat16
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, 2, seed=5)
+    op, args, dtype = kind.op, kind.args(case), kind.output_dtype
     outs = [poisoned_out(case.rows, case.max_seq_len, dtype) for _ in range(2)]
     first, second = (op(*args, out=out) for out in outs)
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
@@ -519,8 +523,8 @@ def test_deterministic(variant):
 def test_batch_invariant(variant, next_n):
     """A request's logits do not depend on the batch around it: bitwise the same alone
     (B = 1, another schedule and CTA) and inside the batch in reversed order."""
-    case = (fp8_case if variant == "fp8" else fp4_case)(64, next_n, seed=11)
-    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    kind = VARIANTS[variant]
+    case, op = kind.make_case(64, next_n, seed=11), kind.op
     per_request_q = (case.q,) if variant == "fp8" else (case.q, case.q_sf)
 
     def call(order):
@@ -571,9 +575,9 @@ def test_a_given_schedule_is_the_one_followed(variant):
     `seq_lens`. The helper's schedule of all-zero lengths (stale here, a validate-mode error)
     gives every CTA an empty range: nothing is written, and nothing hangs."""
     next_n = 2
-    case = fp8_case(64, next_n, seed=8) if variant == "fp8" else fp4_case(64, next_n, seed=8)
-    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
-    args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, next_n, seed=8)
+    op, args = kind.op, kind.args(case)
     dtype = torch.float32
     empty = fa.compute_paged_mqa_logits_schedule(
         torch.zeros_like(case.seq_lens), next_n=next_n, variant=variant
@@ -620,20 +624,20 @@ POOLS = {
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_blocks_of_another_pool_layout(variant, block_size, pool):
     next_n = 2
-    if variant == "fp8":
-        case = fp8_case(block_size, next_n, seed=8)
-        args, call = case.fp8_args(), fa.fp8_paged_mqa_logits
-        reference, kv_index, output_dtype = fp8_paged_mqa_logits_reference, 1, torch.float32
-    else:
-        case = fp4_case(block_size, next_n, seed=8)
-        args, call = case.fp4_args(), fa.fp4_paged_mqa_logits
-        reference, kv_index, output_dtype = fp4_paged_mqa_logits_reference, 2, torch.bfloat16
+    kind = VARIANTS[variant]
+    case = kind.make_case(block_size, next_n, seed=8)
+    args, call, reference, output_dtype = (
+        kind.args(case),
+        kind.op,
+        kind.reference,
+        kind.output_dtype,
+    )
     expected, magnitude = reference(*args), magnitude_of(reference, args)
     kv_fused, tables = in_another_pool(case, **POOLS[pool])
     if pool == "past_4_gib":
         assert int(tables.max()) * kv_fused.stride(0) > 2**32
     moved = list(args)
-    moved[kv_index], moved[kv_index + 2] = kv_fused, tables  # kv_fused, block_tables
+    moved[kind.kv_index], moved[kind.table_index] = kv_fused, tables
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
     got = call(*moved, out=out)
     check_result(got, out, expected, case.seq_lens, next_n, tolerance(output_dtype), magnitude)
@@ -647,22 +651,17 @@ def test_a_negative_length_leaves_the_other_requests_intact(variant):
     lens = torch.randint(1, 400, (300,), generator=gen)
     negative = torch.arange(300) % 7 == 3
     lens[negative] = 0
+    kind = VARIANTS[variant]
     if variant == "fp8":
         case = fp8_case(64, 1, seed=12, lens=lens.tolist(), max_seq_len=400)
-        args, call, reference = (
-            case.fp8_args(),
-            fa.fp8_paged_mqa_logits,
-            fp8_paged_mqa_logits_reference,
-        )
-        output_dtype = torch.float32
     else:
         case = make_fp4_case(lens.tolist(), block_size=64, max_seq_len=400, seed=12).to("cuda")
-        args, call, reference = (
-            case.fp4_args(),
-            fa.fp4_paged_mqa_logits,
-            fp4_paged_mqa_logits_reference,
-        )
-        output_dtype = torch.bfloat16
+    args, call, reference, output_dtype = (
+        kind.args(case),
+        kind.op,
+        kind.reference,
+        kind.output_dtype,
+    )
     expected, magnitude = reference(*args), magnitude_of(reference, args)
     with_negatives = case.seq_lens.clone()
     with_negatives[negative.cuda()] = -200
@@ -676,17 +675,15 @@ def test_a_negative_length_leaves_the_other_requests_intact(variant):
 def test_an_empty_pool_with_empty_requests(variant):
     """No blocks and only zero-length requests: nothing to read or write (TMA cannot describe
     an empty pool, so no kernel is launched)."""
+    kind = VARIANTS[variant]
     if variant == "fp8":
         case = make_fp8_case([0, 0], num_heads=64, head_dim=128, max_seq_len=64).to("cuda")
-        args, call = list(case.fp8_args()), fa.fp8_paged_mqa_logits
-        kv_index, output_dtype = 1, torch.float32
     else:
         case = make_fp4_case([0, 0], max_seq_len=64).to("cuda")
-        args, call = list(case.fp4_args()), fa.fp4_paged_mqa_logits
-        kv_index, output_dtype = 2, torch.bfloat16
-    args[kv_index] = args[kv_index][:0]
-    out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
-    got = call(*args, out=out)
+    args = list(kind.args(case))
+    args[kind.kv_index] = args[kind.kv_index][:0]
+    out = poisoned_out(case.rows, case.max_seq_len, kind.output_dtype)
+    got = kind.op(*args, out=out)
     torch.cuda.synchronize()
     assert got.shape == (2, 64)
     assert_nothing_written(out, case.rows, case.max_seq_len)
@@ -696,17 +693,17 @@ def test_an_empty_pool_with_empty_requests(variant):
 def test_empty_requests_and_max_seq_len_zero(variant):
     """Every request empty and max_seq_len 0 over a pool that has blocks: the kernel runs,
     returns a [rows, 0] view and writes nothing (found by tools/random_cases.py's seeds)."""
+    kind = VARIANTS[variant]
     if variant == "fp8":
         case = make_fp8_case(
             [0, 0, 0], next_n=2, num_heads=64, head_dim=128, max_seq_len=0, spare_blocks=5
         ).to("cuda")
-        args, call, output_dtype = list(case.fp8_args()), fa.fp8_paged_mqa_logits, torch.float32
     else:
         case = make_fp4_case([0, 0, 0], next_n=2, max_seq_len=0, spare_blocks=5).to("cuda")
-        args, call, output_dtype = list(case.fp4_args()), fa.fp4_paged_mqa_logits, torch.bfloat16
-    out = poisoned_out(case.rows, 0, output_dtype)
-    got = call(*args, out=out)
-    fresh = call(*args)
+    args = kind.args(case)
+    out = poisoned_out(case.rows, 0, kind.output_dtype)
+    got = kind.op(*args, out=out)
+    fresh = kind.op(*args)
     torch.cuda.synchronize()
     assert got.shape == (6, 0) and fresh.shape == (6, 0)
     assert_nothing_written(out, case.rows, 0)
@@ -742,22 +739,12 @@ def test_cuda_graph_replay_follows_new_seq_lens(variant, validate, monkeypatch):
     else:  # the warm-up's remembered launch is what the capture records
         monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
     next_n = 2
+    kind = VARIANTS[variant]
     if variant == "fp8":
         case = fp8_case(64, next_n, seed=9, lens=GRAPH_LENGTHS, max_seq_len=600)
-        op, args, reference = (
-            fa.fp8_paged_mqa_logits,
-            case.fp8_args(),
-            fp8_paged_mqa_logits_reference,
-        )
-        dtype = torch.float32
     else:
         case = fp4_case(64, next_n, seed=9, lens=GRAPH_LENGTHS)
-        op, args, reference = (
-            fa.fp4_paged_mqa_logits,
-            case.fp4_args(),
-            fp4_paged_mqa_logits_reference,
-        )
-        dtype = torch.bfloat16
+    op, args, reference, dtype = kind.op, kind.args(case), kind.reference, kind.output_dtype
     max_seq_len = args[-1]
     out = poisoned_out(case.rows, max_seq_len, dtype)
     op(*args, out=out)  # warm-up: compile and load outside the capture

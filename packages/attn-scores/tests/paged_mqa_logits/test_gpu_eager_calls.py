@@ -10,23 +10,17 @@ import pytest
 import torch
 from attn_scores_cases import assert_rows_close
 from flashinfer_attn_scores.paged_mqa_logits import dispatch, launcher
-from flashinfer_attn_scores.paged_mqa_logits.reference import (
-    fp4_paged_mqa_logits_reference,
-    fp8_paged_mqa_logits_reference,
-    valid_mask,
+from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+from test_gpu import (
+    VARIANTS,
+    check_result,
+    fp8_case,
+    magnitude_of,
+    poisoned_out,
+    tolerance,
 )
-from test_gpu import check_result, fp4_case, fp8_case, magnitude_of, poisoned_out, tolerance
 
 pytestmark = pytest.mark.gpu
-
-VARIANTS = {
-    "fp8": (fp8_case, fa.fp8_paged_mqa_logits, fp8_paged_mqa_logits_reference, torch.float32),
-    "fp4": (fp4_case, fa.fp4_paged_mqa_logits, fp4_paged_mqa_logits_reference, torch.bfloat16),
-}
-
-
-def args_of(case, variant):
-    return case.fp8_args() if variant == "fp8" else case.fp4_args()
 
 
 @pytest.fixture
@@ -48,50 +42,55 @@ def prepares(monkeypatch):
 
 
 def check(variant, case, got, out, next_n=2):
-    _, _, reference, dtype = VARIANTS[variant]
-    args = args_of(case, variant)
+    kind = VARIANTS[variant]
+    args, reference = kind.args(case), kind.reference
     expected = reference(*args)
     check_result(
-        got, out, expected, case.seq_lens, next_n, tolerance(dtype), magnitude_of(reference, args)
+        got,
+        out,
+        expected,
+        case.seq_lens,
+        next_n,
+        tolerance(kind.output_dtype),
+        magnitude_of(reference, args),
     )
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_fresh_tensors_of_a_known_signature_reuse_the_launch(variant, prepares):
-    make, op, _, dtype = VARIANTS[variant]
+    kind = VARIANTS[variant]
     for seed in (30, 31, 32):  # new data, a new KV pool address and a new out each time
-        case = make(64, 2, seed=seed)
-        out = poisoned_out(case.rows, case.max_seq_len, dtype)
-        got = op(*args_of(case, variant), out=out)
+        case = kind.make_case(64, 2, seed=seed)
+        out = poisoned_out(case.rows, case.max_seq_len, kind.output_dtype)
+        got = kind.op(*kind.args(case), out=out)
         check(variant, case, got, out)
     assert prepares[variant] == 1
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_without_out_every_call_gets_its_own_storage(variant, prepares):
-    make, op, _, _ = VARIANTS[variant]
-    first_case, second_case = make(32, 2, seed=33), make(32, 2, seed=34)
-    first = op(*args_of(first_case, variant))
-    second = op(*args_of(second_case, variant))
+    kind = VARIANTS[variant]
+    first_case, second_case = kind.make_case(32, 2, seed=33), kind.make_case(32, 2, seed=34)
+    first = kind.op(*kind.args(first_case))
+    second = kind.op(*kind.args(second_case))
     assert prepares[variant] == 1
     assert first.data_ptr() != second.data_ptr()
     assert first.shape == second.shape == (first_case.rows, first_case.max_seq_len)
-    _, _, reference, dtype = VARIANTS[variant]
     for case, got in ((first_case, first), (second_case, second)):
-        args = args_of(case, variant)
+        args = kind.args(case)
         mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
-        magnitude = magnitude_of(reference, args)
-        assert_rows_close(got, reference(*args), mask, tolerance(dtype), magnitude)
+        magnitude = magnitude_of(kind.reference, args)
+        assert_rows_close(got, kind.reference(*args), mask, tolerance(kind.output_dtype), magnitude)
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_a_numpy_max_seq_len_shares_the_launch_of_its_int(variant, prepares):
-    make, op, _, dtype = VARIANTS[variant]
+    kind = VARIANTS[variant]
     for seed, integer in ((36, int), (37, np.int64), (38, np.int32)):
-        case = make(64, 2, seed=seed)
-        *args, max_seq_len = args_of(case, variant)
-        out = poisoned_out(case.rows, case.max_seq_len, dtype)
-        got = op(*args, integer(max_seq_len), out=out)
+        case = kind.make_case(64, 2, seed=seed)
+        *args, max_seq_len = kind.args(case)
+        out = poisoned_out(case.rows, case.max_seq_len, kind.output_dtype)
+        got = kind.op(*args, integer(max_seq_len), out=out)
         check(variant, case, got, out)
     assert prepares[variant] == 1
 
@@ -130,10 +129,10 @@ def test_a_remembered_call_launches_on_the_current_stream(prepares):
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_validate_mode_still_checks_a_known_signature(variant, prepares, monkeypatch):
-    make, op, _, _ = VARIANTS[variant]
-    case = make(64, 2, seed=37)
-    op(*args_of(case, variant))
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, 2, seed=37)
+    kind.op(*kind.args(case))
     monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
     case.seq_lens[0] = case.max_seq_len + 1  # same metadata, contents that break the contract
     with pytest.raises(ValueError, match="max_seq_len"):
-        op(*args_of(case, variant))
+        kind.op(*kind.args(case))
