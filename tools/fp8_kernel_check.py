@@ -680,11 +680,7 @@ def fp4_gaussian_case(next_n, block_size, batch, avg, seed=3):
 
     case, total = fp4_timing_case(next_n, block_size, batch, avg, seed)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    kv = case["kv_fused"]
-    for first in range(0, kv.shape[0], 4096):
-        rows = kv[first : first + 4096]
-        k = torch.randn(rows.shape[0], block_size, 128, generator=gen, device="cuda")
-        rows.copy_(flashinfer_layouts.quantize_mxfp4_kv_cache(k))
+    quantised_gaussian_kv(case["kv_fused"], "fp4", gen)
     q = torch.randn(batch, next_n, 64, 128, generator=gen, device="cuda")
     case["q"], case["q_sf"] = flashinfer_layouts.quantize_mxfp4_q(q)
     return case, total
@@ -798,18 +794,26 @@ def gpu_state(fields: str = "clocks.sm,power.draw") -> str:
         return f"nvidia-smi failed: {exc}"
 
 
-def quantised_gaussian_kv(kv_fused: torch.Tensor, chunk_blocks: int = 4096) -> None:
-    """Overwrite `kv_fused` (FP8 layout) with per-token-quantised Gaussian K rows, the
-    benchmark's data (tools/bench/data.py), chunk by chunk."""
-    import flashinfer_layouts
+def quantised_gaussian_kv(
+    kv_fused: torch.Tensor,
+    op: str = "fp8",
+    gen: torch.Generator | None = None,
+    chunk_blocks: int = 4096,
+) -> None:
+    """Overwrite `kv_fused` (`op`'s layout, head_dim 128) with quantised Gaussian K rows, the
+    benchmark's data (`bench.data`'s block builder), chunk by chunk; `gen` defaults to seed 11
+    on the pool's device."""
+    from bench.data import _random_kv_blocks
+    from bench.shapes import IndexerShape
 
-    gen = torch.Generator(device=kv_fused.device).manual_seed(11)
-    blocks, block_size, _, row = kv_fused.shape
+    if gen is None:
+        gen = torch.Generator(device=kv_fused.device).manual_seed(11)
+    blocks, block_size = kv_fused.shape[:2]
+    shape = IndexerShape(op, batch=1, avg_len=block_size, next_n=1, block_size=block_size)
     for start in range(0, blocks, chunk_blocks):
         stop = min(blocks, start + chunk_blocks)
-        k = torch.randn(stop - start, block_size, row - 4, generator=gen, device=kv_fused.device)
-        values, scales = flashinfer_layouts.quantize_fp8_per_token(k)
-        kv_fused[start:stop] = flashinfer_layouts.pack_fp8_kv_cache(values, scales)
+        new_blocks = _random_kv_blocks(shape, stop - start, gen, kv_fused.device)
+        kv_fused[start:stop] = new_blocks.view(kv_fused[start:stop].shape)
 
 
 # The one shape the data, harness-gap and sustained-load experiments time.
