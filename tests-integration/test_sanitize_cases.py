@@ -105,3 +105,46 @@ def test_without_a_gpu_the_default_device_exits_2(capsys: pytest.CaptureFixture[
         pytest.skip("a CUDA device exists here")
     assert _sanitize_cases().main([]) == 2
     assert "needs an SM90 GPU" in capsys.readouterr().err
+
+
+def _structure(head_dim: int, num_heads: int, next_n: int) -> tuple | None:
+    """What a float32 fp8 kernel at this head shape is built from, or None if it does not fit."""
+    from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
+
+    f32 = torch.float32
+    config = fp8_sm90.fp8_config(64, head_dim, num_heads, next_n, f32, f32, f32)
+    if not config.fits:
+        return None
+    return (
+        tuple(config.pipeline),
+        fp8_sm90.mma_halves_for(config.n),
+        fp8_sm90.weight_register_groups(config.n, config.consumers) > 0,
+    )
+
+
+def test_head_shapes_reach_every_kernel_structure() -> None:
+    """Every (pipeline, commit groups, weights in registers) any admissible head shape compiles
+    to at a float32 epilogue has a case in HEAD_SHAPES, one case each."""
+    admissible = set()
+    for num_heads in range(4, 257, 4):
+        for next_n in range(1, 257 // num_heads + 1):
+            n = num_heads * next_n
+            if n % 8 or not 8 <= n <= 256:
+                continue
+            head_dim = 32
+            while (structure := _structure(head_dim, num_heads, next_n)) is not None:
+                admissible.add(structure)
+                head_dim += 32
+    covered = [_structure(*shape) for shape in _sanitize_cases().HEAD_SHAPES]
+    assert None not in covered
+    assert len(set(covered)) == len(covered)
+    assert set(covered) == admissible
+
+
+def test_head_shape_cases_pass_on_the_cpu_reference_path() -> None:
+    sc = _sanitize_cases()
+    index = len(sc.HEAD_SHAPES) - 1  # the smallest; the others differ only in size on the CPU
+    call = sc.head_shape_call(index, CPU)
+    head_dim, num_heads, next_n = sc.HEAD_SHAPES[index]
+    assert tuple(call.args["q"].shape) == (4 * sc.HEAD_SHAPE_REPEATS, next_n, num_heads, head_dim)
+    assert sc.run_eager(call, CPU) == []

@@ -17,7 +17,9 @@
 # against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768 float16": ncu launches, an optional epilogue dtype last), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
-# (110 s per tool run; five runs then fit one 600 s device call even if each one times out).
+# (110 s per tool run; five runs then fit one 600 s device call even if each one times out),
+# SANITIZE_CASE_ARGS (tools/sanitize_cases.py arguments for every run, e.g. "--only heads"),
+# SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -187,7 +189,8 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # tools/sanitize_cases.py: a handful of small fp8 (and, once built, fp4) calls checked against
   # the float64 reference; exit 1 on a mismatch, 9 (--error-exitcode) on a sanitizer error.
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  timeout 100 python tools/sanitize_cases.py > "$OUT/sanitize-plain.log" 2>&1
+  # shellcheck disable=SC2086  # SANITIZE_CASE_ARGS is a word list on purpose (e.g. "--only heads")
+  timeout "${SANITIZE_PLAIN_TIMEOUT:-100}" python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-plain.log" 2>&1
   echo "sanitize cases without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
   if [ -z "$SANITIZER" ]; then
     echo "compute-sanitizer not found on PATH or in /usr/local/cuda/bin: sanitizer runs skipped"
@@ -199,7 +202,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
       if [ "$run" = memcheck-nocache ]; then
         # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
         env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" \
-          --report-api-errors no --error-exitcode 9 python tools/sanitize_cases.py > "$OUT/sanitize-$run.log" 2>&1
+          --report-api-errors no --error-exitcode 9 python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-$run.log" 2>&1
       else
         timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 \
           python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-$run.log" 2>&1

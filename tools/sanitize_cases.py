@@ -18,7 +18,10 @@ written, and writes outside the padded rows. Cases:
 - fp4: block size 32 and 128 token-major, 128 with interleaved scales (next_n 2, and next_n 1
   with 1040 requests), and float16 and bfloat16 epilogues at block 64 (bfloat16 also with 260
   requests), once the fp4 kernel exists (until then its NotImplementedError is caught and
-  "fp4 skipped" printed).
+  "fp4 skipped" printed);
+- only with `--only heads` (it takes longer than the rest together): fp8 at 13 other head
+  shapes, one per kernel structure they compile to (consumer and producer counts, KV stages
+  from 2 to 12, one or two MMA commit groups), 260 requests each.
 
 Inputs are built on the CPU and copied over, so the GPU runs little besides the ops. With
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own allocation, so memcheck sees exact
@@ -123,6 +126,8 @@ def build_call(
     seed: int = 0,
     epi_dtype: torch.dtype = torch.float32,
     acc_dtype: torch.dtype = torch.float32,
+    num_heads: int = NUM_HEADS,
+    head_dim: int = HEAD_DIM,
 ) -> Call:
     """Random inputs on the CPU, quantised with flashinfer_layouts, moved to `device`.
 
@@ -142,10 +147,10 @@ def build_call(
         table[b, :n] = physical[start : start + n]
         start += n
 
-    k = torch.randn(num_blocks, block_size, HEAD_DIM, generator=gen)
-    q = torch.randn(batch, next_n, NUM_HEADS, HEAD_DIM, generator=gen)
+    k = torch.randn(num_blocks, block_size, head_dim, generator=gen)
+    q = torch.randn(batch, next_n, num_heads, head_dim, generator=gen)
     args: dict[str, object] = {
-        "weights": torch.randn(batch * next_n, NUM_HEADS, generator=gen),
+        "weights": torch.randn(batch * next_n, num_heads, generator=gen),
         "block_tables": table,
         "seq_lens": torch.tensor(lengths, dtype=torch.int32),
     }
@@ -339,6 +344,51 @@ def fp8_calls(device: torch.device) -> list[tuple[Call, bool]]:
     ]
 
 
+# One fp8 head shape (head_dim, num_heads, next_n) per distinct kernel structure the
+# contract's shapes compile to at a float32 epilogue: (consumer warpgroups, producer warps,
+# KV stages) of `Fp8KernelConfig.pipeline`, one or two MMA commit groups, weights in
+# registers or in shared memory. The H 64, D 128 calls above cover (4, 4, 12) only, and
+# (3, 4, 12) / (2, 4, 12) at N = 192 / 256. `test_sanitize_cases.py` checks that this list
+# still reaches every structure.
+HEAD_SHAPES = [
+    (640, 64, 1),  # 2 consumers, 2 producers, 2 stages
+    (352, 64, 4),  # the same, two commit groups
+    (320, 28, 6),  # 2 consumers, 4 stages, one commit group (N = 168)
+    (256, 64, 3),  # 2 consumers, 4 stages, two commit groups
+    (224, 28, 6),  # 2 consumers, 8 stages, one commit group
+    (224, 64, 3),  # 2 consumers, 8 stages, two commit groups
+    (64, 8, 31),  # 2 consumers, 12 stages, one commit group (N = 248)
+    (128, 32, 8),  # 2 consumers, 12 stages, two commit groups
+    (96, 24, 7),  # 3 consumers, 12 stages, one commit group (N = 168)
+    (64, 36, 4),  # 3 consumers, 12 stages, two commit groups
+    (512, 16, 1),  # 4 consumers, 4 stages
+    (320, 64, 1),  # 4 consumers, 8 stages
+    (96, 8, 1),  # 4 consumers, 12 stages, N = 8
+]
+# Four requests repeated this often: about 10 units per CTA, so every CTA runs several
+# requests (q slots reused) and rings of 2, 4 and 8 stages go round more than once.
+HEAD_SHAPE_REPEATS = 65
+
+
+def head_shape_call(index: int, device: torch.device) -> Call:
+    """The fp8 call at `HEAD_SHAPES[index]`, block size 32 / 64 / 128 in turn, float32 output."""
+    head_dim, num_heads, next_n = HEAD_SHAPES[index]
+    block_size = (32, 64, 128)[index % 3]
+    return build_call(
+        f"fp8 bs={block_size} D={head_dim} H={num_heads} next_n={next_n} out=float32, "
+        f"B={4 * HEAD_SHAPE_REPEATS}",
+        "fp8",
+        block_size=block_size,
+        next_n=next_n,
+        output_dtype=torch.float32,
+        device=device,
+        lengths=LENGTHS * HEAD_SHAPE_REPEATS,
+        seed=200 + index,
+        num_heads=num_heads,
+        head_dim=head_dim,
+    )
+
+
 def fp4_calls(device: torch.device) -> list[Call]:
     # (block size, next_n, interleaved scales, requests): the B = 260 ones reuse q slots in a
     # CTA (next_n 1 runs five consumer warpgroups, next_n 2 three), and B = 1040 gives every CTA
@@ -391,7 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the reference path"
     )
-    parser.add_argument("--only", choices=("eager", "graph", "fp4"), help="run one group only")
+    parser.add_argument(
+        "--only",
+        choices=("eager", "graph", "fp4", "heads"),
+        help="run one group only (heads: fp8 at other head shapes, not in the default run)",
+    )
     args = parser.parse_args(argv)
     device, why_not = pick_device(args.device)
     if device is None:
@@ -424,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"fp4 skipped: {str(exc).splitlines()[0]}")
                 break
             report(call.name, problems)
+
+    if args.only == "heads":
+        for index in range(len(HEAD_SHAPES)):
+            call = head_shape_call(index, device)
+            report(call.name, run_eager(call, device))
 
     failed = [name for name, problems in outcomes if problems]
     print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cases match the reference")
