@@ -93,6 +93,7 @@ if [ -n "${RANDOM_CASES:-}" ]; then
     --shapes "${RANDOM_SHAPES:-suite}" --batches "${RANDOM_BATCHES:-small}" 2>&1 | stdbuf -oL tr '\r' '\n' \
     | grep --line-buffered -v "kernel/s\]\|s/kernel\]" > "$OUT/random-cases.log"
   grep -E "^(FAIL|random cases|schedules|[0-9]+ kernel)" "$OUT/random-cases.log" | head -30
+  grep -q "^random cases" "$OUT/random-cases.log" || grep "^checked" "$OUT/random-cases.log" | tail -n 1
 fi
 for which in ${EXPERIMENTS:-}; do
   # EXPERIMENTS ("large fp4 consumers small timestamps"): the variant tables of tools/fp8_kernel_check.py

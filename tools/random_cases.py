@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+PROGRESS_EVERY = 50  # calls between progress lines
 sys.path.insert(0, str(ROOT / "packages/attn-scores/tests/paged_mqa_logits"))
 
 from flashinfer_attn_scores.paged_mqa_logits import PagedMqaLogitsConfig, launcher  # noqa: E402
@@ -139,13 +140,20 @@ def main() -> int:
     )
     failures: list[str] = []
     began = time.perf_counter()
-    for variant, seed in runs:
+    for done, (variant, seed) in enumerate(runs, 1):
         try:
             check_random_call(variant, seed, args.shapes, args.batches)
         except Exception as exc:  # every failure is reported; none stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
             print(failures[-1], flush=True)
+        if done % PROGRESS_EVERY == 0 and done < len(runs):
+            # A run cut short by a timeout still says how far it got.
+            print(
+                f"checked {done} of {len(runs)} calls, {len(failures)} failed, last seed "
+                f"{variant} {seed}, {time.perf_counter() - began:.0f} s",
+                flush=True,
+            )
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     schedule_failures = 0
     for seed in range(args.first_seed, args.first_seed + args.schedules):
