@@ -146,5 +146,45 @@ def test_head_shape_cases_pass_on_the_cpu_reference_path() -> None:
     index = len(sc.HEAD_SHAPES) - 1  # the smallest; the others differ only in size on the CPU
     call = sc.head_shape_call(index, CPU)
     head_dim, num_heads, next_n = sc.HEAD_SHAPES[index]
-    assert tuple(call.args["q"].shape) == (4 * sc.HEAD_SHAPE_REPEATS, next_n, num_heads, head_dim)
+    assert tuple(call.args["q"].shape) == (4 * sc.STRUCTURE_REPEATS, next_n, num_heads, head_dim)
+    assert sc.run_eager(call, CPU) == []
+
+
+def test_fp4_structures_reach_every_fp4_kernel_configuration() -> None:
+    """Every fp4 kernel structure (pipeline, commit groups, weight loads, epilogue dtype, scale
+    layout) some block size and output dtype compile to has a case in FP4_STRUCTURES."""
+    from flashinfer_attn_scores.paged_mqa_logits import fp4_sm90, fp8_sm90
+
+    def structure(block_size, next_n, epi, interleaved):
+        config = fp4_sm90.fp4_config(block_size, next_n, torch.bfloat16, epi, interleaved)
+        return (
+            tuple(config.pipeline),
+            fp8_sm90.mma_halves_for(config.n),
+            fp4_sm90.weight_pair_loads(next_n, epi),
+            epi,
+            interleaved,
+        )
+
+    epilogues = (torch.float32, torch.float16, torch.bfloat16)
+    every = {
+        structure(block_size, next_n, epi, interleaved)
+        for block_size in (32, 64, 128)
+        for next_n in (1, 2, 3, 4)
+        for epi in epilogues
+        for interleaved in ((False, True) if block_size == 128 else (False,))
+    }
+    cases = _sanitize_cases().FP4_STRUCTURES
+    assert {structure(bs, n, epi, inter) for n, epi, inter, bs in cases} == every
+    assert {(n, epi, inter) for n, epi, inter, _ in cases} == {
+        (n, epi, inter) for n in (1, 2, 3, 4) for epi in epilogues for inter in (False, True)
+    }
+    assert {bs for _, _, inter, bs in cases if not inter} == {32, 64}
+
+
+def test_an_fp4_structure_case_passes_on_the_cpu_reference_path() -> None:
+    sc = _sanitize_cases()
+    index = sc.FP4_STRUCTURES.index((3, torch.float32, True, 128))
+    call = sc.fp4_structure_call(index, CPU)
+    assert call.interleaved and call.next_n == 3
+    assert call.args["seq_lens"].shape[0] == 4 * sc.STRUCTURE_REPEATS
     assert sc.run_eager(call, CPU) == []

@@ -18,7 +18,7 @@
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
 # (110 s per tool run; five runs then fit one 600 s device call even if each one times out),
-# SANITIZE_CASE_ARGS (tools/sanitize_cases.py arguments for every run, e.g. "--only heads"),
+# SANITIZE_CASE_ARGS (tools/sanitize_cases.py arguments for every run, e.g. "--only structures"),
 # SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
@@ -190,7 +190,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # tools/sanitize_cases.py: a handful of small fp8 (and, once built, fp4) calls checked against
   # the float64 reference; exit 1 on a mismatch, 9 (--error-exitcode) on a sanitizer error.
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  # shellcheck disable=SC2086  # SANITIZE_CASE_ARGS is a word list on purpose (e.g. "--only heads")
+  # shellcheck disable=SC2086  # SANITIZE_CASE_ARGS is a word list on purpose (e.g. "--only structures")
   timeout "${SANITIZE_PLAIN_TIMEOUT:-100}" python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-plain.log" 2>&1
   echo "sanitize cases without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
   if [ -z "$SANITIZER" ]; then

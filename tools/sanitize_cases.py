@@ -19,9 +19,10 @@ written, and writes outside the padded rows. Cases:
   with 1040 requests), and float16 and bfloat16 epilogues at block 64 (bfloat16 also with 260
   requests), once the fp4 kernel exists (until then its NotImplementedError is caught and
   "fp4 skipped" printed);
-- only with `--only heads` (it takes longer than the rest together): fp8 at 13 other head
-  shapes, one per kernel structure they compile to (consumer and producer counts, KV stages
-  from 2 to 12, one or two MMA commit groups), 260 requests each.
+- only with `--only structures` (it takes longer than the rest together), 260 requests each:
+  fp8 at 13 other head shapes, one per kernel structure they compile to (consumer and producer
+  counts, KV stages from 2 to 12, one or two MMA commit groups), and fp4 at every next_n x
+  epilogue dtype x scale layout.
 
 Inputs are built on the CPU and copied over, so the GPU runs little besides the ops. With
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor its own allocation, so memcheck sees exact
@@ -367,7 +368,7 @@ HEAD_SHAPES = [
 ]
 # Four requests repeated this often: about 10 units per CTA, so every CTA runs several
 # requests (q slots reused) and rings of 2, 4 and 8 stages go round more than once.
-HEAD_SHAPE_REPEATS = 65
+STRUCTURE_REPEATS = 65
 
 
 def head_shape_call(index: int, device: torch.device) -> Call:
@@ -376,13 +377,13 @@ def head_shape_call(index: int, device: torch.device) -> Call:
     block_size = (32, 64, 128)[index % 3]
     return build_call(
         f"fp8 bs={block_size} D={head_dim} H={num_heads} next_n={next_n} out=float32, "
-        f"B={4 * HEAD_SHAPE_REPEATS}",
+        f"B={4 * STRUCTURE_REPEATS}",
         "fp8",
         block_size=block_size,
         next_n=next_n,
         output_dtype=torch.float32,
         device=device,
-        lengths=LENGTHS * HEAD_SHAPE_REPEATS,
+        lengths=LENGTHS * STRUCTURE_REPEATS,
         seed=200 + index,
         num_heads=num_heads,
         head_dim=head_dim,
@@ -426,6 +427,35 @@ def fp4_calls(device: torch.device) -> list[Call]:
     ]
 
 
+# fp4 (next_n, epilogue dtype, interleaved scales, block size): every next_n x epilogue dtype x
+# scale layout, token-major at blocks 32 and 64 in turn, interleaved at 128 (the only block
+# size that has them). The output dtype and the block size do not change a kernel's structure.
+FP4_STRUCTURES = [
+    (next_n, epi, interleaved, 128 if interleaved else (32, 64)[(next_n + k) % 2])
+    for next_n in (1, 2, 3, 4)
+    for k, epi in enumerate((torch.float32, torch.float16, torch.bfloat16))
+    for interleaved in (False, True)
+]
+
+
+def fp4_structure_call(index: int, device: torch.device) -> Call:
+    """The fp4 call at `FP4_STRUCTURES[index]`, bfloat16 output."""
+    next_n, epi, interleaved, block_size = FP4_STRUCTURES[index]
+    return build_call(
+        f"fp4 bs={block_size} next_n={next_n}{' interleaved' if interleaved else ''} "
+        f"out=bfloat16 epi={str(epi)[6:]}, B={4 * STRUCTURE_REPEATS}",
+        "fp4",
+        block_size=block_size,
+        next_n=next_n,
+        output_dtype=torch.bfloat16,
+        device=device,
+        lengths=LENGTHS * STRUCTURE_REPEATS,
+        interleaved=interleaved,
+        seed=300 + index,
+        epi_dtype=epi,
+    )
+
+
 def pick_device(choice: str) -> tuple[torch.device | None, str]:
     if choice == "cpu":
         return torch.device("cpu"), ""
@@ -443,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("eager", "graph", "fp4", "heads"),
-        help="run one group only (heads: fp8 at other head shapes, not in the default run)",
+        choices=("eager", "graph", "fp4", "structures"),
+        help="run one group only (structures: fp8 at other head shapes and every fp4"
+        " configuration, not in the default run)",
     )
     args = parser.parse_args(argv)
     device, why_not = pick_device(args.device)
@@ -479,9 +510,12 @@ def main(argv: list[str] | None = None) -> int:
                 break
             report(call.name, problems)
 
-    if args.only == "heads":
+    if args.only == "structures":
         for index in range(len(HEAD_SHAPES)):
             call = head_shape_call(index, device)
+            report(call.name, run_eager(call, device))
+        for index in range(len(FP4_STRUCTURES)):
+            call = fp4_structure_call(index, device)
             report(call.name, run_eager(call, device))
 
     failed = [name for name, problems in outcomes if problems]
