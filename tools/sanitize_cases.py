@@ -409,22 +409,36 @@ def fp4_calls(device: torch.device) -> list[Call]:
         (64, 2, False, 65, torch.bfloat16),
     ]
     return [
-        build_call(
-            f"fp4 bs={bs} next_n={n}{' interleaved' if inter else ''} out=bfloat16"
-            + (f", B={4 * repeats}" if repeats > 1 else "")
-            + (f" epi={str(epi)[6:]}" if epi != torch.float32 else ""),
-            "fp4",
-            block_size=bs,
-            next_n=n,
-            output_dtype=torch.bfloat16,
-            device=device,
-            lengths=LENGTHS * repeats,
-            interleaved=inter,
-            seed=100 + bs + n,
-            epi_dtype=epi,
-        )
+        fp4_call(bs, n, inter, repeats, epi, seed=100 + bs + n, device=device)
         for bs, n, inter, repeats, epi in specs
     ]
+
+
+def fp4_call(
+    block_size: int,
+    next_n: int,
+    interleaved: bool,
+    repeats: int,
+    epi_dtype: torch.dtype,
+    *,
+    seed: int,
+    device: torch.device,
+) -> Call:
+    """An fp4 call (bfloat16 output) over `LENGTHS` repeated `repeats` times."""
+    return build_call(
+        f"fp4 bs={block_size} next_n={next_n}{' interleaved' if interleaved else ''} out=bfloat16"
+        + (f", B={4 * repeats}" if repeats > 1 else "")
+        + (f" epi={str(epi_dtype)[6:]}" if epi_dtype != torch.float32 else ""),
+        "fp4",
+        block_size=block_size,
+        next_n=next_n,
+        output_dtype=torch.bfloat16,
+        device=device,
+        lengths=LENGTHS * repeats,
+        interleaved=interleaved,
+        seed=seed,
+        epi_dtype=epi_dtype,
+    )
 
 
 # fp4 (next_n, epilogue dtype, interleaved scales, block size): every next_n x epilogue dtype x
@@ -441,18 +455,8 @@ FP4_STRUCTURES = [
 def fp4_structure_call(index: int, device: torch.device) -> Call:
     """The fp4 call at `FP4_STRUCTURES[index]`, bfloat16 output."""
     next_n, epi, interleaved, block_size = FP4_STRUCTURES[index]
-    return build_call(
-        f"fp4 bs={block_size} next_n={next_n}{' interleaved' if interleaved else ''} "
-        f"out=bfloat16 epi={str(epi)[6:]}, B={4 * STRUCTURE_REPEATS}",
-        "fp4",
-        block_size=block_size,
-        next_n=next_n,
-        output_dtype=torch.bfloat16,
-        device=device,
-        lengths=LENGTHS * STRUCTURE_REPEATS,
-        interleaved=interleaved,
-        seed=300 + index,
-        epi_dtype=epi,
+    return fp4_call(
+        block_size, next_n, interleaved, STRUCTURE_REPEATS, epi, seed=300 + index, device=device
     )
 
 
