@@ -28,6 +28,7 @@ RUN24_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run24.json"
 RUN25_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run25.json"
 RUN26_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run26.json"
 RUN27_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run27.json"
+RUN28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run28.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
@@ -320,7 +321,8 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
-    (RUN27_JSON, [PERFORMANCE_MD]),
+    (RUN28_JSON, [PERFORMANCE_MD]),
+    (RUN27_JSON, [HISTORY_MD]),
     (RUN26_JSON, [HISTORY_MD]),
     (RUN25_JSON, [HISTORY_MD]),
     (RUN24_JSON, [HISTORY_MD]),
@@ -345,7 +347,7 @@ PUBLISHED_RUNS = [
 @pytest.mark.parametrize(
     ("results", "pages"),
     PUBLISHED_RUNS,
-    # "run27", "run26", "run22-fp8", ...
+    # "run28", "run27", "run22-fp8", ...
     ids=[results.stem.split("-", 4)[-1] for results, _ in PUBLISHED_RUNS],
 )
 def test_published_tables_are_generated_from_their_json(results, pages) -> None:
