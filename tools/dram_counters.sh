@@ -13,9 +13,7 @@
 set -u
 OUT=${OUT:-/tmp/dram-counters}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-export PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src${PYTHONPATH:+:$PYTHONPATH}
-export FLASHINFER_JIT_CACHE_DIR=${FLASHINFER_JIT_CACHE_DIR:-/tmp/flashinfer-jit-cache}
+source "$(dirname "$0")/source_env.sh"
 ncu --query-metrics 2>&1 | grep -E "^dram" > "$OUT/metrics-available.txt"
 echo "DRAM metric names offered: $(wc -l < "$OUT/metrics-available.txt")"
 # Bytes each way, and the DRAM cycles busy with reads, with writes and at all, against the

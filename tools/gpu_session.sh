@@ -22,11 +22,9 @@
 # SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/source_env.sh"
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
-export PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src${PYTHONPATH:+:$PYTHONPATH}
-export FLASHINFER_JIT_CACHE_DIR=${FLASHINFER_JIT_CACHE_DIR:-/tmp/flashinfer-jit-cache}
 export PYTHONUNBUFFERED=1
 if [ -n "${KNOB_DEFAULTS:-}" ]; then
   # KNOB_DEFAULTS ("RELU_FMA=1 ..."): run everything below with these #define defaults in the

@@ -17,9 +17,7 @@
 set -u
 OUT=${OUT:-/tmp/ncu-stalls}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-export PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src${PYTHONPATH:+:$PYTHONPATH}
-export FLASHINFER_JIT_CACHE_DIR=${FLASHINFER_JIT_CACHE_DIR:-/tmp/flashinfer-jit-cache}
+source "$(dirname "$0")/source_env.sh"
 IFS=';' read -ra cases <<< "${CASES:-fp8 1,64,64,4096}"
 for case in "${cases[@]}"; do
   read -r kernel shape <<< "$case"
