@@ -32,6 +32,32 @@ def is_untouched(t: torch.Tensor) -> bool:
     return bool((t == UNTOUCHED).all())
 
 
+# The FP8 tensor cores' accumulation error that `assert_rows_close` accepts per element, as a
+# fraction of `dot_magnitude` (scale * sum_h |w_h| sum_d |q_hd k_d|): `accumulation_error`.
+# Measured with one head per row (`keep_one_head_per_row`, `tools/fp8_accumulation_error.py`;
+# H200, 2026-12-01, nine seeds, ~600k logits per head_dim), the largest error was, as log2:
+#
+#   head_dim (k steps)   32 (1)   128 (4)   160 (5)   576 (18)   1024 (32)   1600 (50)
+#   float32 accumulator  -12.74   -12.03    -11.93    -11.12     -11.24      -10.94
+#   float16 accumulator  -11.42   -10.81    -10.97    -10.91     -10.86      -10.93
+#
+# The float32 accumulator's error grows with the number of k steps S = head_dim / 32, slower
+# than S (each step's rounding has its own sign): the bound is 2**-11 * sqrt(max(1, S / 4)),
+# at least 2x the largest error at every head_dim measured. The float16 accumulator rounds to
+# float16 at every step whatever S is: 2**-9, 3x its largest.
+FLOAT32_ACCUMULATION_AT_4_STEPS = 2.0**-11
+FLOAT16_ACCUMULATION = 2.0**-9
+
+
+def accumulation_error(acc_dtype: torch.dtype, head_dim: int) -> float:
+    """The per-element bound of the FP8 tensor cores' accumulation error, as a fraction of
+    scale * sum_h |w_h| sum_d |q_hd k_d| (see the table above)."""
+    if acc_dtype == torch.float16:
+        return FLOAT16_ACCUMULATION
+    steps = head_dim / 32
+    return FLOAT32_ACCUMULATION_AT_4_STEPS * max(1.0, steps / 4) ** 0.5
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -173,6 +199,16 @@ def make_fp8_case(
         k64=values.to(torch.float64),
         token_scale64=scales.to(torch.float64),
     )
+
+
+def keep_one_head_per_row(case: PagedCase) -> None:
+    """Weights 1 on head (row % num_heads) and 0 elsewhere, so each logit is one head's
+    relu(q_h . k) times the token scale, and `dot_magnitude` that one head's summed
+    |products|: the accumulation error of one dot product, unaveraged by other heads."""
+    rows, num_heads = case.weights.shape
+    weights = torch.zeros_like(case.weights)
+    weights[torch.arange(rows), torch.arange(rows) % num_heads] = 1.0
+    case.weights = weights
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,12 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
+from attn_scores_cases import (
+    accumulation_error,
+    assert_rows_close,
+    make_fp4_case,
+    make_fp8_case,
+)
 from flashinfer_attn_scores.paged_mqa_logits import custom_ops, dispatch
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 from test_gpu import VARIANTS
@@ -437,7 +442,6 @@ def test_dynamic_shapes_compile_once_and_match_eager_on_gpu(variant):
     """As the CPU test: one dynamic-shape graph for three batch sizes, each result bitwise the
     eager call's and within the GPU suite's bounds of the float64 reference."""
     from test_gpu import tolerance
-    from test_gpu_random_cases import ACCUMULATION_ERROR
     from torch._dynamo.testing import CompileCounterWithBackend
 
     kind = VARIANTS[variant]
@@ -461,6 +465,6 @@ def test_dynamic_shapes_compile_once_and_match_eager_on_gpu(variant):
             tolerance(output_dtype),
             case.expected(abs_weights=True),
             case.dot_magnitude(),
-            ACCUMULATION_ERROR[torch.float32],
+            accumulation_error(torch.float32, case.k64.shape[-1]),
         )
     assert counter.frame_count == 1
