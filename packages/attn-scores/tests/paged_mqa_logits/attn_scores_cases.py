@@ -283,16 +283,24 @@ def expected_logits(
     seq_lens: torch.Tensor,
     max_seq_len: int,
 ) -> torch.Tensor:
-    """Float64 logits for every p < seq_lens[b] (NaN elsewhere), position by position."""
-    q64, k64 = q64.cpu(), k64.cpu()
-    block_tables, seq_lens = block_tables.cpu(), seq_lens.cpu()
+    """Float64 logits for every p < seq_lens[b] (NaN elsewhere), position by position,
+    returned on the host.
+
+    The sums run on the device `q64` is on (IEEE float64 there too: torch's gather and
+    matmul, nothing of the package), so a GPU test's expectation of a large batch does not
+    wait seconds for the host's float64 arithmetic."""
+    device = q64.device
+    k64, block_tables = k64.to(device), block_tables.to(device)
+    if token_scale64 is not None:
+        token_scale64 = token_scale64.to(device)
     batch_size, next_n = q64.shape[:2]
     block_size = k64.shape[1]
-    w64 = weights.cpu().to(torch.float64)
-    out = torch.full((batch_size * next_n, max_seq_len), float("nan"), dtype=torch.float64)
-    for b in range(batch_size):
-        length = int(seq_lens[b])
-        pos = torch.arange(length)
+    w64 = weights.to(device, torch.float64)
+    out = torch.full(
+        (batch_size * next_n, max_seq_len), float("nan"), dtype=torch.float64, device=device
+    )
+    for b, length in enumerate(seq_lens.tolist()):
+        pos = torch.arange(length, device=device)
         block = block_tables[b].to(torch.int64)[pos // block_size]
         slot = pos % block_size
         keys = k64[block, slot]  # [L, D]
@@ -300,9 +308,9 @@ def expected_logits(
         rows = slice(b * next_n, (b + 1) * next_n)
         logits = (w64[rows, :, None] * dots.clamp_min(0)).sum(dim=1)
         if token_scale64 is not None:
-            logits = logits * token_scale64.cpu()[block, slot]
+            logits = logits * token_scale64[block, slot]
         out[rows, :length] = logits
-    return out
+    return out.cpu()
 
 
 def assert_rows_close(
