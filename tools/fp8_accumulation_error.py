@@ -31,25 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "packages/attn-scores/tests/paged_mqa_logits"))
 
 import flashinfer_attn_scores as fa  # noqa: E402
-from attn_scores_cases import (  # noqa: E402
-    accumulation_error,
-    keep_one_head_per_row,
-    make_fp8_case,
-)
-from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask  # noqa: E402
+from attn_scores_cases import accumulation_error  # noqa: E402
+from test_gpu_accumulation import error_ratios, one_head_error_ratios  # noqa: E402
 
-NUM_HEADS, NEXT_N, BLOCK_SIZE = 4, 2, 64
 LENGTHS = [2048] * 16  # 16 requests x 2 draft rows x ~2k positions: ~65k logits per call
-
-
-def ratios_of(got: torch.Tensor, case) -> torch.Tensor:
-    """|got - expected| / dot_magnitude over the valid logits with a nonzero product sum."""
-    mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
-    expected = case.expected()
-    dots = case.dot_magnitude()
-    keep = mask & (dots > 0)
-    err = (got.cpu().to(torch.float64) - expected).abs()
-    return err[keep] / dots[keep]
 
 
 def log2_text(value: float) -> str:
@@ -66,26 +51,7 @@ def sweep(head_dims: list[int], seeds: list[int]) -> None:
         for acc_dtype in (torch.float32, torch.float16):
             ratios = []
             for seed in seeds:
-                case = make_fp8_case(
-                    LENGTHS,
-                    next_n=NEXT_N,
-                    num_heads=NUM_HEADS,
-                    head_dim=head_dim,
-                    block_size=BLOCK_SIZE,
-                    seed=seed,
-                )
-                keep_one_head_per_row(case)
-                gpu = case.to("cuda")
-                got = fa.fp8_paged_mqa_logits(
-                    gpu.q,
-                    gpu.kv_fused,
-                    gpu.weights,
-                    gpu.block_tables,
-                    gpu.seq_lens,
-                    gpu.max_seq_len,
-                    acc_dtype=acc_dtype,
-                )
-                ratios.append(ratios_of(got, case))
+                ratios.append(one_head_error_ratios(head_dim, acc_dtype, LENGTHS, seed))
             every = torch.cat(ratios)
             print(
                 f"| {head_dim} | {head_dim // 32} | {str(acc_dtype).split('.')[-1]} | "
@@ -115,7 +81,7 @@ def replay(seeds: list[int], shapes: str, batches: str) -> None:
             epi_dtype=epi_dtype,
             acc_dtype=acc_dtype,
         )
-        ratio = ratios_of(got, case.to("cpu"))
+        ratio = error_ratios(got, case.to("cpu"))
         print(
             f"seed {seed}: heads {call['num_heads']}, head_dim {call['head_dim']}, next_n "
             f"{call['next_n']}, dtypes {[str(d).split('.')[-1] for d in call['dtypes']]}: "
