@@ -42,8 +42,8 @@ PEER_FP8_US: dict[tuple[int, int, int], float] = {
 PEER_COPY_BYTES_PER_S = 4.28e12
 
 # The published shapes whose row also gives the time as a fraction of that copy bandwidth: the
-# bandwidth-bound ones. The other six (B 1 at every L, B 8 at L 4k and 16k) are latency-bound
-# and published as times alone.
+# bandwidth-bound ones. The other eight (B 1 at every L and next_n, B 8 at L 4k and 16k) are
+# latency-bound and published as times alone.
 PEER_SHAPES_WITH_COPY_FRACTION: frozenset[tuple[int, int, int]] = frozenset(
     {(1, 8, 65536)}
     | {(n, b, length) for n in (1, 2) for b in (64, 128) for length in (4096, 16384, 65536)}
