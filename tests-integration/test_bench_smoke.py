@@ -174,16 +174,31 @@ def test_op_call_passes_the_case_s_dtypes(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(bench.ops.flashinfer_attn_scores, "fp8_paged_mqa_logits", record("fp8"))
     monkeypatch.setattr(bench.ops.flashinfer_attn_scores, "fp4_paged_mqa_logits", record("fp4"))
     cpu = torch.device("cpu")
-    for shape in (
-        bench.shapes.IndexerShape("fp8", 2, 100, 1, 32, epi_dtype="float16", acc_dtype="float16"),
-        bench.shapes.IndexerShape("fp4", 2, 100, 1, 32, epi_dtype="bfloat16"),
-        bench.shapes.IndexerShape("fp8", 2, 100, 1, 32),
+    half, single = torch.float16, torch.float32
+    for shape, expected in (
+        (
+            bench.shapes.IndexerShape(
+                "fp8", 2, 100, 1, 32, epi_dtype="float16", acc_dtype="float16"
+            ),
+            {"epi_dtype": half, "acc_dtype": half},
+        ),
+        (
+            bench.shapes.IndexerShape("fp8", 2, 100, 1, 32, acc_dtype="float16"),
+            {"epi_dtype": single, "acc_dtype": half},
+        ),
+        (
+            bench.shapes.IndexerShape("fp4", 2, 100, 1, 32, epi_dtype="bfloat16"),
+            {"epi_dtype": torch.bfloat16},
+        ),
+        (
+            bench.shapes.IndexerShape("fp8", 2, 100, 1, 32),
+            {"epi_dtype": single, "acc_dtype": single},
+        ),
     ):
+        seen.clear()
         case = bench.data.build_case(shape, cpu)
         bench.ops.op_call(case, case.sets[0])()
-        if shape.op == "fp4":
-            assert seen["fp4"] == {"epi_dtype": torch.bfloat16}
-    assert seen["fp8"] == {"epi_dtype": torch.float32, "acc_dtype": torch.float32}
+        assert seen == {shape.op: expected}, shape.label
 
 
 def test_check_tolerance_is_the_loosest_of_output_epilogue_and_accumulator() -> None:
