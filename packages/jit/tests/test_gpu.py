@@ -6,6 +6,7 @@ Skipped (with the reason) where no SM90 GPU is present; the lead runs them on an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -296,7 +297,16 @@ def test_argument_mistakes_are_caught_before_the_driver():
         kernel.launch(1, 4, x, x.cpu(), x, f32(1.0), i32(4))
 
 
-def test_host_overhead_per_launch_report(record_property):
+# Loose ceilings, far above the measured figures (about 7 us per launch and 70 ms for a
+# process's first call on the H200 hosts), so host noise cannot fail them; what they catch is a
+# launch path that reads the disk cache, compiles, or synchronises.
+LAUNCH_OVERHEAD_CEILING_US = 100.0
+WARM_FIRST_CALL_CEILING_S = 5.0
+
+
+def test_host_overhead_per_launch(record_property):
+    """Reports the median host time of a warm launch (target <= 10 us) and checks it stays
+    within LAUNCH_OVERHEAD_CEILING_US."""
     kernel = load_kernel(EMPTY)
     x = torch.zeros(16, device="cuda")
     args = (x, x, x, i32(16), i64(16), f32(1.0))
@@ -313,6 +323,7 @@ def test_host_overhead_per_launch_report(record_property):
     median_us = sorted(samples)[len(samples) // 2] * 1e6
     record_property("launch_overhead_us", median_us)
     print(f"host overhead per warm launch (6 args): {median_us:.2f} us (target <= 10 us)")
+    assert median_us < LAUNCH_OVERHEAD_CEILING_US, f"{median_us:.1f} us per warm launch"
 
 
 WARM_FIRST_CALL = """
@@ -328,18 +339,27 @@ print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 
 
-def test_warm_cache_first_call_report(record_property):
-    load_kernel(SCALE_ADD)  # make sure the session cache holds it
+def test_warm_cache_first_call_loads_without_compiling(record_property):
+    """A new process's first call of a cached kernel is a cache hit, not a compile; reports
+    its time (import + load + launch, target < 50 ms) and checks it stays within
+    WARM_FIRST_CALL_CEILING_S."""
+    # On disk in the session cache the subprocess inherits (load_kernel could answer from
+    # this process's table, filled from another cache root by an earlier test).
+    jit.compile_kernel(SCALE_ADD, jit.device_arch())
     result = subprocess.run(
         [sys.executable, "-c", WARM_FIRST_CALL],
         capture_output=True,
         text=True,
         check=True,
         timeout=300,
+        env={**os.environ, "FLASHINFER_JIT_VERBOSE": "1"},
     )
     seconds = json.loads(result.stdout.strip().splitlines()[-1])["seconds"]
     record_property("warm_cache_first_call_ms", seconds * 1e3)
     print(f"warm-cache first call (import + load + launch): {seconds * 1e3:.1f} ms (target < 50)")
+    assert "[flashinfer_jit] cache hit" in result.stderr, result.stderr
+    assert "[flashinfer_jit] compiled" not in result.stderr, result.stderr
+    assert seconds < WARM_FIRST_CALL_CEILING_S, f"{seconds:.2f} s"
 
 
 def test_precompile_and_load_for_the_current_device(tmp_path):

@@ -313,6 +313,68 @@ def test_fp8_nan_in_k_reaches_exactly_its_logits(next_n, output_dtype, epi_dtype
     )
 
 
+# Cases where an 8-column group of the MMA's N holds the last heads of draft slot 0 and the
+# first of slot 1 (num_heads % 8 == 4, next_n 2): the same (shape, block size, seed, dtypes)
+# as cases of test_fp8_parametric_shapes and test_fp8_float16_epilogue_parametric, so every
+# row the NaN must not reach is held to a bound those tests hold it to.
+NAN_Q_CASES = [
+    (4, 128, 64, 4 * 128 + 2, (torch.float32,) * 3),
+    (12, 160, 64, 12 * 160 + 2, (torch.float32,) * 3),
+    (4, 128, 32, 7 * 4 + 2, (torch.float16, torch.float16, torch.float32)),
+    (12, 160, 128, 7 * 12 + 2, (torch.float16, torch.float16, torch.float16)),
+]
+
+
+@pytest.mark.parametrize(("num_heads", "head_dim", "block_size", "seed", "dtypes"), NAN_Q_CASES)
+def test_fp8_nan_in_one_draft_slots_q_stays_in_its_row(
+    num_heads, head_dim, block_size, seed, dtypes
+):
+    """A NaN byte in one head of one draft slot's q makes that slot's row NaN at every valid
+    position and no other row: the per-slot sums of a group that holds two slots' heads keep
+    them apart (slot 0's last head and slot 1's first are the straddling group's columns)."""
+    check_nan_in_one_draft_slots_q(num_heads, head_dim, block_size, seed, dtypes, "cuda")
+
+
+def check_nan_in_one_draft_slots_q(num_heads, head_dim, block_size, seed, dtypes, device):
+    next_n = 2
+    case = make_fp8_case(
+        EDGE_LENGTHS,
+        next_n=next_n,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=64,
+        seed=seed,
+    ).to(device)
+    q_bytes = case.q.view(torch.uint8)
+    # (request, slot, head): request 8 (1000 tokens) slot 0's last head, request 3 (128 tokens)
+    # slot 1's first head.
+    poisoned = [(8, 0, num_heads - 1), (3, 1, 0)]
+    for request, slot, head in poisoned:
+        q_bytes[request, slot, head, 0] = 0x7F  # E4M3 NaN
+    nan_rows = sorted(request * next_n + slot for request, slot, _ in poisoned)
+
+    output_dtype, epi_dtype, acc_dtype = dtypes
+    out = poisoned_out(case.rows, case.max_seq_len, output_dtype, device=device)
+    got = fa.fp8_paged_mqa_logits(
+        *case.fp8_args(),
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
+        out=out,
+    ).cpu()
+    expected = fp8_paged_mqa_logits_reference(*case.fp8_args()).cpu()
+    valid = valid_mask(case.seq_lens.cpu(), next_n, got.shape[1])
+    nan_expected = valid & torch.isnan(expected)
+    # The reference: exactly the poisoned rows, each over its whole valid region.
+    assert sorted(set(nan_expected.nonzero()[:, 0].tolist())) == nan_rows
+    assert torch.equal(nan_expected[nan_rows], valid[nan_rows])
+    assert torch.isnan(got[nan_expected]).all()
+    magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
+    assert_rows_close(got, expected, valid & ~nan_expected, tolerance(*dtypes), magnitude)
+
+
 def _mean_row_error(got, expected, magnitude, mask):
     """Mean over the valid elements of |got - expected| / (the row maximum of `magnitude`)."""
     got, expected, magnitude, mask = (t.cpu().double() for t in (got, expected, magnitude, mask))
@@ -375,15 +437,17 @@ def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, ep
 
 
 def many_short_lengths(batch: int, seed: int) -> list[int]:
-    """Short requests, a fifth of them empty: every CTA walks several requests, so both q
-    slots are reused inside a CTA (the EDGE_LENGTHS cases give a CTA at most two)."""
+    """Short requests (1-299 tokens), a fifth of them empty. On 132 SMs the schedule gives
+    batch 260 two requests to most CTAs (1-3), 700 four or five (3-5) and 2000 ten to
+    fourteen, so both q slots are reused inside a CTA, many times at 2000 (the EDGE_LENGTHS
+    cases give a CTA at most two requests)."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 300, (batch,), generator=gen)
     lengths[torch.rand(batch, generator=gen) < 0.2] = 0
     return lengths.tolist()
 
 
-@pytest.mark.parametrize("batch", [40, 260, 700])
+@pytest.mark.parametrize("batch", [260, 700, 2000])
 @pytest.mark.parametrize(
     ("variant", "epi_dtype", "next_n"),
     [
@@ -395,8 +459,9 @@ def many_short_lengths(batch: int, seed: int) -> list[int]:
     ],
 )
 def test_many_short_requests_per_cta(variant, epi_dtype, next_n, batch):
-    """Both q slots reused many times per CTA; fp4's bfloat16 epilogue also rewrites its
-    head-sum tile's weights per request (one atom per draft slot, so next_n 2-4)."""
+    """Both q slots reused inside each CTA (many_short_lengths says how often); fp4's
+    bfloat16 epilogue also rewrites its head-sum tile's weights per request (one atom per
+    draft slot, so next_n 2-4)."""
     lens = many_short_lengths(batch, seed=batch)
     kind = VARIANTS[variant]
     if variant == "fp8":
