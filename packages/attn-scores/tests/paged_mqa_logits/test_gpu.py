@@ -242,9 +242,9 @@ PARAMETRIC_SHAPES = [
 ]
 
 
-def check_fp8_shape(block_size, num_heads, head_dim, next_n, seed, dtypes=(torch.float32,) * 3):
-    """check_fp8_case at a parametric shape on the edge lengths."""
-    case = make_fp8_case(
+def fp8_shape_case(block_size, num_heads, head_dim, next_n, seed, device="cuda"):
+    """An fp8 case at a parametric shape on the edge lengths."""
+    return make_fp8_case(
         EDGE_LENGTHS,
         next_n=next_n,
         num_heads=num_heads,
@@ -253,8 +253,12 @@ def check_fp8_shape(block_size, num_heads, head_dim, next_n, seed, dtypes=(torch
         max_seq_len=MAX_SEQ_LEN,
         spare_blocks=64,
         seed=seed,
-    ).to("cuda")
-    check_fp8_case(case, next_n, dtypes)
+    ).to(device)
+
+
+def check_fp8_shape(block_size, num_heads, head_dim, next_n, seed, dtypes=(torch.float32,) * 3):
+    """check_fp8_case at a parametric shape on the edge lengths."""
+    check_fp8_case(fp8_shape_case(block_size, num_heads, head_dim, next_n, seed), next_n, dtypes)
 
 
 @pytest.mark.parametrize(("num_heads", "head_dim", "next_n"), PARAMETRIC_SHAPES)
@@ -337,16 +341,7 @@ def test_fp8_nan_in_one_draft_slots_q_stays_in_its_row(
 
 def check_nan_in_one_draft_slots_q(num_heads, head_dim, block_size, seed, dtypes, device):
     next_n = 2
-    case = make_fp8_case(
-        EDGE_LENGTHS,
-        next_n=next_n,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        block_size=block_size,
-        max_seq_len=MAX_SEQ_LEN,
-        spare_blocks=64,
-        seed=seed,
-    ).to(device)
+    case = fp8_shape_case(block_size, num_heads, head_dim, next_n, seed, device)
     q_bytes = case.q.view(torch.uint8)
     # (request, slot, head): request 8 (1000 tokens) slot 0's last head, request 3 (128 tokens)
     # slot 1's first head.
