@@ -71,6 +71,26 @@ def test_kernel_without_parameters():
     assert ArgumentPacker([], CPU, "test").pack(()) == (None, 0)
 
 
+def test_arguments_without_a_parameter_list_from_the_driver():
+    """Where the driver reports no parameter list, the typed arguments are laid out in C
+    order at their natural alignment: LAYOUT's offsets, each value at its own pointer."""
+    generator = torch.Generator().manual_seed(2)
+    out = torch.randn(3, generator=generator)
+    tmap = _tensor_map(3)
+    args = (out, out, i32(7), i64(-(2**40)), f32(1.5), tmap)
+    buffer, address = ArgumentPacker([], CPU, "k").pack(args)
+    assert _param_bytes(buffer, address, [s for _, s in LAYOUT]) == [
+        struct.pack("<Q", out.data_ptr()),
+        struct.pack("<Q", out.data_ptr()),
+        struct.pack("<i", 7),
+        struct.pack("<q", -(2**40)),
+        struct.pack("<f", 1.5),
+        tmap.raw,
+    ]
+    pointers = struct.unpack_from("<6Q", buffer, 0)
+    assert [p - pointers[0] for p in pointers] == [o for o, _ in LAYOUT]
+
+
 @pytest.mark.parametrize("plain", [5, 2.0, True])
 def test_plain_python_numbers_are_rejected(plain):
     packer = ArgumentPacker([(0, 4)], CPU, "k")

@@ -54,6 +54,20 @@ def _natural_size(kind: type, tensor_type: type) -> int:
     return 0  # plain numbers and unsupported types are rejected by the caller
 
 
+def _c_layout(sizes: list[int]) -> tuple[tuple[int, int], ...]:
+    """`(offset, size)` of parameters of these sizes in C order, each aligned to its size (a
+    128-byte CUtensorMap to 64 bytes), as the compiler lays out a kernel's parameters. Only
+    the values' placement in the packed buffer depends on it: each parameter is passed by its
+    own pointer."""
+    layout, offset = [], 0
+    for size in sizes:
+        align = max(1, min(size, 64))
+        offset = (offset + align - 1) // align * align
+        layout.append((offset, size))
+        offset += size
+    return tuple(layout)
+
+
 class ArgumentPacker:
     """Packs launch arguments for one kernel, with a generated packer per argument-type tuple.
 
@@ -125,7 +139,7 @@ class ArgumentPacker:
         if not params and count:
             # The driver reported no parameter list (seen on the H200 with driver 580 and
             # cuda-bindings 13.3 for some kernels): the explicitly typed arguments say the sizes.
-            params = tuple((0, _natural_size(kind, torch.Tensor)) for kind in types)
+            params = _c_layout([_natural_size(kind, torch.Tensor) for kind in types])
         if count != len(params):
             raise TypeError(
                 f"kernel {self.label!r} takes {len(params)} parameters (sizes "
