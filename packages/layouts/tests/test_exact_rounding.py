@@ -286,3 +286,19 @@ def test_nvfp4_scales_and_values_match_exact_reference():
                 for v in blocks[r][c]
             ]
             assert codes[r, 16 * c : 16 * c + 16].tolist() == expected
+
+
+def test_nvfp4_block_scale_divides_by_6_before_multiplying_by_the_global_scale():
+    """fl32(fl32(amax / 6) * g), in that order: here the other order lands on an e4m3 tie."""
+    # amax = 0x1.a92492p+4 (26.5714283). amax / 6 -> fl32 0x1.1b6db6p+2 (4.42857122);
+    # x 7 = 30.99999857 -> fl32 0x1.effffep+4 (30.999998), below the e4m3 midpoint 31 of
+    # 30 (0x5F) and 32 (0x60) -> 0x5F = 95. fl32(amax * 7) = 186 would give 186 / 6 = 31,
+    # the tie, and the even byte 0x60 = 96.
+    amax = float.fromhex("0x1.a92492p+4")
+    target = round_to_float32(Fraction(round_to_float32(Fraction(amax) / 6)) * 7)
+    assert target == float.fromhex("0x1.effffep+4")
+    assert e4m3_nearest(Fraction(target), False) == 0x5F
+    block = torch.zeros(1, 16)
+    block[0, 3], block[0, 9] = amax, -1.0
+    _, sf = fl.nvfp4_quantize(block, 7.0, swizzled=False)
+    assert sf.tolist() == [[0x5F]]

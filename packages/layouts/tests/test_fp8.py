@@ -182,6 +182,38 @@ def test_dequantize_dtypes():
     assert fl.fp8_kv_cache_head_dim(kv) == 128
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_rounds_the_float32_product_once_then_casts(dtype):
+    """values * scale is rounded to float32, then to ``dtype``: with amax-mode (not power of
+    two) scales, multiplying in ``dtype`` would round the scale first and differ."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 32, 64, generator=gen) * 10.0 ** (
+        torch.rand(2, 32, 1, generator=gen) * 4 - 2
+    )
+    values, scales = fl.quantize_fp8_per_token(x, scale_mode="amax")
+    assert (torch.frexp(scales).mantissa != 0.5).any()  # not all powers of two
+    # e4m3 (4 significant bits) x float32 (24) is exact in float64; .float() is the one rounding
+    exact = e4m3_values(values) * scales.double().unsqueeze(-1)
+    expected = exact.float().to(dtype)
+    got = fl.dequantize_fp8_kv_cache(fl.pack_fp8_kv_cache(values, scales), dtype=dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("mode", ["pow2", "amax"])
+def test_float64_input_is_rounded_to_float32_first(mode):
+    """A float64 row quantises exactly as the same row rounded to float32 does."""
+    v = float.fromhex("0x1.32746a701fb09p+6")  # 76.61368727868..., not a float32
+    x = torch.tensor([[v, -1.5, 0.1, 3.0], [-v, 1 / 3, 2.0**-20, 7.0]], dtype=torch.float64)
+    # the input tells the two apart: amax / 448 rounds differently from fl32(amax) / 448
+    amax = torch.tensor(v, dtype=torch.float64)
+    assert (amax / 448).float() != (amax.float().double() / 448).float()
+    values, scales = fl.quantize_fp8_per_token(x, scale_mode=mode)
+    ref_values, ref_scales = fl.quantize_fp8_per_token(x.float(), scale_mode=mode)
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(values.view(torch.uint8), ref_values.view(torch.uint8))
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [

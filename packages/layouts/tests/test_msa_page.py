@@ -138,6 +138,23 @@ def test_unpack_exact_for_representable_and_bounded_for_random():
     assert torch.equal(v_data[0, 1], ref_fp4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_unpack_is_the_float32_quotient_then_cast(dtype):
+    """k = e2m1 * e4m3_scale / global_sf rounded once to float32, then to ``dtype``; global
+    scales 7 and 7 + 2**-9 (not a float16) tell it from a reciprocal or float16 division."""
+    gen = torch.Generator().manual_seed(34)
+    gk, gv = 7.0, 7.0 + 2.0**-9
+    k, k_codes, k_bytes = representable(gen, 1, 2, gk)
+    v, v_codes, v_bytes = representable(gen, 1, 2, gv)
+    pages = fl.pack_nvfp4_msa_pages(k, v, gk, gv)
+    k2, v2 = fl.unpack_nvfp4_msa_pages(pages, 2, gk, gv, dtype=dtype)
+    for got, codes, scale_bytes, g in ((k2, k_codes, k_bytes, gk), (v2, v_codes, v_bytes, gv)):
+        values = torch.where(codes >= 8, -GRID[codes % 8], GRID[codes % 8])
+        exact = values * E4M3[scale_bytes].repeat_interleave(16, dim=-1)  # exact in float64
+        assert got.dtype == dtype
+        assert torch.equal(got, (exact / g).float().to(dtype))
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [

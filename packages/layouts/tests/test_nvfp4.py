@@ -149,6 +149,24 @@ def test_representable_values_round_trip_exactly():
     assert torch.equal(fl.nvfp4_dequantize(a_fp4, a_sf, g, swizzled=False, dtype=torch.float64), x)
 
 
+# 7 + 2**-9 is a float32 but not a float16 (12 significant bits; float16 rounds it to 7): a
+# division in float16 would round the global scale first.
+@pytest.mark.parametrize("global_sf", [7.0, 7.0 + 2.0**-9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dequantize_is_the_float32_quotient_then_cast(dtype, global_sf):
+    """e2m1 * e4m3_scale / a_global_sf, the quotient rounded once to float32, then to dtype."""
+    gen = torch.Generator().manual_seed(25)
+    a_fp4 = torch.randint(0, 256, (8, 32), generator=gen, dtype=torch.uint8)
+    a_sf = torch.randint(0, 0x7F, (8, 4), generator=gen, dtype=torch.uint8)  # finite e4m3
+    # the product is exact in float64; the float64 quotient of two float32-exact numbers,
+    # rounded to float32, is the correctly rounded float32 quotient (53 >= 2 * 24 + 2)
+    exact = decode_codes(nibbles(a_fp4)) * E4M3[a_sf.long()].repeat_interleave(16, dim=-1)
+    expected = (exact / global_sf).float().to(dtype)
+    got = fl.nvfp4_dequantize(a_fp4, a_sf, global_sf, swizzled=False, dtype=dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got, expected)
+
+
 def test_zero_matrix_and_tensor_global_scale():
     a = torch.zeros(3, 32)
     g = fl.nvfp4_global_scale(a)
@@ -233,6 +251,17 @@ def test_zero_matrix_and_tensor_global_scale():
             ),
             ValueError,
             "m must equal",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8),
+                torch.zeros(4, 1, dtype=torch.uint8),
+                1.0,
+                swizzled=False,
+                k=32,
+            ),
+            ValueError,
+            r"^k must equal 2 \* a_fp4.shape\[1\] \(16\); got 32$",
         ),
         (
             lambda: fl.nvfp4_dequantize(

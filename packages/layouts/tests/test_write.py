@@ -279,3 +279,32 @@ def test_write_into_one_layer_of_a_layer_interleaved_cache(fmt):
     expected[:, layer] = written
     assert torch.equal(cache, expected)  # the other layers are untouched
     assert not torch.equal(written, before[:, layer])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_skipped_first_row_does_not_hide_a_later_write_to_slot_zero(fmt):
+    """Slots [-1, 0, -1]: row 1 lands in slot 0 even though row 0 (the skipped rows' default
+    redirect target) is skipped; every other byte keeps its value."""
+    gen = torch.Generator().manual_seed(49)
+    k = torch.randn(3, 128, generator=gen) * 5
+    if fmt == "fp8":
+        pool = random_pool(gen, 2, 32, 1, 132)
+        # amax 448 -> scale 1.0 in both modes; e4m3 448, 1, -2, 0.5 = 0x7E, 0x38, 0xC0, 0x30
+        k[1] = torch.tensor([448.0, 1.0, -2.0, 0.5]).repeat(32)
+        values, scale = [0x7E, 0x38, 0xC0, 0x30] * 32, [0x00, 0x00, 0x80, 0x3F]  # LE fp32 1.0
+        scale_at = 32 * 128  # block_size * head_dim + 4 * token 0
+        write = fl.write_fp8_kv_cache
+    else:
+        pool = random_pool(gen, 2, 128, 1, 68)
+        # each 32-group has amax 6 -> UE8M0 scale 2**0 (byte 127); 6 -> code 7, -1 -> code 0xA,
+        # element 2j in the low nibble: byte 0xA7
+        k[1] = torch.tensor([6.0, -1.0]).repeat(64)
+        values, scale = [0xA7] * 64, [127] * 4
+        scale_at = 128 * 64  # block_size * head_dim / 2 + 4 * scale slot 0 (also interleaved)
+        write = fl.write_mxfp4_kv_cache
+    expected = pool.clone()
+    flat = expected.view(2, -1)
+    flat[0, : len(values)] = torch.tensor(values, dtype=torch.uint8)
+    flat[0, scale_at : scale_at + 4] = torch.tensor(scale, dtype=torch.uint8)
+    write(pool, k, torch.tensor([-1, 0, -1]))
+    assert torch.equal(pool, expected)
