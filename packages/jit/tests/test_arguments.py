@@ -145,6 +145,22 @@ def test_scalar_wrappers_check_their_range(wrapper, value, error, message):
         wrapper(value)
 
 
+@pytest.mark.parametrize(
+    ("wrapper", "low", "high"),
+    [
+        (i32, -(2**31), 2**31 - 1),
+        (u32, 0, 2**32 - 1),
+        (i64, -(2**63), 2**63 - 1),
+        (u64, 0, 2**64 - 1),
+    ],
+)
+def test_integer_wrappers_accept_their_whole_range_and_nothing_beyond(wrapper, low, high):
+    assert wrapper(low).value == low and wrapper(high).value == high
+    for outside in (low - 1, high + 1):
+        with pytest.raises(ValueError, match=rf"^{wrapper.__name__}: {outside} is outside"):
+            wrapper(outside)
+
+
 @pytest.mark.parametrize(("wrapper", "value"), [(f32, 2**1024), (f64, 10**400)], ids=["f32", "f64"])
 def test_integers_beyond_the_double_range_are_a_value_error(wrapper, value):
     with pytest.raises(

@@ -5,10 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import flashinfer_jit
 import pytest
-from flashinfer_jit import KernelSpec, compile_kernel
+from flashinfer_jit import KernelSpec, compile_kernel, toolchain
 from flashinfer_jit.cache import compute_key
-from flashinfer_jit.compiler import base_options
+from flashinfer_jit.compiler import base_options, program_options_kwargs
+from flashinfer_jit.selftest import CLUSTER_NEIGHBOURS, TMA_LOAD_TILE
+from flashinfer_jit.toolchain import PACKAGE_INCLUDE_DIR
 
 MAIN = """\
 #include "a.cuh"
@@ -163,3 +166,141 @@ def test_a_source_that_is_not_utf8_is_named(tmp_path):
     source.write_bytes(b"\xff\xfe not text")
     with pytest.raises(ValueError, match=r"kernel source for .* is not UTF-8 text: .*bad\.cu"):
         compute_key(KernelSpec.make(name="k", source=source), "sm_90a", base_options())
+
+
+def test_the_toolchain_changes_the_key(project, monkeypatch):
+    proj, inc = project
+    before = _key(_spec(proj, inc))
+    newer = tuple(
+        (name, version + ".1" if name == "nvrtc" else version)
+        for name, version in toolchain.toolchain_fingerprint()
+    )
+    monkeypatch.setattr(toolchain, "toolchain_fingerprint", lambda: newer)
+    assert _key(_spec(proj, inc)) != before
+
+
+def test_the_package_version_changes_the_key(project, monkeypatch):
+    proj, inc = project
+    before = _key(_spec(proj, inc))
+    monkeypatch.setattr(flashinfer_jit, "__version__", flashinfer_jit.__version__ + ".post1")
+    assert _key(_spec(proj, inc)) != before
+
+
+def test_the_base_options_change_the_key(project):
+    proj, inc = project
+    spec = _spec(proj, inc)
+    before = compute_key(spec, "sm_90a", base_options()).digest
+    assert compute_key(spec, "sm_90a", (*base_options(), "-extra")).digest != before
+    assert compute_key(spec, "sm_90a", base_options()[:-1]).digest != before
+
+
+def test_the_name_expressions_change_the_key(project):
+    proj, inc = project
+    one = _spec(proj, inc, name="f<1>", name_expressions=["f<1>"])
+    two = _spec(proj, inc, name="f<1>", name_expressions=["f<1>", "f<2>"])
+    other = _spec(proj, inc, name="f<2>", name_expressions=["f<2>"])
+    assert len({_key(one), _key(two), _key(other)}) == 3
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes"])
+def test_lineinfo_from_the_environment_changes_the_key_and_the_options(project, monkeypatch, value):
+    proj, inc = project
+    spec = _spec(proj, inc)
+    monkeypatch.delenv("FLASHINFER_JIT_LINEINFO", raising=False)
+    before = _key(spec)
+    assert "lineinfo" not in program_options_kwargs(spec, "sm_90a")
+    monkeypatch.setenv("FLASHINFER_JIT_LINEINFO", value)
+    assert "-lineinfo" in base_options()
+    assert _key(spec) != before
+    assert program_options_kwargs(spec, "sm_90a")["lineinfo"] is True
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", " "])
+def test_lineinfo_switched_off_keeps_the_key(project, monkeypatch, value):
+    proj, inc = project
+    monkeypatch.delenv("FLASHINFER_JIT_LINEINFO", raising=False)
+    before = _key(_spec(proj, inc))
+    monkeypatch.setenv("FLASHINFER_JIT_LINEINFO", value)
+    assert _key(_spec(proj, inc)) == before
+
+
+# Include resolution: the header hashed is the one the preprocessor reads.
+
+
+def test_a_quoted_include_of_a_sibling_in_a_nested_folder_is_hashed(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "k.cu").write_text(
+        '#include "sub/a.cuh"\nextern "C" __global__ void k(int* o) { o[0] = SIB; }\n'
+    )
+    (tmp_path / "sub" / "a.cuh").write_text('#pragma once\n#include "sib.cuh"\n')
+    (tmp_path / "sub" / "sib.cuh").write_text("#define SIB 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
+    files = compute_key(spec, "sm_90a", base_options()).files
+    assert [f.path for f in files] == [
+        tmp_path / "k.cu",
+        tmp_path / "sub" / "a.cuh",
+        tmp_path / "sub" / "sib.cuh",
+    ]
+    before = _key(spec)
+    (tmp_path / "sub" / "sib.cuh").write_text("#define SIB 2\n")
+    assert _key(spec) != before
+
+
+# Each header defines WHICH differently; the kernel's static_asserts fail to compile unless
+# NVRTC read the header this test expects, so the expectation is checked against NVRTC.
+PRECEDENCE_MAIN = """\
+#include "sub/a.cuh"
+#include <both.cuh>
+#include <shadow.cuh>
+#include "flashinfer_jit/hopper.cuh"
+static_assert(QUOTED == 1, "quoted include: the including file's folder comes first");
+static_assert(BOTH == 1, "the source folder comes before include_dirs");
+static_assert(SHADOW == 1, "include_dirs are searched in order");
+static_assert(HOPPER_SHADOW == 1, "include_dirs come before the package's include folder");
+extern "C" __global__ void k(int* o) { o[0] = QUOTED + BOTH + SHADOW; }
+"""
+
+
+def _precedence_project(root: Path) -> tuple[KernelSpec, dict[str, Path]]:
+    proj, first, second = root / "proj", root / "first", root / "second"
+    (proj / "sub").mkdir(parents=True)
+    (first / "flashinfer_jit").mkdir(parents=True)
+    second.mkdir()
+    (proj / "k.cu").write_text(PRECEDENCE_MAIN)
+    (proj / "sub" / "a.cuh").write_text('#pragma once\n#include "h.cuh"\n')
+    headers = {
+        "picked_quoted": proj / "sub" / "h.cuh",
+        "skipped_quoted": proj / "h.cuh",
+        "picked_both": proj / "both.cuh",
+        "skipped_both": first / "both.cuh",
+        "picked_shadow": first / "shadow.cuh",
+        "skipped_shadow": second / "shadow.cuh",
+        "picked_hopper": first / "flashinfer_jit" / "hopper.cuh",
+    }
+    values = {"quoted": "QUOTED", "both": "BOTH", "shadow": "SHADOW", "hopper": "HOPPER_SHADOW"}
+    for role, path in headers.items():
+        macro = values[role.split("_")[1]]
+        path.write_text(f"#pragma once\n#define {macro} {1 if role.startswith('picked') else 2}\n")
+    spec = KernelSpec.make(name="k", source=proj / "k.cu", include_dirs=[first, second])
+    return spec, headers
+
+
+def test_the_header_hashed_is_the_one_the_preprocessor_picks(tmp_path, cache_dir):
+    spec, headers = _precedence_project(tmp_path)
+    compile_kernel(spec, "sm_90a", cache_dir=cache_dir)  # the static_asserts hold
+    hashed = {f.path for f in compute_key(spec, "sm_90a", base_options()).files}
+    assert PACKAGE_INCLUDE_DIR / "flashinfer_jit" / "hopper.cuh" not in hashed
+    for role, path in headers.items():
+        assert (path in hashed) == role.startswith("picked"), role
+        before = _key(spec)
+        path.write_text(path.read_text() + "// edited\n")
+        assert (_key(spec) != before) == role.startswith("picked"), role
+
+
+@pytest.mark.parametrize("spec", [TMA_LOAD_TILE, CLUSTER_NEIGHBOURS], ids=lambda s: s.name)
+def test_a_selftest_kernel_hashes_the_packages_own_header(spec):
+    files = compute_key(spec, "sm_90a", base_options()).files
+    hopper = PACKAGE_INCLUDE_DIR / "flashinfer_jit" / "hopper.cuh"
+    assert [(f.include_name, f.path) for f in files if f.path == hopper] == [
+        ("flashinfer_jit/hopper.cuh", hopper)
+    ]

@@ -122,6 +122,38 @@ def test_an_empty_ptxas_option_is_rejected_before_nvrtc_sees_it(source, option):
         program_options_kwargs(spec, "sm_90a")
 
 
+@pytest.mark.parametrize("option", ["-Xptxas=-O3", "--ptxas-options=--warn-on-spills"])
+def test_a_user_ptxas_option_keeps_the_resource_report(source, cache_dir, option):
+    spec = KernelSpec.make("add_value", source, {"VALUE": 4}, options=[option])
+    assert program_options_kwargs(spec, "sm_90a")["ptxas_options"] == ["-v", option.split("=")[1]]
+    compiled = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert compiled.resources.is_entry and compiled.resources.registers > 0
+    manifest = json.loads((compiled.cache_path / MANIFEST_FILE).read_text())
+    assert manifest["functions"]["add_value"]["registers"] == compiled.resources.registers
+
+
+@pytest.mark.parametrize(
+    ("option", "field", "value"),
+    [
+        ("--fmad=false", "fma", False),
+        ("-fmad=true", "fma", True),
+        ("--ftz=true", "ftz", True),
+        ("--prec-div=false", "prec_div", False),
+        ("--prec-sqrt=0", "prec_sqrt", False),
+        ("--maxrregcount=64", "max_register_count", 64),
+        ("--diag-suppress=177,550", "diag_suppress", [177, 550]),
+        ("--use_fast_math", "use_fast_math", True),
+        ("-G", "debug", True),
+    ],
+)
+def test_each_option_sets_its_own_program_option(source, option, field, value):
+    spec = KernelSpec.make("add_value", source, {"VALUE": 1}, options=[option])
+    kwargs = program_options_kwargs(spec, "sm_90a")
+    default = program_options_kwargs(KernelSpec.make("add_value", source, {"VALUE": 1}), "sm_90a")
+    assert kwargs[field] == value
+    assert {k: v for k, v in kwargs.items() if k != field} == default
+
+
 def test_malformed_arch_is_rejected(source, cache_dir):
     with pytest.raises(ValueError, match="sm_90a"):
         compile_kernel(

@@ -19,6 +19,7 @@ from flashinfer_jit import (
 )
 from flashinfer_jit import device as device_module
 from flashinfer_jit import kernel as kernel_module
+from flashinfer_jit import tma as tma_module
 from flashinfer_jit.selftest import SCALE_ADD
 from flashinfer_jit.tma import validate_tensor_map_args
 
@@ -189,6 +190,47 @@ def test_valid_tensor_map_arguments_pass():
 def test_tensor_map_rules_give_readable_errors(change, fragment):
     with pytest.raises(ValueError, match=fragment):
         validate_tensor_map_args(**{**GOOD, **change})
+
+
+@pytest.mark.parametrize(
+    ("largest", "next_one", "fragment"),
+    [
+        ({"global_dims": (2**32, 200)}, {"global_dims": (2**32 + 1, 200)}, r"global_dims\[0\]"),
+        (
+            {"global_strides_bytes": (2**40 - 16,)},
+            {"global_strides_bytes": (2**40,)},
+            r"global_strides_bytes\[0\] = 1099511627776",
+        ),
+        ({"box_dims": (32, 256)}, {"box_dims": (32, 257)}, r"box_dims\[1\] = 257"),
+        ({"element_strides": (8, 1)}, {"element_strides": (9, 1)}, r"element_strides\[0\] = 9"),
+        (
+            {"interleave": "32B", "address": 0x7F0000000020},
+            {"interleave": "32B", "address": 0x7F0000000010},
+            "32-byte aligned",
+        ),
+        ({"address": 0x7F0000000010}, {"address": 0x7F0000000008}, "16-byte aligned"),
+    ],
+    ids=["global_dims", "global_strides", "box_dims", "element_strides", "align_32B", "align"],
+)
+def test_tensor_map_limits_accept_the_largest_value_and_reject_the_next(
+    largest, next_one, fragment
+):
+    validate_tensor_map_args(**{**GOOD, **largest})
+    with pytest.raises(ValueError, match=fragment):
+        validate_tensor_map_args(**{**GOOD, **next_one})
+
+
+def test_tensor_map_for_passes_rank_3_dims_and_strides_innermost_first(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tma_module, "make_tensor_map", lambda *a, **k: calls.append((a, k)))
+    tensor = torch.empty(2, 5, 16)[:, :3, :8]  # shape (2, 3, 8), strides (80, 16, 1)
+    tensor_map_for(tensor, (1, 2, 8), swizzle="32B")
+    ((args, kwargs),) = calls
+    assert args == (tensor, torch.float32)
+    assert kwargs["global_dims"] == (8, 3, 2)
+    assert kwargs["global_strides_bytes"] == (16 * 4, 80 * 4)
+    assert kwargs["box_dims"] == (8, 2, 1)
+    assert kwargs["swizzle"] == "32B"
 
 
 def test_tensor_map_needs_a_cuda_tensor():

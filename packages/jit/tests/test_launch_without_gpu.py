@@ -130,6 +130,7 @@ class RecordingDriver:
                 programmatic,
                 int(config.hStream),
                 config.sharedMemBytes,
+                (config.blockDimX, config.blockDimY, config.blockDimZ),
             )
         )
         self.launched_params.append(self._read_params(params))
@@ -238,14 +239,38 @@ def test_cluster_launch_uses_launch_kernel_ex(kernel, fake_driver):
     kernel.launch(16, 64, *args, cluster=16)
     ex = [c for c in fake_driver.calls if c[0] == "cuLaunchKernelEx"]
     assert ex == [
-        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), False, STREAM, 0),
-        ("cuLaunchKernelEx", KERNEL_HANDLE, (16, 1, 1), (16, 1, 1), False, STREAM, 0),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), False, STREAM, 0, (64, 1, 1)),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (16, 1, 1), (16, 1, 1), False, STREAM, 0, (64, 1, 1)),
     ]
     assert fake_driver.launched_params == [_expected_bytes(args)] * 2
     non_portable = [c for c in fake_driver.calls if c[0] == "cuKernelSetAttribute"]
     assert len(non_portable) == 1  # only the 16-block cluster needed it
     with pytest.raises(ValueError, match="not a multiple of cluster"):
         kernel.launch(9, 64, *args, cluster=2)
+
+
+@pytest.mark.parametrize("programmatic", [False, True])
+def test_extended_launch_passes_3d_grid_and_block_exactly(kernel, fake_driver, programmatic):
+    args = _args()
+    options = {"cluster": (2, 1, 3), "programmatic": programmatic}
+    kernel.launch((4, 5, 6), (8, 4, 2), *args, **options)
+    kernel.prepare_launch((4, 5, 6), (8, 4, 2), **options)(*args)
+    expected = ("cuLaunchKernelEx", KERNEL_HANDLE, (4, 5, 6), (2, 1, 3), programmatic, STREAM, 0)
+    assert fake_driver.calls == [(*expected, (8, 4, 2))] * 2
+
+
+def test_a_cluster_of_8_is_portable_and_of_9_needs_the_non_portable_attribute(kernel, fake_driver):
+    args = _args()
+    kernel.launch((2, 2, 2), 64, *args, cluster=(2, 2, 2))
+    kernel.prepare_launch(8, 64, cluster=8)(*args)
+    assert [c[0] for c in fake_driver.calls] == ["cuLaunchKernelEx"] * 2
+    kernel.launch(9, 64, *args, cluster=(9, 1, 1))
+    assert fake_driver.calls[2] == (
+        "cuKernelSetAttribute",
+        real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+        1,
+    )
+    assert fake_driver.calls[3][:4] == ("cuLaunchKernelEx", KERNEL_HANDLE, (9, 1, 1), (9, 1, 1))
 
 
 def test_programmatic_launch_carries_the_attribute(kernel, fake_driver):
@@ -260,8 +285,8 @@ def test_programmatic_launch_carries_the_attribute(kernel, fake_driver):
     ]
     ex = [c for c in fake_driver.calls if c[0] == "cuLaunchKernelEx"]
     assert ex == [
-        ("cuLaunchKernelEx", KERNEL_HANDLE, (4, 1, 1), None, True, STREAM, 1024),
-        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), True, STREAM, 0),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (4, 1, 1), None, True, STREAM, 1024, (64, 1, 1)),
+        ("cuLaunchKernelEx", KERNEL_HANDLE, (8, 1, 1), (2, 1, 1), True, STREAM, 0, (64, 1, 1)),
     ]
     assert fake_driver.launched_params == [_expected_bytes(args)] * 3
 
@@ -281,6 +306,25 @@ def test_default_stream_switches_to_the_kernels_context_and_back(kernel, fake_dr
     fake_driver.current_context = OUR_CONTEXT
     kernel.launch(1, 32, *_args())
     assert [c[0] for c in fake_driver.calls] == ["cuLaunchKernel"]  # no switch needed
+
+
+@pytest.mark.parametrize("handle", [1, 2], ids=["legacy", "per_thread"])
+def test_legacy_and_per_thread_default_streams_switch_to_the_kernels_context(
+    kernel, fake_driver, handle
+):
+    """Handles 1 (CU_STREAM_LEGACY) and 2 (CU_STREAM_PER_THREAD) name the default streams of
+    the current context, like 0: launched from another device, the context is switched."""
+    kernel._current_device = lambda: kernel.device_index + 1  # PyTorch is on another GPU
+    fake_driver.current_context = OTHER_CONTEXT
+    kernel.launch(1, 32, *_args(), stream=handle)
+    kernel._raw_stream = lambda index: handle
+    kernel.prepare_launch(1, 32)(*_args())
+    switched = [
+        ("cuCtxSetCurrent", OUR_CONTEXT),
+        ("cuLaunchKernel", KERNEL_HANDLE, (1, 1, 1), (32, 1, 1), 0, handle, OUR_CONTEXT),
+        ("cuCtxSetCurrent", OTHER_CONTEXT),
+    ]
+    assert fake_driver.calls == switched * 2
 
 
 def test_default_stream_of_another_device_during_a_capture_is_refused(kernel, fake_driver):

@@ -55,6 +55,13 @@ def test_bad_defines_are_rejected(defines, error, fragment):
         KernelSpec.make("k", "/x/k.cu", defines)
 
 
+def test_a_define_repeated_with_the_same_value_is_accepted_once():
+    """Only a macro given twice with different values is an error (KernelSpec.make)."""
+    spec = KernelSpec.make("k", "/x/k.cu", [("A", 1), ("B", "x"), ("A", 1)])
+    assert spec.defines == (("A", 1), ("B", "x"))
+    assert spec == KernelSpec.make("k", "/x/k.cu", {"A": 1, "B": "x"})
+
+
 def test_bare_string_options_are_rejected():
     with pytest.raises(TypeError, match="options"):
         KernelSpec("k", Path("/x/k.cu"), options="-lineinfo")  # type: ignore[arg-type]
