@@ -194,6 +194,12 @@ FP8_ERRORS = {
         ValueError,
         r"block_tables must have contiguous rows \(stride\(1\) == 1\)",
     ),
+    "tables_two_entries_strided": (
+        # Two entries per row, the narrowest table whose entry stride matters.
+        lambda c: {"block_tables": c.block_tables.repeat_interleave(2, dim=1)[:, ::2]},
+        ValueError,
+        r"block_tables must have contiguous rows \(stride\(1\) == 1\), got strides \(4, 2\)",
+    ),
     # seq_lens
     "lens_not_tensor": (
         lambda c: {"seq_lens": [40, 10]},
@@ -353,6 +359,11 @@ FP8_ERRORS = {
         ValueError,
         r"out rows must not overlap: stride\(0\) must be >= .* = 256, got strides \(128, 1\)",
     ),
+    "out_pitch_one_element_short": (
+        lambda c: {"out": torch.zeros(1024).as_strided((4, 256), (255, 1))},
+        ValueError,
+        r"out rows must not overlap: stride\(0\) must be >= .* = 256, got strides \(255, 1\)",
+    ),
     # the 2**31 output span
     "span_too_large": (
         lambda c: {"max_seq_len": 2**29},
@@ -481,6 +492,8 @@ FP4_ERRORS = {
         r"next_n \(q.shape\[1\]\) must be in 1..4 for the FP4 kernel, got 5",
     ),
     "sf_vec_size_16": (lambda c: {"sf_vec_size": 16}, ValueError, "sf_vec_size must be 32, got 16"),
+    # A multiple of 32 is not 32: the packing of q_sf and the cache's scales fixes it.
+    "sf_vec_size_64": (lambda c: {"sf_vec_size": 64}, ValueError, "sf_vec_size must be 32, got 64"),
     "sf_vec_size_bool": (lambda c: {"sf_vec_size": True}, TypeError, "sf_vec_size must be an int"),
     "interleaved_not_bool": (
         lambda c: {"is_kv_sf_interleaved": 1},

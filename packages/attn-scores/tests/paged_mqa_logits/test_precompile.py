@@ -18,6 +18,42 @@ def test_default_device_without_gpu_is_cpu():
     assert fa.precompile_paged_mqa_logits() == []
 
 
+def test_default_grid_is_the_documented_one(monkeypatch):
+    """The grid a CUDA target builds, listed without a GPU: the device lookup, the SM90 check
+    and the compilation are replaced, so only the configuration list is observed."""
+    from flashinfer_attn_scores import _validation
+    from flashinfer_attn_scores.paged_mqa_logits import launcher, precompile
+
+    compiled = []
+    monkeypatch.setattr(precompile, "resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(_validation, "check_cuda_arch", lambda op, device: None)
+    monkeypatch.setattr(
+        launcher,
+        "compile_paged_mqa_logits_kernels",
+        lambda configs, target: compiled.extend(configs),
+    )
+    configs = fa.precompile_paged_mqa_logits("cuda:0")
+    assert compiled == configs
+    got = sorted(
+        (c.variant, c.block_size, c.next_n, str(c.output_dtype), c.is_kv_sf_interleaved)
+        for c in configs
+    )
+    # fp8 builds float32 output only; fp4 builds bfloat16 and float32, plus the interleaved
+    # scale order at block size 128 (and only there).
+    expected = [("fp8", bs, n, "torch.float32", False) for bs in (32, 64, 128) for n in range(1, 5)]
+    for bs in (32, 64, 128):
+        for n in range(1, 5):
+            for out in ("torch.bfloat16", "torch.float32"):
+                expected += [
+                    ("fp4", bs, n, out, inter) for inter in (False, True)[: 1 + (bs == 128)]
+                ]
+    assert got == sorted(expected)
+    assert len(configs) == 12 + 24 + 8
+    for c in configs:
+        assert (c.num_heads, c.head_dim) == (64, 128)
+        assert (c.epi_dtype, c.acc_dtype) == (torch.float32, torch.float32)
+
+
 def test_fp4_bfloat16_output_is_a_valid_request():
     got = fa.precompile_paged_mqa_logits("cpu", variants=("fp4",), output_dtypes=(torch.bfloat16,))
     assert got == []
