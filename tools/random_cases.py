@@ -142,6 +142,13 @@ def main() -> int:
         help="comma-separated fp8 seeds to run instead of --fp8 and --fp4 (for example the"
         " seeds of a compute-sanitizer run)",
     )
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        default=0,
+        help="stop after this many failing calls (0: run every seed; tools/kernel_mutants.py"
+        " stops at the first)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("random_cases: needs an SM90 GPU")
@@ -153,19 +160,26 @@ def main() -> int:
         runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     if args.chunk < 1:
         parser.error(f"--chunk must be at least 1, got {args.chunk}")
+    if args.max_failures < 0:
+        parser.error(f"--max-failures must be 0 or more, got {args.max_failures}")
     failures: list[str] = []
     compiled: set[PagedMqaLogitsConfig] = set()
     began = time.perf_counter()
+    checked = 0
     for done, (variant, seed) in enumerate(runs, 1):
         if (done - 1) % args.chunk == 0:
             chunk = runs[done - 1 : done - 1 + args.chunk]
             compile_for(chunk, args.shapes, args.batches, compiled)
+        checked = done
         try:
             check_random_call(variant, seed, args.shapes, args.batches)
-        except Exception as exc:  # every failure is reported; none stops the run
+        except Exception as exc:  # every failure is reported; only --max-failures stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
             print(failures[-1], flush=True)
+            if len(failures) == args.max_failures:
+                print(f"stopped after {len(failures)} failing call(s) (--max-failures)")
+                break
         if done % PROGRESS_EVERY == 0 and done < len(runs):
             # A run cut short by a timeout still says how far it got.
             print(
@@ -185,11 +199,11 @@ def main() -> int:
         print(
             f"schedules: {args.schedules - schedule_failures} of {args.schedules} equal to the CPU's"
         )
-    passed = len(runs) - len(failures)
-    fp8_runs = sum(variant == "fp8" for variant, _ in runs)
+    passed = checked - len(failures)
+    fp8_runs = sum(variant == "fp8" for variant, _ in runs[:checked])
     seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
     print(
-        f"random cases: {passed} of {len(runs)} passed ({fp8_runs} fp8, {len(runs) - fp8_runs} fp4,"
+        f"random cases: {passed} of {checked} passed ({fp8_runs} fp8, {checked - fp8_runs} fp4,"
         f" {seeds}, {args.shapes} shapes, {args.batches} batches) in {time.perf_counter() - began:.0f} s,"
         " compilation included"
     )

@@ -1,0 +1,632 @@
+"""Mutation testing of the logits kernels: does the GPU checking catch realistic kernel bugs?
+
+    python tools/kernel_mutants.py --list
+    python tools/kernel_mutants.py --compile-only [--only NAME,NAME]   # CPU: NVRTC, no GPU
+    python tools/kernel_mutants.py [--only ...] [--fp8 100 --fp4 60] [--large-fp8 20 --large-fp4 12]
+        [--pytest "packages/attn-scores/tests/paged_mqa_logits/test_gpu.py -k nan"]
+
+Each mutant is one textual edit of a kernel source in `csrc/` (an off-by-one in the walk or
+the schedule, a wrong scale offset, a NaN-dropping ReLU, ...), the kind of bug a kernel change
+could bring in. `--compile-only` applies every mutant in turn and compiles the configurations
+it names for sm_90a, with and without the edit, so a mutant that does not compile, or whose
+cubins equal the unmutated ones (no behaviour to catch), is known before any GPU time is spent.
+On an SM90 GPU each mutant is applied to a copy of the repository and checked there by
+random calls (`tools/random_cases.py` in a subprocess, stopped at the first failure: small
+batches, then large ones, then the optional `--pytest` selection); `--jobs` copies at once. A mutant is
+caught when a check fails, crashes or hangs past `--timeout`. Before the mutants the same
+checks run on the unmutated tree and must pass. The table at the end lists every survivor:
+each is either shown to be equivalent (no input of the contract can tell it apart) or a gap in
+the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = ROOT / "packages/attn-scores/src/flashinfer_attn_scores/paged_mqa_logits/csrc"
+PACKAGE_PATHS = (
+    "packages/layouts/src",
+    "packages/jit/src",
+    "packages/schedule/src",
+    "packages/attn-scores/src",
+)
+FP8, FP4, COMMON = "fp8_paged_mqa_logits.cu", "fp4_paged_mqa_logits.cu", "paged_mqa_common.cuh"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # in csrc/
+    old: str  # must occur exactly once in the file
+    new: str
+    variants: tuple[str, ...]  # whose random calls can reach the edit
+    configs: tuple[str, ...]  # CONFIGS entries whose code contains the edit (--compile-only)
+    catch: str  # what a check must exercise to catch it
+
+
+# (variant, block, next_n, num_heads, head_dim, output, epi, acc, interleaved) by name.
+CONFIGS = {
+    "fp8": ("fp8", 64, 1, 64, 128, "float32", "float32", "float32", False),
+    "fp8-n3": ("fp8", 128, 3, 64, 128, "float32", "float32", "float32", False),
+    "fp8-n4-b32": ("fp8", 32, 4, 64, 128, "float32", "float32", "float32", False),
+    "fp8-acc16": ("fp8", 64, 2, 64, 128, "float32", "float32", "float16", False),
+    "fp8-epi16": ("fp8", 64, 2, 64, 128, "float16", "float16", "float16", False),
+    "fp8-h4": ("fp8", 64, 2, 4, 160, "float32", "float32", "float32", False),
+    "fp8-h4-epi16": ("fp8", 64, 2, 4, 160, "float16", "float16", "float32", False),
+    "fp8-b128": ("fp8", 128, 1, 64, 128, "float32", "float32", "float32", False),
+    "fp4": ("fp4", 64, 1, 64, 128, "bfloat16", "float32", "float32", False),
+    "fp4-b128": ("fp4", 128, 2, 64, 128, "float32", "float32", "float32", False),
+    "fp4-il": ("fp4", 128, 2, 64, 128, "bfloat16", "bfloat16", "float32", True),
+    "fp4-f16": ("fp4", 32, 3, 64, 128, "float16", "float16", "float32", False),
+    "fp4-n3": ("fp4", 64, 3, 64, 128, "float32", "float32", "float32", False),
+}
+BOTH = ("fp8", "fp4")
+
+MUTANTS = [
+    # ---- the walk and the schedule (paged_mqa_common.cuh)
+    Mutant(
+        "units-of-exact-multiple",
+        COMMON,
+        "return len > 0 ? (len - 1) / kTile + 1 : 0;",
+        "return len > 0 ? len / kTile + 1 : 0;",
+        BOTH,
+        ("fp8", "fp4"),
+        "a length that is a multiple of 64 gets one unit too many: a stray write past the row",
+    ),
+    Mutant(
+        "units-of-zero-length",
+        COMMON,
+        "return len > 0 ? (len - 1) / kTile + 1 : 0;",
+        "return len >= 0 ? (len - 1) / kTile + 1 : 0;",
+        BOTH,
+        ("fp8", "fp4"),
+        "a zero-length request gets one unit: its rows, which must stay untouched, are written",
+    ),
+    Mutant(
+        "unit-at-entry-charge",
+        COMMON,
+        "return offset > kEntryUnits ? static_cast<int>(offset - kEntryUnits) : 0;",
+        "return offset > kEntryUnits ? static_cast<int>(offset - kEntryUnits + 1) : 0;",
+        BOTH,
+        ("fp8", "fp4"),
+        "the in-kernel schedule (schedule_meta=None) maps a CTA boundary one unit late",
+    ),
+    Mutant(
+        "block-scan-row-start",
+        COMMON,
+        "if (g0 >= prefix && g0 < prefix + cost) {",
+        "if (g0 > prefix && g0 < prefix + cost) {",
+        BOTH,
+        ("fp8", "fp4"),
+        "B > 128, in-kernel schedule: a CTA whose range starts at a request's first virtual unit does nothing",
+    ),
+    Mutant(
+        "block-scan-warp-sums",
+        COMMON,
+        "if (lane >= offset) w += other;",
+        "if (lane > offset) w += other;",
+        BOTH,
+        ("fp8", "fp4"),
+        "B > 128, in-kernel schedule: the scan across warps drops a warp's sum",
+    ),
+    Mutant(
+        "warp-scan-row-start",
+        COMMON,
+        "const bool mine_holds = mine > 0 && prefix <= g && g < inclusive;",
+        "const bool mine_holds = mine > 0 && prefix < g && g < inclusive;",
+        BOTH,
+        ("fp8", "fp4"),
+        "B <= 128, in-kernel schedule: a boundary on a lane's first request is lost",
+    ),
+    Mutant(
+        "warp-scan-lane-threshold",
+        COMMON,
+        "if (batch_size <= 32) {",
+        "if (batch_size <= 40) {",
+        BOTH,
+        ("fp8", "fp4"),
+        "B 33-40, in-kernel schedule: requests 32.. are not counted, so the last CTA takes them"
+        " all; the logits stay right, only the in-kernel rows differ from the helper's",
+    ),
+    Mutant(
+        "walker-last-request",
+        COMMON,
+        "return b < batch_size && (b < end_b || end_u > 0);",
+        "return b < batch_size && (b < end_b);",
+        BOTH,
+        ("fp8", "fp4"),
+        "the request a CTA's range ends inside is taken as empty: its first units are not computed",
+    ),
+    Mutant(
+        "walker-skip-empty",
+        COMMON,
+        "} while (units == 0 && b < end_b);",
+        "} while (units == 0 && b + 1 < end_b);",
+        BOTH,
+        ("fp8", "fp4"),
+        "an empty request just before the one a CTA's range ends in stops the CTA early",
+    ),
+    Mutant(
+        "walker-advance-edge",
+        COMMON,
+        "if (steps < units - u) {",
+        "if (steps <= units - u) {",
+        BOTH,
+        ("fp8", "fp4"),
+        "a role whose step lands exactly on a request's end stops walking",
+    ),
+    Mutant(
+        "table-window-slide",
+        COMMON,
+        "      entry = next;\n      next = load(base + 32 + lane);",
+        "      entry = next;\n      next = load(base + lane);",
+        ("fp8",),
+        ("fp8",),
+        "requests longer than 64 blocks from where a producer warp entered them (fp8 primes its window)",
+    ),
+    Mutant(
+        "table-window-next",
+        COMMON,
+        "entry = valid && block == base + 32 ? next : load(block + lane);",
+        "entry = valid && block == base + 32 ? next : load(block + lane + 1);",
+        ("fp4",),
+        ("fp4",),
+        "fp4's unprimed window: a jump outside the window (any walk) loads shifted entries",
+    ),
+    Mutant(
+        "slot-stores-odd-next-n",
+        COMMON,
+        "return 2 * k + 1 < NEXT_N || quad < 2;",
+        "return 2 * k + 1 < NEXT_N || quad < 1;",
+        BOTH,
+        ("fp8", "fp8-n3", "fp4"),
+        "odd next_n: the last draft slot's second row (row0 + 8) is never stored",
+    ),
+    Mutant(
+        "quad-sum-odd-slot",
+        COMMON,
+        "lane_sums[k] = even_slot + shfl_xor(even_slot, 2);",
+        "lane_sums[k] = even_slot;",
+        BOTH,
+        ("fp8", "fp8-n3", "fp4"),
+        "odd next_n: the last slot's sum misses half the heads",
+    ),
+    Mutant(
+        "slot-of-half-group",
+        COMMON,
+        "    const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;\n    if (t_lo == t_hi) {\n#if RELU_FORM == 2",
+        "    const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 3) / NUM_HEADS;\n    if (t_lo == t_hi) {\n#if RELU_FORM == 2",
+        ("fp8",),
+        ("fp8-h4",),
+        "num_heads % 8 == 4 (an 8-column group spans two draft slots), float32 epilogue",
+    ),
+    Mutant(
+        "pow2-clamp",
+        COMMON,
+        "e = max(min(e, 252), -252);",
+        "e = max(min(e, 126), -126);",
+        ("fp4",),
+        ("fp4-f16", "fp4-n3"),
+        "fp4 float16 epilogue or next_n 3: scales whose final power of two is below 2^-126",
+    ),
+    # ---- fp8 kernel
+    Mutant(
+        "fp8-scale-offset",
+        FP8,
+        "kv_base + block_ids[s] * kv_block_stride + BLOCK_SIZE * HEAD_DIM + row_in_block * 4;",
+        "kv_base + block_ids[s] * kv_block_stride + BLOCK_SIZE * HEAD_DIM;",
+        ("fp8",),
+        ("fp8-b128",),
+        "block 128: the second unit of a block takes the first unit's token scales",
+    ),
+    Mutant(
+        "fp8-weights-per-request",
+        FP8,
+        "const float* w_src = weights + static_cast<long long>(b) * kN;",
+        "const float* w_src = weights + static_cast<long long>(b) * NUM_HEADS;",
+        ("fp8",),
+        ("fp8", "fp8-epi16"),
+        "next_n > 1 with several requests: request b reads another request's weights",
+    ),
+    Mutant(
+        "fp8-slot-row-pitch",
+        FP8,
+        "for (int k = 0; k < SlotSums::kLaneSums; ++k, slot_out += 2 * out_stride) {\n      if (EXP_STORES",
+        "for (int k = 0; k < SlotSums::kLaneSums; ++k, slot_out += out_stride) {\n      if (EXP_STORES",
+        ("fp8",),
+        ("fp8-n3", "fp8-n4-b32"),
+        "next_n 3-4: slots 2-3 land in the wrong rows",
+    ),
+    Mutant(
+        "fp8-row-scale",
+        FP8,
+        "const float scale = scales[stage * kTile + row];",
+        "const float scale = scales[stage * kTile + row0];",
+        ("fp8",),
+        ("fp8",),
+        "token scales that differ between rows r and r + 8",
+    ),
+    Mutant(
+        "fp8-output-slot",
+        FP8,
+        "request_out = out + (static_cast<long long>(b) * NEXT_N + (quad >> 1)) * out_stride;",
+        "request_out = out + (static_cast<long long>(b) * NEXT_N + (quad & 1)) * out_stride;",
+        ("fp8",),
+        ("fp8", "fp8-n4-b32"),
+        "draft slots and rows swapped between lanes",
+    ),
+    Mutant(
+        "fp8-acc16-relu-nan",
+        FP8,
+        "const __half2 r = __hmax2_nan(h, __float2half2_rn(0.f));",
+        "const __half2 r = __hmax2(h, __float2half2_rn(0.f));",
+        ("fp8",),
+        ("fp8-acc16",),
+        "a NaN score under a float16 accumulator with a float32 epilogue must stay NaN",
+    ),
+    Mutant(
+        "fp8-epi16-relu-nan",
+        FP8,
+        "return __hmax2_nan(epi2_from_bits(acc[2 * j + i]), __float2half2_rn(0.f));",
+        "return __hmax2(epi2_from_bits(acc[2 * j + i]), __float2half2_rn(0.f));",
+        ("fp8",),
+        ("fp8-epi16",),
+        "a NaN score under a float16 accumulator and epilogue must stay NaN",
+    ),
+    Mutant(
+        "fp8-packed-half-group",
+        FP8,
+        "const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;",
+        "const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 3) / NUM_HEADS;",
+        ("fp8",),
+        ("fp8-h4-epi16",),
+        "num_heads % 8 == 4 with the float16 epilogue",
+    ),
+    Mutant(
+        "fp8-swizzle-mask",
+        FP8,
+        "return linear ^ (((linear >> 7) & (kSwizzle / 16 - 1)) << 4);",
+        "return linear ^ (((linear >> 7) & (kSwizzle / 32 - 1)) << 4);",
+        ("fp8",),
+        ("fp8",),
+        "q staged in a swizzle other than the one the MMA reads (head_dim 64 or 128)",
+    ),
+    Mutant(
+        "fp8-q-last-unit",
+        FP8,
+        "constexpr int kUnits = kN * kUnitsPerRow;",
+        "constexpr int kUnits = kN * kUnitsPerRow - 1;",
+        ("fp8",),
+        ("fp8",),
+        "the last 16 bytes of a request's q (last head of the last slot) left stale",
+    ),
+    Mutant(
+        "fp8-async-weights",
+        FP8,
+        "for (int idx = part * 32 + lane; idx < kN / 4; idx += kStride) {",
+        "for (int idx = part * 32 + lane; idx < kN / 8; idx += kStride) {",
+        ("fp8",),
+        ("fp8",),
+        "float32 epilogue: the second half of a request's weights left stale",
+    ),
+    # ---- fp4 kernel
+    Mutant(
+        "fp4-q-lut-clamp",
+        FP4,
+        "return luts[min(max_exponent - exponent, kLutLevels - 1)];",
+        "return luts[max_exponent - exponent];",
+        ("fp4",),
+        ("fp4",),
+        "a q row whose group exponents differ by more than 31 (reads past the decode tables)",
+    ),
+    Mutant(
+        "fp4-k-lut-clamp",
+        FP4,
+        "const uint32_t levels = min_u16x2(maxima - exponents, (kLutLevels - 1) * 0x00010001u);",
+        "const uint32_t levels = maxima - exponents;",
+        ("fp4",),
+        ("fp4",),
+        "a token whose group exponents differ by more than 31",
+    ),
+    Mutant(
+        "fp4-lut-scale",
+        FP4,
+        "const float value = ldexpf(e2m1, 6 - i / 8);",
+        "const float value = ldexpf(e2m1, 5 - i / 8);",
+        ("fp4",),
+        ("fp4",),
+        "every decoded value halved",
+    ),
+    Mutant(
+        "fp4-interleaved-slot",
+        FP4,
+        "const unsigned slot = 4 * (r % 32) + r / 32 + 2 * (static_cast<unsigned>(u) & 1);",
+        "const unsigned slot = 4 * (r % 32) + r / 32 + (static_cast<unsigned>(u) & 1);",
+        ("fp4",),
+        ("fp4-il",),
+        "interleaved scales: the second unit of a 128-token block reads the wrong scale slots",
+    ),
+    Mutant(
+        "fp4-sign-bytes",
+        FP4,
+        "const uint32_t signs_lo = prmt(shifted, packed, 0x5140u);",
+        "const uint32_t signs_lo = prmt(shifted, packed, 0x4150u);",
+        ("fp4",),
+        ("fp4",),
+        "signs of decoded elements 0 and 1 swapped",
+    ),
+    Mutant(
+        "fp4-head-scale",
+        FP4,
+        "scale_b = ldexpf(1.f, exp_b - slot_max);",
+        "scale_b = ldexpf(1.f, exp_a - slot_max);",
+        ("fp4",),
+        ("fp4", "fp4-f16"),
+        "q rows (heads) of one slot whose largest group exponents differ",
+    ),
+    Mutant(
+        "fp4-slot-exponent",
+        FP4,
+        "return slot_exp[slot * 4 + 2 * k + (quad >> 1)] - 266 - kTwiceRelu;",
+        "return slot_exp[slot * 4 + 2 * k] - 266 - kTwiceRelu;",
+        ("fp4",),
+        ("fp4", "fp4-b128"),
+        "next_n >= 2 with draft slots of different q exponents: slot 2k + 1 takes slot 2k's",
+    ),
+    Mutant(
+        "fp4-scale-offset",
+        FP4,
+        "bulk_load(scales + stage * kScaleBytes + s * kBoxRows * 4, scale_region + row_in_block * 4, kBoxRows * 4,",
+        "bulk_load(scales + stage * kScaleBytes + s * kBoxRows * 4, scale_region, kBoxRows * 4,",
+        ("fp4",),
+        ("fp4-b128",),
+        "block 128, plain scales: the second unit of a block takes the first unit's scales",
+    ),
+    Mutant(
+        "fp4-tc-second-row-exponent",
+        FP4,
+        "static_cast<int>(maxima >> 16) + exponent));",
+        "static_cast<int>(maxima & 0xffffu) + exponent));",
+        ("fp4",),
+        ("fp4-il",),
+        "bfloat16 epilogue: rows r and r + 8 with different largest group exponents",
+    ),
+    Mutant(
+        "fp4-epi16-second-row-scale",
+        FP4,
+        "token_scale[t][1] = fminf(scale_by_pow2(1.f, max1 + q_exp[t] - 266), 3.4028235e38f);",
+        "token_scale[t][1] = fminf(scale_by_pow2(1.f, max0 + q_exp[t] - 266), 3.4028235e38f);",
+        ("fp4",),
+        ("fp4-f16",),
+        "float16 epilogue: rows r and r + 8 with different largest group exponents",
+    ),
+]
+
+
+def apply(mutant: Mutant, root: Path = ROOT) -> str:
+    """Edit the source under `root` in place; returns the original text (for `restore`)."""
+    path = root / CSRC.relative_to(ROOT) / mutant.file
+    text = path.read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise ValueError(
+            f"{mutant.name}: its text occurs {count} times in {mutant.file}, expected once"
+        )
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return text
+
+
+def restore(mutant: Mutant, original: str) -> None:
+    (CSRC / mutant.file).write_text(original)
+
+
+def config_specs(names: tuple[str, ...]) -> list:
+    import torch
+    from flashinfer_attn_scores.paged_mqa_logits import PagedMqaLogitsConfig, launcher
+
+    specs = []
+    for name in names:
+        variant, block, next_n, heads, head_dim, out, epi, acc, interleaved = CONFIGS[name]
+        config = PagedMqaLogitsConfig(
+            variant, block, next_n, heads, head_dim,
+            getattr(torch, out), getattr(torch, epi), getattr(torch, acc), interleaved,
+        )  # fmt: skip
+        specs.append(launcher.config_spec(config))
+    return specs
+
+
+def cubin_digests(names: tuple[str, ...], cache_dir: str) -> list[str | None]:
+    """SHA-256 of each named configuration's cubin, freshly read from the sources (a spec
+    holds the source text, so the specs are built after the edit); None where it failed."""
+    from flashinfer_jit import compile_kernel
+
+    digests: list[str | None] = []
+    for spec in config_specs(names):
+        try:
+            digests.append(
+                hashlib.sha256(
+                    compile_kernel(spec, "sm_90a", cache_dir=cache_dir).cubin
+                ).hexdigest()
+            )
+        except Exception as exc:  # a mutant that does not compile is reported, not raised
+            print(f"    {spec.label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            digests.append(None)
+    return digests
+
+
+def compile_only(mutants: list[Mutant]) -> int:
+    status = 0
+    with tempfile.TemporaryDirectory() as cache_dir:
+        pristine = {}
+        for name in sorted({c for m in mutants for c in m.configs}):
+            pristine[name] = cubin_digests((name,), cache_dir)[0]
+        for mutant in mutants:
+            original = apply(mutant)
+            try:
+                digests = cubin_digests(mutant.configs, cache_dir)
+            finally:
+                restore(mutant, original)
+            failed = sum(d is None for d in digests)
+            changed = sum(
+                d is not None and d != pristine[c] for c, d in zip(mutant.configs, digests)
+            )
+            verdict = "ok" if not failed and changed else "CHECK"
+            status |= verdict != "ok"
+            print(
+                f"{verdict:5} {mutant.name}: {len(digests) - failed} of {len(digests)} configurations"
+                f" compile, {changed} with a cubin that differs from the unmutated one",
+                flush=True,
+            )
+    return status
+
+
+def run_check(label: str, command: list[str], tree: Path, timeout: float) -> tuple[bool, str]:
+    """(caught, first failure line or '') of one check in a subprocess, run from `tree` with
+    its packages first on the path."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(tree / p) for p in PACKAGE_PATHS))
+    try:
+        done = subprocess.run(
+            command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return True, f"{label}: no result within {timeout:.0f} s (a hang)"
+    if done.returncode == 0:
+        return False, ""
+    lines = (done.stdout + done.stderr).splitlines()
+    failing = [line for line in lines if line.startswith(("FAIL", "FAILED", "ERROR"))] or lines[-1:]
+    return True, f"{label}: {failing[0][:240] if failing else f'exit status {done.returncode}'}"
+
+
+def checks(args: argparse.Namespace, variants: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    def random_calls(fp8: int, fp4: int, batches: str) -> list[str]:
+        return [
+            sys.executable, "tools/random_cases.py", "--fp8", str(fp8 if "fp8" in variants else 0),
+            "--fp4", str(fp4 if "fp4" in variants else 0), "--batches", batches,
+            "--first-seed", str(args.first_seed), "--max-failures", "1", "--chunk", "40",
+        ]  # fmt: skip
+
+    stages = []
+    if args.fp8 or args.fp4:
+        stages.append(("small batches", random_calls(args.fp8, args.fp4, "small")))
+    if args.large_fp8 or args.large_fp4:
+        stages.append(("large batches", random_calls(args.large_fp8, args.large_fp4, "large")))
+    if args.pytest:
+        stages.append(
+            ("pytest", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
+                        *shlex.split(args.pytest)])
+        )  # fmt: skip
+    return stages
+
+
+def check_tree(mutant: Mutant | None, args: argparse.Namespace) -> tuple[bool, str, float]:
+    """Copy the repository (without .git and docs), apply `mutant` to the copy (None: leave
+    it unmutated) and run the checks there until one catches it; the repository itself is
+    never edited, so mutants run side by side."""
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mutant-") as folder:
+        tree = Path(folder) / "tree"
+        shutil.copytree(
+            ROOT,
+            tree,
+            ignore=shutil.ignore_patterns(".git", "docs", "site", ".venv", "__pycache__"),
+        )
+        if mutant is not None:
+            apply(mutant, tree)
+        probe = [sys.executable, "-c", "import flashinfer_attn_scores as m; print(m.__file__)"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(tree / p) for p in PACKAGE_PATHS))
+        where = subprocess.run(
+            probe, cwd=tree, env=env, capture_output=True, text=True
+        ).stdout.strip()
+        if not where.startswith(str(tree)):
+            raise RuntimeError(f"the copy's package is not the one imported: {where!r}")
+        caught, detail = False, ""
+        for label, command in checks(args, mutant.variants if mutant else BOTH):
+            caught, detail = run_check(label, command, tree, args.timeout)
+            if caught:
+                break
+    return caught, detail, time.perf_counter() - began
+
+
+def on_gpu(mutants: list[Mutant], args: argparse.Namespace) -> int:
+    caught, detail, seconds = check_tree(None, args)
+    print(
+        f"unmutated tree: {'FAILED ' + detail if caught else 'passed'} ({seconds:.0f} s)",
+        flush=True,
+    )
+    if caught:
+        print("the checks fail without a mutation; mutants not run")
+        return 2
+    rows = []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(check_tree, mutant, args): mutant for mutant in mutants}
+        for future in as_completed(futures):
+            mutant = futures[future]
+            caught, detail, seconds = future.result()
+            rows.append((mutant, caught, detail, seconds))
+            print(
+                f"{'caught' if caught else 'SURVIVED':8} {mutant.name} ({seconds:.0f} s) {detail}",
+                flush=True,
+            )
+    rows.sort(key=lambda row: MUTANTS.index(row[0]))
+    survivors = [row for row in rows if not row[1]]
+    print(f"\n{len(rows) - len(survivors)} of {len(rows)} mutants caught")
+    print("| mutant | result | s | first failure / what a check must exercise |")
+    print("|---|---|---|---|")
+    for mutant, caught, detail, seconds in rows:
+        print(
+            f"| {mutant.name} | {'caught' if caught else 'survived'} | {seconds:.0f} | {detail if caught else mutant.catch} |"
+        )
+    return 1 if survivors else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--compile-only", action="store_true", help="compile each mutant (no GPU)")
+    parser.add_argument("--only", help="comma-separated mutant names")
+    parser.add_argument("--fp8", type=int, default=100, help="fp8 random calls, small batches")
+    parser.add_argument("--fp4", type=int, default=60, help="fp4 random calls, small batches")
+    parser.add_argument("--large-fp8", type=int, default=20, help="fp8 random calls, large batches")
+    parser.add_argument("--large-fp4", type=int, default=12, help="fp4 random calls, large batches")
+    parser.add_argument("--first-seed", type=int, default=5000000)
+    parser.add_argument("--pytest", help="pytest arguments of a last check (GPU tests)")
+    parser.add_argument("--timeout", type=float, default=150, help="seconds per check")
+    parser.add_argument("--jobs", type=int, default=4, help="mutants checked at once (one GPU)")
+    args = parser.parse_args()
+    mutants = MUTANTS
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - {m.name for m in MUTANTS})
+        if unknown:
+            parser.error(f"--only: no mutant named {', '.join(unknown)}")
+        mutants = [m for m in MUTANTS if m.name in wanted]
+    for mutant in mutants:  # every edit applies once, before anything runs
+        restore(mutant, apply(mutant))
+    if args.list:
+        for mutant in mutants:
+            print(f"{mutant.name:30} {mutant.file:28} {'/'.join(mutant.variants):8} {mutant.catch}")
+        return 0
+    if args.compile_only:
+        return compile_only(mutants)
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("kernel_mutants: needs an SM90 GPU (or --compile-only)")
+        return 2
+    return on_gpu(mutants, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
