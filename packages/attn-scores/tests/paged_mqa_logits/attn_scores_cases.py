@@ -236,8 +236,12 @@ def make_fp4_case(
     max_seq_len: int | None = None,
     spare_blocks: int = 2,
     exponent_range: tuple[int, int] = (120, 128),
+    q_slot_exponent_shifts: tuple[int, ...] = (),
     seed: int = 0,
 ) -> PagedCase:
+    """`q_slot_exponent_shifts[t]` moves every UE8M0 byte of draft slot t's q rows by that many
+    binades (clamped to [0, 254]), so the slots' largest q scales differ; the default leaves
+    them drawn alike (and every earlier seed's case unchanged)."""
     num_heads, head_dim = 64, 128
     gen = torch.Generator().manual_seed(seed)
     batch_size = len(lens)
@@ -256,6 +260,14 @@ def make_fp4_case(
 
     q_codes = torch.randint(0, 16, (batch_size, next_n, num_heads, head_dim), generator=gen)
     q_exp = torch.randint(low, high + 1, (batch_size, next_n, num_heads, 4), generator=gen)
+    if q_slot_exponent_shifts:
+        if len(q_slot_exponent_shifts) != next_n:
+            raise ValueError(
+                f"q_slot_exponent_shifts: expected one shift per draft slot ({next_n}), got"
+                f" {q_slot_exponent_shifts!r}"
+            )
+        shifts = torch.tensor(q_slot_exponent_shifts).view(1, next_n, 1, 1)
+        q_exp = (q_exp + shifts).clamp(0, 254)
     # Byte k of each little-endian int32 is the scale of elements [32k, 32k + 32).
     q_sf = q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1)
     weights = torch.randn(batch_size * next_n, num_heads, generator=gen)

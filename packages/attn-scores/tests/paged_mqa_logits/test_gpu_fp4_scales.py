@@ -65,6 +65,79 @@ def test_group_scales_spanning_the_exact_window(exponent_range, output_dtype):
     )
 
 
+# fp4 (output_dtype, epi_dtype): every epilogue, the bfloat16 one on the tensor cores.
+EPILOGUES = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float16),
+    (torch.bfloat16, torch.bfloat16),
+]
+
+
+def check_against_expectation(case, output_dtype, epi_dtype):
+    """One call into a poisoned buffer against the float64 expectation of the test cases
+    (`attn_scores_cases.expected_logits`, not the package's reference)."""
+    got, out = run(case, output_dtype, epi_dtype)
+    torch.cuda.synchronize()
+    check_result(
+        got,
+        out,
+        case.expected(),
+        case.seq_lens,
+        case.next_n,
+        tolerance(output_dtype, epi_dtype),
+        case.expected(abs_weights=True),
+    )
+
+
+@pytest.mark.parametrize(("output_dtype", "epi_dtype"), EPILOGUES)
+@pytest.mark.parametrize("next_n", [2, 3, 4])
+def test_draft_slots_whose_q_scales_differ(next_n, output_dtype, epi_dtype):
+    """Draft slot t's q scales are shifted by (0, -6, -2, -9)[t] binades, so each slot has its
+    own largest q exponent Q_t, which the kernel folds out of the slot's weights and back into
+    its sums. A slot that took another slot's Q_t would be off by 2^2 to 2^9. (Drawn alike, as
+    in the random cases, every slot's largest exponent is the range's top: a kernel mixing up
+    the slots' Q_t passed them all; tools/kernel_mutants.py, fp4-slot-exponent.)"""
+    shifts = (0, -6, -2, -9)[:next_n]
+    case = make_fp4_case(
+        EDGE_LENGTHS,
+        next_n=next_n,
+        block_size=64,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=16,
+        q_slot_exponent_shifts=shifts,
+        seed=60 + next_n,
+    ).to("cuda")
+    check_against_expectation(case, output_dtype, epi_dtype)
+
+
+@pytest.mark.parametrize(
+    ("output_dtype", "epi_dtype"), [e for e in EPILOGUES if e[1] != torch.float16]
+)
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_every_scale_far_below_one(next_n, output_dtype, epi_dtype):
+    """Every k and q scale in [2^-69, 2^-63] (UE8M0 58-64): a logit's final power of two
+    2^(M + Q_t - 266) is about 2^-140, below float32's normal range, while the logits
+    themselves (about 2^-120) are normal float32 and bfloat16 numbers. A power-of-two scaling
+    clamped at 2^-126 passed every other test (tools/kernel_mutants.py, pow2-clamp). Not with
+    the float16 epilogue, which rounds each head term to float16 and so, correctly, to 0."""
+    case = make_fp4_case(
+        EDGE_LENGTHS,
+        next_n=next_n,
+        block_size=32,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=16,
+        exponent_range=(58, 64),
+        seed=70 + next_n,
+    ).to("cuda")
+    expected = case.expected()
+    valid = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    # The premise: the logits are normal numbers far below 1.
+    largest = expected[valid].abs().max()
+    assert 2.0**-126 < largest < 2.0**-100, float(largest)
+    check_against_expectation(case, output_dtype, epi_dtype)
+
+
 def _set_request_exponents(case, request: int, k_exponents, q_exponents, gen) -> None:
     """Overwrite the UE8M0 bytes of one request's KV blocks and q rows (token-order scales)."""
     block_size = case.kv_fused.shape[1]
