@@ -515,6 +515,7 @@ def checks(args: argparse.Namespace, variants: tuple[str, ...]) -> list[tuple[st
             sys.executable, "tools/random_cases.py", "--fp8", str(fp8 if "fp8" in variants else 0),
             "--fp4", str(fp4 if "fp4" in variants else 0), "--batches", batches,
             "--first-seed", str(args.first_seed), "--max-failures", "1", "--chunk", "40",
+            "--scales", args.scales,
         ]  # fmt: skip
 
     stages = []
@@ -601,6 +602,12 @@ def main() -> int:
     parser.add_argument("--large-fp8", type=int, default=20, help="fp8 random calls, large batches")
     parser.add_argument("--large-fp4", type=int, default=12, help="fp4 random calls, large batches")
     parser.add_argument("--first-seed", type=int, default=5000000)
+    parser.add_argument(
+        "--scales",
+        choices=("suite", "wide"),
+        default="suite",
+        help="the random calls' fp4 scales (random_cases.py --scales)",
+    )
     parser.add_argument("--pytest", help="pytest arguments of a last check (GPU tests)")
     parser.add_argument("--timeout", type=float, default=150, help="seconds per check")
     parser.add_argument("--jobs", type=int, default=4, help="mutants checked at once (one GPU)")

@@ -3,6 +3,7 @@
     python tools/random_cases.py [--fp8 400] [--fp4 300] [--first-seed 100000] [--shapes wide]
     python tools/random_cases.py --fp8-seeds 3706131,3706245 --shapes wide   # chosen seeds only
     python tools/random_cases.py --fp8 100 --fp4 60 --batches large   # 48-513 requests per call
+    python tools/random_cases.py --fp8 0 --fp4 500 --scales wide       # fp4 scales far from 1
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
@@ -12,10 +13,12 @@ draws fp8's (num_heads, head_dim, next_n) from everything the contract admits on
 (`draw_wide_head_shape`: next_n * num_heads any multiple of 8 up to 256, head_dim up to what
 fits the shared memory) instead of the suite's seven head shapes; nearly every seed is then a
 configuration of its own, compiled first. `--batches large` draws 48-513 requests per call
-instead of 1-40 (`BATCH_MODES`). The seeds run in chunks of `--chunk` calls; every kernel
-configuration a chunk needs is compiled first, in parallel (`flashinfer_jit.precompile`), so a
-run cut short by a timeout has checked every chunk before the one it was in. (Compiled all at
-once, the configurations of 4000 wide seeds took about 270 s of a 300 s run on the H200 machine.)
+instead of 1-40 (`BATCH_MODES`). `--scales wide` also draws fp4 scales far below or above 1
+and draft slots whose q scales differ (`draw_wide_fp4_scales`). The seeds run in chunks of
+`--chunk` calls; every kernel configuration a chunk needs is compiled first, in parallel
+(`flashinfer_jit.precompile`), so a run cut short by a timeout has checked every chunk before
+the one it was in. (Compiled all at once, the configurations of 4000 wide seeds took about
+270 s of a 300 s run on the H200 machine.)
 `--schedules N` also compares the schedule helper on CUDA with its CPU version, bit for bit,
 for N random length vectors (batch 1..20000, zeros, huge lengths, negative entries, strided
 views, the device's SM count or another). Prints one line per failing seed (enough to rerun
@@ -135,6 +138,13 @@ def main() -> int:
         help="batch sizes to draw: 1-40 or 48-513 requests",
     )
     parser.add_argument(
+        "--scales",
+        choices=("suite", "wide"),
+        default="suite",
+        help="fp4 scales to draw: the suite's, or also far from 1 and differing between draft"
+        " slots (draw_wide_fp4_scales)",
+    )
+    parser.add_argument(
         "--chunk", type=int, default=500, help="calls compiled for, then checked, at a time"
     )
     parser.add_argument(
@@ -172,7 +182,7 @@ def main() -> int:
             compile_for(chunk, args.shapes, args.batches, compiled)
         checked = done
         try:
-            check_random_call(variant, seed, args.shapes, args.batches)
+            check_random_call(variant, seed, args.shapes, args.batches, args.scales)
         except Exception as exc:  # every failure is reported; only --max-failures stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
@@ -204,7 +214,7 @@ def main() -> int:
     seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
     print(
         f"random cases: {passed} of {checked} passed ({fp8_runs} fp8, {checked - fp8_runs} fp4,"
-        f" {seeds}, {args.shapes} shapes, {args.batches} batches) in {time.perf_counter() - began:.0f} s,"
+        f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales) in {time.perf_counter() - began:.0f} s,"
         " compilation included"
     )
     return 0 if not failures and not schedule_failures else 1

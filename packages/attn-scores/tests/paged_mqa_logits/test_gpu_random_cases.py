@@ -78,11 +78,30 @@ def draw_wide_head_shape(rng: random.Random) -> tuple[int, int, int]:
     return num_heads, 32 * rng.randint(1, largest // 32), next_n
 
 
-def draw_call(seed: int, variant: str, shapes: str = "suite", batches: str = "small") -> dict:
+def draw_wide_fp4_scales(
+    rng: random.Random, dtypes: tuple, next_n: int, exponent_range: tuple[int, int]
+) -> dict:
+    """fp4's scale draws of `scales="wide"`: every UE8M0 scale far below or above 1 (58-64 or
+    150-156, where the output's exponent range holds the logits), and draft slots whose q
+    scales are shifted apart by 0 to 10 binades (the suite's draws give every slot the same
+    largest q exponent). float16 keeps the suite's ranges, which its 65504 bounds; the shifts
+    only lower scales."""
+    if torch.float16 not in dtypes:
+        exponent_range = rng.choice([exponent_range, (58, 64), (150, 156)])
+    shifts: tuple[int, ...] = ()
+    if next_n > 1 and exponent_range[0] > 64 and rng.random() < 0.7:
+        shifts = tuple(rng.choice([0, 0, -1, -3, -6, -10]) for _ in range(next_n))
+    return dict(exponent_range=exponent_range, q_slot_exponent_shifts=shifts)
+
+
+def draw_call(
+    seed: int, variant: str, shapes: str = "suite", batches: str = "small", scales: str = "suite"
+) -> dict:
     """One random call. `shapes="wide"` draws fp8's head geometry from the whole admitted
     space (`draw_wide_head_shape`) instead of `FP8_HEAD_SHAPES`; every other draw is the same.
     `batches` picks the batch sizes and typical lengths from `BATCH_MODES`; "small" draws what
-    every earlier seed drew."""
+    every earlier seed drew. `scales="wide"` (fp4) adds `draw_wide_fp4_scales`'s draws after
+    all the others, so the rest of the call is the suite's for the same seed."""
     rng = random.Random(seed)
     batch_sizes, typicals = BATCH_MODES[batches]
     batch_size = rng.choice(batch_sizes)
@@ -119,10 +138,12 @@ def draw_call(seed: int, variant: str, shapes: str = "suite", batches: str = "sm
             interleaved=block_size == 128 and rng.random() < 0.5,
             exponent_range=(100, 140) if wide else rng.choice([(120, 128), (127, 127)]),
         )
+        if scales == "wide":
+            call.update(draw_wide_fp4_scales(rng, dtypes, next_n, call["exponent_range"]))
     return call
 
 
-def build_case(call: dict, variant: str, seed: int):
+def build_case(call: dict, variant: str, seed: int, device: str = "cuda"):
     width = None
     if call["extra_table_columns"]:
         needed = max(1, -(-max(call["lens"]) // call["block_size"]))
@@ -138,7 +159,7 @@ def build_case(call: dict, variant: str, seed: int):
             spare_blocks=17,
             table_width=width,
             seed=seed,
-        ).to("cuda")
+        ).to(device)
     return make_fp4_case(
         call["lens"],
         next_n=call["next_n"],
@@ -147,8 +168,9 @@ def build_case(call: dict, variant: str, seed: int):
         max_seq_len=call["max_seq_len"],
         spare_blocks=17,
         exponent_range=call["exponent_range"],
+        q_slot_exponent_shifts=call.get("q_slot_exponent_shifts", ()),
         seed=seed,
-    ).to("cuda")
+    ).to(device)
 
 
 def strided_views(case):
@@ -170,9 +192,9 @@ def test_random_fp4_call(seed):
 
 
 def check_random_call(
-    variant: str, seed: int, shapes: str = "suite", batches: str = "small"
+    variant: str, seed: int, shapes: str = "suite", batches: str = "small", scales: str = "suite"
 ) -> None:
-    call = draw_call(seed, variant, shapes, batches)
+    call = draw_call(seed, variant, shapes, batches, scales)
     case = build_case(call, variant, seed)
     tables, lens = strided_views(case) if call["strided"] else (case.block_tables, case.seq_lens)
     next_n = case.next_n

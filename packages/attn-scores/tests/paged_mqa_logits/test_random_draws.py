@@ -1,6 +1,6 @@
-"""The random-call generator's wide head shapes (CPU): every draw is a shape the contract
-admits, and the draws reach the corners the fixed list of the suite does not. Also: CI's
-compile check covers every parametric shape the GPU tests run."""
+"""The random-call generator's wide head shapes and fp4 scales (CPU): every draw is a call the
+contract admits, and the draws reach the corners the fixed lists of the suite do not. Also:
+CI's compile check covers every parametric shape the GPU tests run."""
 
 import random
 
@@ -10,7 +10,13 @@ from attn_scores_cases import expected_logits, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 from test_gpu import PARAMETRIC_SHAPES
-from test_gpu_random_cases import BATCH_MODES, FP8_HEAD_SHAPES, draw_call, draw_wide_head_shape
+from test_gpu_random_cases import (
+    BATCH_MODES,
+    FP8_HEAD_SHAPES,
+    build_case,
+    draw_call,
+    draw_wide_head_shape,
+)
 
 
 def test_wide_head_shapes_are_admitted_and_spread():
@@ -87,3 +93,76 @@ def test_compile_check_covers_the_parametric_shapes():
         for block_size in (32, 64, 128):
             config = fp8_sm90.fp8_config(block_size, head_dim, num_heads, next_n, f32, f32, f32)
             assert config.spec.label in compiled, config.spec.label
+
+
+WIDE_SCALE_KEYS = ("exponent_range", "q_slot_exponent_shifts")
+
+
+def test_wide_scales_change_only_fp4_scales():
+    """`scales="wide"` draws after every other draw: the rest of each call is the suite's for
+    the same seed (fp8 calls entirely), so earlier seeds keep their meaning."""
+    for seed in range(200):
+        assert draw_call(seed, "fp8") == draw_call(seed, "fp8", scales="wide")
+        suite, wide = draw_call(seed, "fp4"), draw_call(seed, "fp4", scales="wide")
+        assert "q_slot_exponent_shifts" not in suite
+        assert {k: v for k, v in wide.items() if k not in WIDE_SCALE_KEYS} == {
+            k: v for k, v in suite.items() if k not in WIDE_SCALE_KEYS
+        }
+
+
+def test_wide_scales_reach_far_scales_and_slots_apart():
+    calls = [draw_call(seed, "fp4", scales="wide") for seed in range(600)]
+    ranges = {c["exponent_range"] for c in calls}
+    assert {(58, 64), (150, 156), (100, 140), (120, 128), (127, 127)} <= ranges
+    apart = [c for c in calls if len(set(c["q_slot_exponent_shifts"])) > 1]
+    assert len(apart) > 60
+    assert {c["next_n"] for c in apart} == {2, 3, 4}
+    for c in calls:
+        shifts = c["q_slot_exponent_shifts"]
+        assert shifts == () or (len(shifts) == c["next_n"] and all(s <= 0 for s in shifts))
+        if torch.float16 in c["dtypes"]:  # float16 stays where its 65504 holds the logits
+            assert c["exponent_range"] in {(120, 128), (127, 127)}
+
+
+def test_wide_scale_cases_are_what_was_drawn():
+    """The built case carries the drawn scales: slot t's q exponents are the range shifted by
+    shifts[t] (q_sf bytes), and every token's k exponents lie in the range (the scale bytes
+    after each block's packed values)."""
+    checked = 0
+    for seed in range(400):
+        call = draw_call(seed, "fp4", scales="wide")
+        shifts = call["q_slot_exponent_shifts"]
+        if not shifts or len(set(shifts)) == 1 or sum(call["lens"]) > 5000:
+            continue
+        case = build_case(call, "fp4", seed, device="cpu")
+        low, high = call["exponent_range"]
+        q_exp = case.q_sf.contiguous().view(torch.uint8).view(*case.q_sf.shape, 4).long()
+        for t, shift in enumerate(shifts):
+            slot = q_exp[:, t]
+            assert low + shift <= int(slot.min()) and int(slot.max()) <= high + shift
+        k_exp = case.kv_fused.view(case.kv_fused.shape[0], -1)[:, call["block_size"] * 64 :]
+        assert low <= int(k_exp.min()) and int(k_exp.max()) <= high
+        checked += 1
+    assert checked >= 10
+
+
+def test_cpu_path_takes_wide_scales():
+    """The CPU op against the independent expectation for wide-scale draws, each far from 1
+    in its own way; the expected logits stay finite and nonzero, inside float32's range."""
+    seen = set()
+    for seed in range(60):
+        call = draw_call(seed, "fp4", scales="wide")
+        kind = (call["exponent_range"], len(set(call["q_slot_exponent_shifts"])) > 1)
+        if kind in seen or torch.float16 in call["dtypes"]:
+            continue
+        seen.add(kind)
+        call = dict(call, lens=[0, 5, 70], max_seq_len=80, block_size=32, interleaved=False)
+        case = build_case(call, "fp4", seed, device="cpu")
+        got = fa.fp4_paged_mqa_logits(*case.fp4_args(), output_dtype=torch.float32)
+        expected = case.expected()
+        mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+        values = expected[mask]
+        assert torch.isfinite(values).all() and (values != 0).any()
+        assert float(values.abs().max()) < 2.0**127
+        torch.testing.assert_close(got[mask].double(), values, rtol=1e-6, atol=0.0)
+    assert len(seen) >= 5
