@@ -1,10 +1,14 @@
 """tools/kernel_mutants.py: every mutant still applies to the kernel sources as they are (an
 edit of the kernels that moves a mutant's text must update the mutant, not silently drop it),
-and applying one edits only the tree it is given."""
+applying one edits only the copy it is given, and a check's exit is read right (a failure is
+a catch; a check that could not run, or ran past its time, is not)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+import time
 
 import pytest
 
@@ -42,6 +46,7 @@ def test_apply_edits_only_the_given_tree(tmp_path) -> None:
     before = (km.CSRC / mutant.file).read_text()
     original = km.apply(mutant, tmp_path)
     assert original == before
+    km.check_applies(mutant)  # reads the repository only
     assert (km.CSRC / mutant.file).read_text() == before  # the repository is untouched
     edited = (copy / mutant.file).read_text()
     assert edited == before.replace(mutant.old, mutant.new) and edited != before
@@ -56,3 +61,65 @@ def test_apply_refuses_text_that_is_not_there_once(tmp_path) -> None:
     path.write_text(path.read_text() + "\n" + mutant.old + "\n")  # now twice
     with pytest.raises(ValueError, match="occurs 2 times"):
         km.apply(mutant, tmp_path)
+
+
+def _run(km, tmp_path, code: str, kind: str = "random", timeout: float = 30.0):
+    return km.run_check("check", kind, [sys.executable, "-c", code], tmp_path, timeout)
+
+
+def test_run_check_reads_the_exit(tmp_path) -> None:
+    km = _kernel_mutants()
+    assert _run(km, tmp_path, "pass") == ("passed", "")
+    status, detail = _run(km, tmp_path, "print('FAIL fp8 seed 7: wrong'); raise SystemExit(1)")
+    assert status == "failed" and detail == "check: FAIL fp8 seed 7: wrong"
+    # random_cases.py without an SM90 GPU; pytest with nothing selected or a usage error.
+    assert _run(km, tmp_path, "raise SystemExit(2)")[0] == "error"
+    assert _run(km, tmp_path, "raise SystemExit(5)", kind="pytest")[0] == "error"
+    assert _run(km, tmp_path, "raise SystemExit(1)", kind="pytest")[0] == "failed"
+    assert _run(km, tmp_path, "import os; os.abort()")[0] == "failed"  # a crash
+
+
+def test_run_check_kills_the_whole_process_group_on_timeout(tmp_path) -> None:
+    km = _kernel_mutants()
+    marker = tmp_path / "grandchild.pid"
+    # The child starts a grandchild (as precompile starts compile workers) and waits.
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    began = time.monotonic()
+    status, detail = _run(km, tmp_path, code, timeout=3.0)
+    assert status == "timeout" and "within 3 s" in detail
+    assert time.monotonic() - began < 30
+    grandchild = int(marker.read_text())
+    for _ in range(50):  # killed with its group (reaped by init soon after)
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        with open(f"/proc/{grandchild}/stat") as stat:
+            assert stat.read().split()[2] == "Z", "the grandchild outlived the timeout"
+
+
+def test_copy_tree_holds_the_packages_and_tools_but_not_the_docs(tmp_path) -> None:
+    km = _kernel_mutants()
+    km.copy_tree(tmp_path)
+    for mutant in km.MUTANTS[:3]:
+        copied = tmp_path / km.CSRC.relative_to(km.ROOT) / mutant.file
+        assert copied.read_text() == (km.CSRC / mutant.file).read_text()
+    assert (tmp_path / "tools" / "random_cases.py").is_file()
+    assert (tmp_path / "packages" / "attn-scores" / "tests").is_dir()
+    assert not (tmp_path / "docs").exists() and not (tmp_path / ".git").exists()
+
+
+def test_tree_env_puts_the_copy_first_and_drops_the_repository(tmp_path, monkeypatch) -> None:
+    km = _kernel_mutants()
+    elsewhere = str(tmp_path / "elsewhere")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(km.ROOT / "packages/jit/src"), elsewhere])
+    )
+    entries = km.tree_env(tmp_path)["PYTHONPATH"].split(os.pathsep)
+    assert entries == [*(str(tmp_path / p) for p in km.PACKAGE_PATHS), elsewhere]

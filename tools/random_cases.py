@@ -212,6 +212,8 @@ def main() -> int:
     passed = checked - len(failures)
     fp8_runs = sum(variant == "fp8" for variant, _ in runs[:checked])
     seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
+    if checked < len(runs):
+        print(f"stopped early: {checked} of the {len(runs)} planned calls checked")
     print(
         f"random cases: {passed} of {checked} passed ({fp8_runs} fp8, {checked - fp8_runs} fp4,"
         f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales) in {time.perf_counter() - began:.0f} s,"
