@@ -436,8 +436,8 @@ MUTANTS = [
         "rows[4] = len - 1;",
         BOTH,
         ("fp8", "fp4"),
-        "B > 128, in-kernel schedule: a CTA's first request one token short, which loses a unit"
-        " when its length is 1 more than a multiple of 64",
+        "B > 128, in-kernel schedule: a CTA's first request one token short, so the box (and"
+        " unit) of its last token is not loaded when that token starts one",
     ),
     Mutant(
         "warp-scan-first-length",
