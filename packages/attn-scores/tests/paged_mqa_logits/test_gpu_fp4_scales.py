@@ -121,7 +121,8 @@ def test_every_scale_far_below_one(next_n, output_dtype, epi_dtype):
     """Every k and q scale in [2^-69, 2^-63] (UE8M0 58-64): a logit's final power of two
     2^(M + Q_t - 266) is about 2^-140, below float32's normal range, while each row's largest
     logits (about 2^-120 to 2^-116) are normal float32 and bfloat16 numbers (a few smaller
-    ones are subnormal, at most 2^-149 from their value). A power-of-two scaling clamped at
+    ones are subnormal, rounded by at most 2^-150 in float32 and 2^-134 in bfloat16, far below
+    the bound). A power-of-two scaling clamped at
     2^-126 passed every earlier test (tools/kernel_mutants.py, pow2-clamp). Not with the
     float16 epilogue, which rounds each head term to float16 and so, correctly, to 0."""
     case = make_fp4_case(
