@@ -540,6 +540,26 @@ MUTANTS = [
         "the CUDA-core epilogues outside next_n 3: a quad-1 lane stores its row r + 8 at row r,"
         " a quad-2 lane the other way round",
     ),
+    Mutant(
+        "fp8-no-pdl-wait",
+        FP8,
+        "  pdl_wait();\n",
+        "",
+        ("fp8",),
+        ("fp8",),
+        "calls back to back with no synchronisation: the next call writes its rows before the"
+        " previous call's last CTAs are done with theirs",
+    ),
+    Mutant(
+        "fp4-no-pdl-wait",
+        FP4,
+        "  pdl_wait();\n",
+        "",
+        ("fp4",),
+        ("fp4",),
+        "calls back to back with no synchronisation: the next call writes its rows before the"
+        " previous call's last CTAs are done with theirs",
+    ),
 ]
 
 
@@ -805,7 +825,7 @@ DEFAULT_PYTEST = (
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_fp4_scales.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_long_request.py"
     " -k 'nan_in_k or nan_in_one or in_kernel_rows or q_scales_differ or far_below_one"
-    " or ue8m0 or exact_window or million or many_short'"
+    " or ue8m0 or exact_window or million or many_short or back_to_back'"
 )
 
 

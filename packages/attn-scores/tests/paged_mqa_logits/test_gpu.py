@@ -579,6 +579,36 @@ def test_deterministic(variant):
     assert torch.equal(first[mask], second[mask])  # NaN != NaN: an unwritten element fails
 
 
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_back_to_back_calls_into_one_buffer_end_with_the_last(variant):
+    """Calls one after another on one stream into one `out`, with no synchronisation between
+    them. With programmatic dependent launch (the default) a call's CTAs start as soon as the
+    previous call's CTAs leave their SMs, while that call's slowest CTAs still run; a kernel
+    that wrote `out` before `griddepcontrol.wait` could have its rows overwritten by the
+    previous call's. Two cases of the same shapes alternate, bursts of 5 and 6 calls, so each
+    burst ends with either; after each burst `out` must hold the last call's logits, bit for
+    bit those of the same call made alone."""
+    kind = VARIANTS[variant]
+    lens = [1300, 0, 1000, 1250, 1, 700] * 8  # 48 requests: about 5 units per CTA
+    cases = [kind.make_case(64, 2, seed=seed, lens=lens) for seed in (21, 22)]
+    op, dtype = kind.op, kind.output_dtype
+    mask = valid_mask(cases[0].seq_lens, 2, cases[0].max_seq_len)
+    alone = []
+    for case in cases:
+        result = op(*kind.args(case), out=poisoned_out(case.rows, case.max_seq_len, dtype))
+        assert torch.isfinite(result[mask]).all()
+        alone.append(result.clone())
+    assert not torch.equal(alone[0][mask], alone[1][mask])
+    out = poisoned_out(cases[0].rows, cases[0].max_seq_len, dtype)
+    for burst in range(12):
+        calls = 5 + burst % 2
+        for i in range(calls):
+            got = op(*kind.args(cases[i % 2]), out=out)
+        torch.cuda.synchronize()
+        last = (calls - 1) % 2
+        assert torch.equal(got[mask], alone[last][mask]), f"burst {burst}"
+
+
 @pytest.mark.parametrize(("variant", "next_n"), [("fp8", 1), ("fp8", 4), ("fp4", 2)])
 def test_batch_invariant(variant, next_n):
     """A request's logits do not depend on the batch around it: bitwise the same alone
