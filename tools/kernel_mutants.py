@@ -77,6 +77,12 @@ CONFIGS = {
     "fp4-n3": ("fp4", 64, 3, 64, 128, "float32", "float32", "float32", False),
 }
 BOTH = ("fp8", "fp4")
+# The no-wait mutants' catch: under programmatic dependent launch a call's CTAs start while
+# the previous call's slowest CTAs still run.
+PDL_CATCH = (
+    "calls back to back with no synchronisation: the next call writes its rows before the"
+    " previous call's last CTAs are done with theirs"
+)
 
 MUTANTS = [
     # ---- the walk and the schedule (paged_mqa_common.cuh)
@@ -547,8 +553,7 @@ MUTANTS = [
         "",
         ("fp8",),
         ("fp8",),
-        "calls back to back with no synchronisation: the next call writes its rows before the"
-        " previous call's last CTAs are done with theirs",
+        PDL_CATCH,
     ),
     Mutant(
         "fp4-no-pdl-wait",
@@ -557,8 +562,7 @@ MUTANTS = [
         "",
         ("fp4",),
         ("fp4",),
-        "calls back to back with no synchronisation: the next call writes its rows before the"
-        " previous call's last CTAs are done with theirs",
+        PDL_CATCH,
     ),
 ]
 
