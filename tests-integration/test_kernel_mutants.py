@@ -123,3 +123,18 @@ def test_tree_env_puts_the_copy_first_and_drops_the_repository(tmp_path, monkeyp
     )
     entries = km.tree_env(tmp_path)["PYTHONPATH"].split(os.pathsep)
     assert entries == [*(str(tmp_path / p) for p in km.PACKAGE_PATHS), elsewhere]
+
+
+def test_shards_split_the_list(monkeypatch, capsys) -> None:
+    km = _kernel_mutants()
+    listed = []
+    for shard in ("1/3", "2/3", "3/3"):
+        monkeypatch.setattr(sys, "argv", ["kernel_mutants.py", "--list", "--shard", shard])
+        assert km.main() == 0
+        listed.append([line.split()[0] for line in capsys.readouterr().out.splitlines()])
+    assert sorted(name for names in listed for name in names) == sorted(m.name for m in km.MUTANTS)
+    assert all(abs(len(a) - len(b)) <= 1 for a in listed for b in listed)
+    for bad in ("0/3", "4/3", "x"):
+        monkeypatch.setattr(sys, "argv", ["kernel_mutants.py", "--list", "--shard", bad])
+        with pytest.raises(SystemExit):
+            km.main()

@@ -2,7 +2,7 @@
 
     python tools/kernel_mutants.py --list
     python tools/kernel_mutants.py --compile-only [--only NAME,NAME]   # CPU: NVRTC, no GPU
-    python tools/kernel_mutants.py [--only ...] [--jobs 4] [--fp8 100 --fp4 60]
+    python tools/kernel_mutants.py [--only ... | --shard K/N] [--jobs 4] [--fp8 100 --fp4 60]
         [--large-fp8 20 --large-fp4 12] [--pytest "ARGS" | --pytest ""]
 
 Each mutant is one textual edit of a kernel source in `csrc/` (an off-by-one in the walk or
@@ -838,6 +838,11 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--compile-only", action="store_true", help="compile each mutant (no GPU)")
     parser.add_argument("--only", help="comma-separated mutant names")
+    parser.add_argument(
+        "--shard",
+        help="K/N: only every N-th mutant from the K-th (1-based), to split a run over device"
+        " calls",
+    )
     parser.add_argument("--fp8", type=int, default=100, help="fp8 random calls, small batches")
     parser.add_argument("--fp4", type=int, default=60, help="fp4 random calls, small batches")
     parser.add_argument("--large-fp8", type=int, default=20, help="fp8 random calls, large batches")
@@ -870,6 +875,11 @@ def main() -> int:
         if not wanted or unknown:
             parser.error(f"--only: no mutant named {', '.join(unknown) or repr(args.only)}")
         mutants = [m for m in MUTANTS if m.name in wanted]
+    if args.shard is not None:
+        k, _, n = args.shard.partition("/")
+        if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+            parser.error(f"--shard: expected K/N with 1 <= K <= N, got {args.shard!r}")
+        mutants = mutants[int(k) - 1 :: int(n)]
     for mutant in mutants:  # every edit applies once, before anything runs
         check_applies(mutant)
     if args.list:
