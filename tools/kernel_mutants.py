@@ -567,28 +567,30 @@ MUTANTS = [
 ]
 
 
-def apply(mutant: Mutant, root: Path) -> str:
-    """Edit the source under `root` (a copy of the repository) in place; returns the original
-    text."""
-    path = root / CSRC.relative_to(ROOT) / mutant.file
-    text = path.read_text()
+def mutated(mutant: Mutant, text: str) -> str:
+    """`text` (the mutant's source file) with the edit made; raises unless the mutant's text
+    occurs in it exactly once."""
     count = text.count(mutant.old)
     if count != 1:
         raise ValueError(
             f"{mutant.name}: its text occurs {count} times in {mutant.file}, expected once"
         )
-    path.write_text(text.replace(mutant.old, mutant.new))
+    return text.replace(mutant.old, mutant.new)
+
+
+def apply(mutant: Mutant, root: Path) -> str:
+    """Edit the source under `root` (a copy of the repository) in place; returns the original
+    text."""
+    path = root / CSRC.relative_to(ROOT) / mutant.file
+    text = path.read_text()
+    path.write_text(mutated(mutant, text))
     return text
 
 
 def check_applies(mutant: Mutant) -> None:
-    """Raise unless the mutant's text occurs exactly once in the repository's sources (read
-    only: the repository itself is never edited)."""
-    count = (CSRC / mutant.file).read_text().count(mutant.old)
-    if count != 1:
-        raise ValueError(
-            f"{mutant.name}: its text occurs {count} times in {mutant.file}, expected once"
-        )
+    """Raise unless the mutant applies to the repository's sources (read only: the repository
+    itself is never edited)."""
+    mutated(mutant, (CSRC / mutant.file).read_text())
 
 
 def _ignored_in_copy(folder: str, names: list[str]) -> set[str]:
