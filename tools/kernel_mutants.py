@@ -80,8 +80,8 @@ BOTH = ("fp8", "fp4")
 # The no-wait mutants' catch: under programmatic dependent launch a call's CTAs start while
 # the previous call's slowest CTAs still run.
 PDL_CATCH = (
-    "calls back to back with no synchronisation: the next call writes its rows before the"
-    " previous call's last CTAs are done with theirs"
+    "a call launched while the previous call still runs on other SMs (programmatic dependent"
+    " launch) writes its rows before that call has finished writing the same rows"
 )
 
 MUTANTS = [
@@ -822,16 +822,16 @@ def on_gpu(mutants: list[Mutant], args: argparse.Namespace) -> int:
     return 0 if counts["caught"] + counts["timeout"] == len(rows) else 1
 
 
-# The GPU tests that catch the mutants the random calls miss (sixtieth round of
+# The GPU tests that catch the mutants the random calls miss (sixtieth and sixty-first rounds of
 # docs/fp8-kernel-notes.md): NaN propagation, the in-kernel schedule rows, fp4 scales far apart,
-# the long requests and many short ones.
+# the long requests and many short ones, a call overlapping the previous one.
 DEFAULT_PYTEST = (
     "packages/attn-scores/tests/paged_mqa_logits/test_gpu.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_in_kernel_schedule.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_fp4_scales.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_long_request.py"
     " -k 'nan_in_k or nan_in_one or in_kernel_rows or q_scales_differ or far_below_one"
-    " or ue8m0 or exact_window or million or many_short or back_to_back'"
+    " or ue8m0 or exact_window or million or many_short or back_to_back or waits_until'"
 )
 
 

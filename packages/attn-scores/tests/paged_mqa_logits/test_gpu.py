@@ -582,12 +582,11 @@ def test_deterministic(variant):
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_back_to_back_calls_into_one_buffer_end_with_the_last(variant):
     """Calls one after another on one stream into one `out`, with no synchronisation between
-    them. With programmatic dependent launch (the default) a call's CTAs start as soon as the
-    previous call's CTAs leave their SMs, while that call's slowest CTAs still run; a kernel
-    that wrote `out` before `griddepcontrol.wait` could have its rows overwritten by the
-    previous call's. Two cases of the same shapes alternate, bursts of 5 and 6 calls, so each
-    burst ends with either; after each burst `out` must hold the last call's logits, bit for
-    bit those of the same call made alone."""
+    them, as a serving loop makes them (programmatic dependent launch on, the default). Two
+    cases of the same shapes alternate, bursts of 5 and 6 calls, so each burst ends with
+    either; after each burst `out` must hold the last call's logits, bit for bit those of the
+    same call made alone. Both calls have the same schedule, so this does not see a kernel
+    that writes before its `griddepcontrol.wait` (the next test does)."""
     kind = VARIANTS[variant]
     lens = [1300, 0, 1000, 1250, 1, 700] * 8  # 48 requests: about 5 units per CTA
     cases = [kind.make_case(64, 2, seed=seed, lens=lens) for seed in (21, 22)]
@@ -607,6 +606,58 @@ def test_back_to_back_calls_into_one_buffer_end_with_the_last(variant):
         torch.cuda.synchronize()
         last = (calls - 1) % 2
         assert torch.equal(got[mask], alone[last][mask]), f"burst {burst}"
+
+
+def one_cta_schedule(seq_lens: torch.Tensor, next_n: int, variant: str) -> torch.Tensor:
+    """A schedule of the device's shape in which CTA 0 does the whole batch and every other
+    CTA starts and stops at the end sentinel (an empty range, as the helper gives idle SMs):
+    the one-SM schedule's two rows, the sentinel repeated."""
+    num_sms = torch.cuda.get_device_properties(seq_lens.device).multi_processor_count
+    one_sm = fa.compute_paged_mqa_logits_schedule(
+        seq_lens, next_n=next_n, variant=variant, num_sms=1
+    )
+    return torch.cat([one_sm[:1], one_sm[1:].expand(num_sms, 2)]).contiguous()
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_call_waits_until_the_previous_call_has_finished(variant):
+    """The back-to-back test above cannot see a kernel that writes before
+    `griddepcontrol.wait`: there both calls have the same schedule, so a CTA of the second call
+    would have to overtake the first call's CTA of the same index (measured: both kernels
+    with the wait removed passed it). Here the first call runs on one CTA (a hand-made
+    schedule, the whole batch on CTA 0) for hundreds of microseconds while every other SM is
+    idle, and the second call (same shapes, other data, the helper's schedule) is launched
+    into the same `out` right after it. It triggers its dependents first thing, so under
+    programmatic dependent launch the second call's CTAs are resident at once; only the wait
+    keeps them from finishing before the first call does, whose later writes would then
+    overwrite theirs. `out` must hold the second call's logits, bit for bit those it gives
+    alone."""
+    kind = VARIANTS[variant]
+    next_n = 2
+    lens = [1300, 0, 1000, 1250, 1, 700] * 32  # 192 requests, about 2100 units on one CTA
+    slow_case, fast_case = (kind.make_case(64, next_n, seed=s, lens=lens) for s in (23, 24))
+    slow_schedule = one_cta_schedule(slow_case.seq_lens, next_n, variant)
+    op, dtype = kind.op, kind.output_dtype
+    mask = valid_mask(slow_case.seq_lens, next_n, slow_case.max_seq_len)
+
+    def alone(case, schedule=None):
+        out = poisoned_out(case.rows, case.max_seq_len, dtype)
+        result = op(*kind.args(case), schedule_meta=schedule, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(result[mask]).all()
+        return result.clone()
+
+    fast_alone = alone(fast_case)
+    # The hand-made schedule is a valid one: the same logits as the helper's, bit for bit.
+    assert torch.equal(alone(slow_case, slow_schedule)[mask], alone(slow_case)[mask])
+    assert not torch.equal(alone(slow_case)[mask], fast_alone[mask])
+    out = poisoned_out(slow_case.rows, slow_case.max_seq_len, dtype)
+    for attempt in range(3):
+        op(*kind.args(slow_case), schedule_meta=slow_schedule, out=out)
+        got = op(*kind.args(fast_case), out=out)
+        torch.cuda.synchronize()
+        wrong = int((got[mask] != fast_alone[mask]).sum())
+        assert wrong == 0, f"attempt {attempt}: {wrong} of {int(mask.sum())} logits differ"
 
 
 @pytest.mark.parametrize(("variant", "next_n"), [("fp8", 1), ("fp8", 4), ("fp4", 2)])
