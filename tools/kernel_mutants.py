@@ -83,6 +83,52 @@ PDL_CATCH = (
     "a call launched while the previous call still runs on other SMs (programmatic dependent"
     " launch) writes its rows before that call has finished writing the same rows"
 )
+# The wait moved below the schedule, a tempting change (the scan would overlap the previous
+# kernel's tail): the lengths or schedule rows are read before that kernel has written them.
+WAIT_THEN_SCHEDULE = {
+    FP8: (
+        "  pdl_wait();\n"
+        "  // The call-level readings come from the last consumer warp, which only waits at this"
+        " point:\n"
+        "  // thread 0 issues the first KV copy, and a reading's store can hold it back"
+        " (EXP_STAMP_WALK).\n"
+        "  constexpr unsigned kStampThread = kThreads - 32;\n"
+        "  if (EXP_TIMESTAMPS && threadIdx.x == kStampThread) {\n"
+        "    stamp(0, reading());\n"
+        "    if (NUM_CONSUMERS <= 4 && EXP_TIMESTAMPS != 2) stamp(7, sm_id());\n"
+        "  }\n"
+        "  // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows);"
+        " the scan's\n"
+        "  // scratch is stage 0's KV tile, which no copy has touched yet.\n"
+        "  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,\n"
+        "                                  EXP_TIMESTAMPS || EXP_PHASES ? nullptr :"
+        " schedule_rows_out, bars.schedule_rows,\n"
+        "                                  smem + SharedLayout::kKv);\n"
+        "  __syncthreads();\n"
+    ),
+    FP4: (
+        "  pdl_wait();\n"
+        "  // `schedule` null: derive this CTA's range from seq_lens here (see schedule_rows);"
+        " the scan's\n"
+        "  // scratch is stage 0's KV tile, which no copy has touched yet.\n"
+        "  const int* rows = schedule_rows(schedule, seq_lens, seq_lens_stride, batch_size,\n"
+        "                                  EXP_PHASES ? nullptr : schedule_rows_out,"
+        " bars.schedule_rows,\n"
+        "                                  smem + SharedLayout::kKv);\n"
+        "  __syncthreads();\n"
+    ),
+}
+WAIT_THEN_SCHEDULE_CATCH = (
+    "the kernel before the call in the stream writes seq_lens or schedule_meta while the call,"
+    " launched programmatically, already runs"
+)
+
+
+def wait_moved_below_schedule(file: str) -> tuple[str, str]:
+    """(old, new) of the mutant that reads the schedule's inputs before the PDL wait."""
+    region = WAIT_THEN_SCHEDULE[file]
+    return region, region.removeprefix("  pdl_wait();\n") + "  pdl_wait();\n"
+
 
 MUTANTS = [
     # ---- the walk and the schedule (paged_mqa_common.cuh)
@@ -564,6 +610,22 @@ MUTANTS = [
         ("fp4",),
         PDL_CATCH,
     ),
+    Mutant(
+        "fp8-wait-after-schedule",
+        FP8,
+        *wait_moved_below_schedule(FP8),
+        ("fp8",),
+        ("fp8",),
+        WAIT_THEN_SCHEDULE_CATCH,
+    ),
+    Mutant(
+        "fp4-wait-after-schedule",
+        FP4,
+        *wait_moved_below_schedule(FP4),
+        ("fp4",),
+        ("fp4",),
+        WAIT_THEN_SCHEDULE_CATCH,
+    ),
 ]
 
 
@@ -824,14 +886,16 @@ def on_gpu(mutants: list[Mutant], args: argparse.Namespace) -> int:
 
 # The GPU tests that catch the mutants the random calls miss (sixtieth and sixty-first rounds of
 # docs/fp8-kernel-notes.md): NaN propagation, the in-kernel schedule rows, fp4 scales far apart,
-# the long requests and many short ones, a call overlapping the previous one.
+# the long requests and many short ones, a call overlapping the previous kernel (both orders).
 DEFAULT_PYTEST = (
     "packages/attn-scores/tests/paged_mqa_logits/test_gpu.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_in_kernel_schedule.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_fp4_scales.py"
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_long_request.py"
+    " packages/attn-scores/tests/paged_mqa_logits/test_gpu_pdl.py"
     " -k 'nan_in_k or nan_in_one or in_kernel_rows or q_scales_differ or far_below_one"
-    " or ue8m0 or exact_window or million or many_short or back_to_back or waits_until'"
+    " or ue8m0 or exact_window or million or many_short or back_to_back or waits_until"
+    " or dependent_launch or reads_its_inputs'"
 )
 
 
