@@ -627,8 +627,8 @@ def test_a_call_waits_until_the_previous_call_has_finished(variant):
     with the wait removed passed it). Here the first call runs on one CTA (a hand-made
     schedule, the whole batch on CTA 0) for hundreds of microseconds while every other SM is
     idle, and the second call (same shapes, other data, the helper's schedule) is launched
-    into the same `out` right after it. It triggers its dependents first thing, so under
-    programmatic dependent launch the second call's CTAs are resident at once; only the wait
+    into the same `out` right after it. The first call triggers its dependents first thing, so
+    under programmatic dependent launch the second call's CTAs are resident at once; only the wait
     keeps them from finishing before the first call does, whose later writes would then
     overwrite theirs. `out` must hold the second call's logits, bit for bit those it gives
     alone."""
