@@ -23,7 +23,7 @@ from test_gpu import VARIANTS, poisoned_out
 TEST_KERNELS = Path(__file__).with_name("pdl_test_kernels.cu")
 LATE_COPY = jit.KernelSpec.make("late_copy", TEST_KERNELS)
 EARLY_READ = jit.KernelSpec.make("early_read", TEST_KERNELS)
-DELAY_NS = 300_000  # far longer than a logits call's launch and prologue
+DELAY_NS = 1_000_000  # far longer than a logits call's host time, launch and prologue
 
 
 def late_copy(dst: torch.Tensor, src: torch.Tensor, delay_ns: int = DELAY_NS) -> None:
@@ -32,6 +32,15 @@ def late_copy(dst: torch.Tensor, src: torch.Tensor, delay_ns: int = DELAY_NS) ->
     assert dst.is_contiguous() and src.is_contiguous() and dst.nbytes == src.nbytes
     kernel = jit.load_kernel(LATE_COPY, dst.device)
     kernel.launch(1, 1024, dst, src, jit.i64(dst.nbytes), jit.i64(delay_ns))
+
+
+def warm_up(early_read: jit.Kernel, buffer: torch.Tensor) -> None:
+    """Launch both test kernels once, on nothing, and wait. On the H200 (2026-12-02,
+    tools/pdl_overlap_probe.py) the first launch of a kernel in a process waited on the host
+    until late_copy had finished, so it could not overlap it; later launches did."""
+    late_copy(buffer, buffer, delay_ns=0)
+    early_read.launch(1, 32, buffer, buffer, jit.i64(0), programmatic=True)
+    torch.cuda.synchronize()
 
 
 def test_the_test_kernels_compile(tmp_path):
@@ -48,7 +57,8 @@ def test_a_dependent_launch_starts_before_late_copy_has_written():
     src = torch.arange(1, 4097, dtype=torch.int32, device="cuda")
     seen = torch.empty_like(src)
     early_read = jit.load_kernel(EARLY_READ, src.device)
-    for programmatic, expected in ((True, torch.zeros_like(src)), (False, src)):
+    warm_up(early_read, seen)
+    for programmatic, expected in ((True, torch.zeros_like(src)),) * 3 + ((False, src),):
         dst = torch.zeros_like(src)
         torch.cuda.synchronize()
         late_copy(dst, src)
@@ -110,6 +120,9 @@ def test_a_call_reads_its_inputs_only_after_the_kernel_before_it(variant, writte
         torch.cuda.synchronize()
         late_copy(dst, src)
         got = kind.op(**late_args, schedule_meta=late_schedule, out=out)
+        # The host got here while late_copy still idled (the call did not synchronise), so
+        # the call's kernel was launched behind it: the premise test above shows it starts.
+        assert not torch.cuda.current_stream().query(), "the call waited for late_copy on the host"
         torch.cuda.synchronize()
         assert torch.equal(dst, src)
         wrong = int((got[mask] != placed[mask]).sum())
