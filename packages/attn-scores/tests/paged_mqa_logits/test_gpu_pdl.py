@@ -4,9 +4,10 @@ the stream still runs, so it must read no input before its `griddepcontrol.wait`
 The kernel before it is `late_copy` (pdl_test_kernels.cu), a stand-in for what a serving loop
 runs just before the indexer (the KV cache append, the lengths update, the schedule helper):
 one CTA that lets the next kernel launch at once, idles, then writes one of the call's inputs.
-A call that read that input early would see its old contents, zeros. (test_gpu.py's
-`test_a_call_waits_until_the_previous_call_has_finished` covers the other order: writing
-`out` before the wait.)
+A call that read that input early would see its old contents, zeros. Each case runs eagerly
+and captured in a CUDA graph, where the programmatic launch becomes a programmatic edge.
+(test_gpu.py's `test_a_call_waits_until_the_previous_call_has_finished` covers the other
+order: writing `out` before the wait.)
 """
 
 from __future__ import annotations
@@ -73,6 +74,30 @@ def test_a_dependent_launch_starts_before_late_copy_has_written():
         )
 
 
+@pytest.mark.gpu
+def test_a_dependent_launch_starts_early_inside_a_cuda_graph():
+    """The premise of the graph cases below: captured, the programmatic launch becomes a
+    programmatic edge, and on replay early_read still runs while late_copy idles."""
+    src = torch.arange(1, 4097, dtype=torch.int32, device="cuda")
+    dst, seen = torch.zeros_like(src), torch.empty_like(src)
+    early_read = jit.load_kernel(EARLY_READ, src.device)
+    warm_up(early_read, seen)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        late_copy(dst, src)
+        early_read.launch(4, 256, seen, dst, jit.i64(dst.nbytes), programmatic=True)
+    for replay in range(3):
+        dst.zero_()
+        seen.fill_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(dst, src)
+        assert torch.equal(seen, torch.zeros_like(src)), (
+            f"replay {replay}: the captured programmatic launch did not overlap late_copy: the"
+            " graph cases of the read-order test prove nothing here"
+        )
+
+
 INPUTS = {
     "fp8": ["q", "kv_fused", "weights", "block_tables", "seq_lens", "schedule_meta"],
     "fp4": ["q", "q_sf", "kv_fused", "weights", "block_tables", "seq_lens", "schedule_meta"],
@@ -84,14 +109,16 @@ ARGUMENT_NAMES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["eager", "graph"])
 @pytest.mark.parametrize(
     ("variant", "written"), [(v, name) for v, names in INPUTS.items() for name in names]
 )
-def test_a_call_reads_its_inputs_only_after_the_kernel_before_it(variant, written):
-    """late_copy writes one input (zeros until then) while the call is launched right after it.
-    Zeros read early would change the logits (zero q, K, weights or q scales; every table
-    entry block 0) or leave them unwritten (zero lengths or schedule rows: empty CTA ranges).
-    The call must give, bit for bit, the logits it gives with the input in place."""
+def test_a_call_reads_its_inputs_only_after_the_kernel_before_it(variant, written, launch):
+    """late_copy writes one input (zeros until then) while the call is launched right after it,
+    eagerly or both captured in one CUDA graph. Zeros read early would change the logits (zero
+    q, K, weights or q scales; every table entry block 0) or leave them unwritten (zero lengths
+    or schedule rows: empty CTA ranges). The call must give, bit for bit, the logits it gives
+    with the input in place."""
     kind = VARIANTS[variant]
     next_n = 2
     case = kind.make_case(64, next_n, seed=31, lens=[1300, 0, 1000, 1250, 1, 700] * 8)
@@ -109,20 +136,35 @@ def test_a_call_reads_its_inputs_only_after_the_kernel_before_it(variant, writte
     assert torch.isfinite(placed[mask]).all()
 
     src = schedule if written == "schedule_meta" else args[written]
-    for attempt in range(3):
-        dst = torch.zeros_like(src)
-        late_args = dict(args)
-        if written == "schedule_meta":
-            late_schedule = dst
-        else:
-            late_args[written], late_schedule = dst, schedule_meta
-        out = poisoned_out(case.rows, case.max_seq_len, dtype)
-        torch.cuda.synchronize()
+    dst = torch.zeros_like(src)
+    late_args = dict(args)
+    if written == "schedule_meta":
+        late_schedule = dst
+    else:
+        late_args[written], late_schedule = dst, schedule_meta
+    poison = poisoned_out(case.rows, case.max_seq_len, dtype)
+    out = poison.clone()
+
+    def late_copy_then_call() -> torch.Tensor:
         late_copy(dst, src)
-        got = kind.op(**late_args, schedule_meta=late_schedule, out=out)
-        # The host got here while late_copy still idled (the call did not synchronise), so
-        # the call's kernel was launched behind it: the premise test above shows it starts.
-        assert not torch.cuda.current_stream().query(), "the call waited for late_copy on the host"
+        return kind.op(**late_args, schedule_meta=late_schedule, out=out)
+
+    if launch == "graph":
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = late_copy_then_call()
+    for attempt in range(3):
+        dst.zero_()
+        out.copy_(poison)
+        torch.cuda.synchronize()
+        if launch == "graph":
+            graph.replay()
+        else:
+            got = late_copy_then_call()
+            # The host got here while late_copy still idled (the call did not synchronise),
+            # so the call's kernel was launched behind it: the premise test shows it starts.
+            assert not torch.cuda.current_stream().query(), "the call waited on the host"
         torch.cuda.synchronize()
         assert torch.equal(dst, src)
         wrong = int((got[mask] != placed[mask]).sum())
