@@ -122,6 +122,22 @@ def test_tensor_on_another_device_is_rejected():
         packer.pack((torch.ones(3),))
 
 
+def test_packers_sharing_generated_code_keep_their_own_device_label_and_buffer():
+    """Two kernels with the same argument types share one compiled packer source, but each
+    packs into its own buffer and reports its own label and device."""
+    first = ArgumentPacker([(0, 8), (8, 4)], CPU, "first")
+    second = ArgumentPacker([(0, 8), (8, 4)], 0, "second")
+    tensor = torch.ones(3)
+    buffer, address = first.pack((tensor, i32(11)))
+    with pytest.raises(ValueError, match="'second' runs on cuda:0 but got a tensor on cpu"):
+        second.pack((tensor, i32(12)))
+    third = ArgumentPacker([(0, 8), (8, 4)], CPU, "third")
+    other_buffer, other_address = third.pack((tensor, i32(13)))
+    assert other_address != address
+    assert _param_bytes(buffer, address, [8, 4])[1] == struct.pack("<i", 11)
+    assert _param_bytes(other_buffer, other_address, [8, 4])[1] == struct.pack("<i", 13)
+
+
 @pytest.mark.parametrize(
     ("wrapper", "value", "error", "message"),
     [

@@ -20,9 +20,11 @@ live on the kernel's device, and packs everything with one `struct.pack_into`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from collections.abc import Callable, Sequence
+from types import CodeType
 from typing import Any
 
 from .scalars import _Scalar
@@ -66,6 +68,15 @@ def _c_layout(sizes: list[int]) -> tuple[tuple[int, int], ...]:
         layout.append((offset, size))
         offset += size
     return tuple(layout)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(lines: tuple[str, ...]) -> CodeType:
+    """The code object of a generated packer. Compiling it took 130-580 us, most of the first
+    launch of each kernel (measured on the H200, 2026-12-02, tools/first_launch_probe.py);
+    kernels with the same argument types and layout share the source, so only the first of
+    them pays."""
+    return compile("\n".join(lines), "<flashinfer_jit packer>", "exec")
 
 
 class ArgumentPacker:
@@ -235,5 +246,5 @@ class ArgumentPacker:
             lines.append("        entry = new_buffer(ident)")
             lines.append(f"    pack_into(entry[0], {data_start}, {', '.join(values)})")
             lines.append("    return entry")
-        exec("\n".join(lines), namespace)  # generated from the fixed template above only
+        exec(_compiled(tuple(lines)), namespace)  # generated from the fixed template above only
         return namespace["packer"]

@@ -132,8 +132,7 @@ class Kernel:
                 drv.cuLibraryGetKernel(self._library, compiled.entry_name.encode()),
                 f"cuLibraryGetKernel({compiled.entry_name})",
             )
-            # The function in the primary context. Fetching it did not load the code for good:
-            # on the H200 the first launch still waited for the stream to drain (docs/jit.md).
+            # The function in the primary context (the one PyTorch uses).
             self._function = check(drv.cuKernelGetFunction(self._kernel), "cuKernelGetFunction")
             # Needs a current context: outside it the driver answers INVALID_CONTEXT, which
             # read as "no parameters" in a process where PyTorch had not yet made one current.
