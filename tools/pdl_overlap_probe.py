@@ -2,7 +2,10 @@
 test_gpu_pdl.py under the conditions that might serialise it: the dependent kernel's first
 launch in the process (cold), a warmed dependent, and a primary launched programmatically.
 Each row launches late_copy (idles DELAY_NS, then copies) and then early_read (no wait) and
-says whether early_read saw the bytes before the copy (overlap) or after it.
+says whether early_read saw the bytes before the copy (overlap) or after it. The cold row
+reads "after the copy" because the two first launches take longer on the host (0.9-1.4 ms)
+than late_copy's 300 us idle, not because a first launch waits for the device: see
+tools/first_launch_probe.py, which times each launch separately.
 
     python tools/pdl_overlap_probe.py
 """

@@ -36,9 +36,10 @@ def late_copy(dst: torch.Tensor, src: torch.Tensor, delay_ns: int = DELAY_NS) ->
 
 
 def warm_up(early_read: jit.Kernel, buffer: torch.Tensor) -> None:
-    """Launch both test kernels once, on nothing, and wait. On the H200 (2026-12-02,
-    tools/pdl_overlap_probe.py) the first launch of a kernel in a process waited on the host
-    until late_copy had finished, so it could not overlap it; later launches did."""
+    """Launch both test kernels once, on nothing, and wait. The first launch of a kernel in a
+    process costs 0.4-0.6 ms of host time on the H200 (tools/first_launch_probe.py); the two
+    cold launches together outlast late_copy's idle, so a cold early_read would be launched
+    only after late_copy had written."""
     late_copy(buffer, buffer, delay_ns=0)
     early_read.launch(1, 32, buffer, buffer, jit.i64(0), programmatic=True)
     torch.cuda.synchronize()
