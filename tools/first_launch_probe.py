@@ -16,7 +16,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from pdl_overlap_probe import KERNELS, what_early_read_saw
 
 SCENARIOS = {
     "both cold": (),
@@ -26,9 +27,6 @@ SCENARIOS = {
     "torch spin, early cold": ("spin",),
 }
 MODES = ("lazy", "eager")
-KERNELS = Path(__file__).resolve().parents[1] / (
-    "packages/attn-scores/tests/paged_mqa_logits/pdl_test_kernels.cu"
-)
 
 
 def run_scenario(scenario: str) -> str:
@@ -59,12 +57,7 @@ def run_scenario(scenario: str) -> str:
     t2 = time.perf_counter()
     pending = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
-    if torch.equal(seen, torch.zeros_like(src)):
-        verdict = "overlap"
-    elif torch.equal(seen, src):
-        verdict = "after"
-    else:
-        verdict = "mixed"
+    verdict = what_early_read_saw(seen, src)
     first = "spin+copy" if "spin" in warm else "late_copy"
     return (
         f"{first} {(t1 - t0) * 1e6:7.1f} us, early_read {(t2 - t1) * 1e6:7.1f} us, "

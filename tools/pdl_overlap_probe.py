@@ -24,6 +24,15 @@ KERNELS = Path(__file__).resolve().parents[1] / (
 )
 
 
+def what_early_read_saw(seen: torch.Tensor, src: torch.Tensor) -> str:
+    """early_read copied late_copy's destination: zeros if it ran first, `src` if after."""
+    if torch.equal(seen, torch.zeros_like(src)):
+        return "overlap (read zeros)"
+    if torch.equal(seen, src):
+        return "after the copy"
+    return "mixed"
+
+
 def main() -> int:
     late = jit.load_kernel(jit.KernelSpec.make("late_copy", KERNELS), 0)
     early = jit.load_kernel(jit.KernelSpec.make("early_read", KERNELS), 0)
@@ -48,12 +57,7 @@ def main() -> int:
         host_us = (time.perf_counter() - t0) * 1e6
         pending = not torch.cuda.current_stream().query()
         torch.cuda.synchronize()
-        if torch.equal(seen, torch.zeros_like(src)):
-            verdict = "overlap (read zeros)"
-        elif torch.equal(seen, src):
-            verdict = "after the copy"
-        else:
-            verdict = "mixed"
+        verdict = what_early_read_saw(seen, src)
         return f"{verdict:22s} host {host_us:7.1f} us, stream pending after launch: {pending}"
 
     rows = [("cold dependent, plain primary", False, True, 300_000)]

@@ -34,8 +34,8 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed)
 
 
-def _scale_add_reference(a, b, alpha):
-    return (a.double() * alpha + b.double() + OFFSET).float()
+def _scale_add_reference(a, b, alpha, offset=OFFSET):
+    return (a.double() * alpha + b.double() + offset).float()
 
 
 def _scale_add_operands(n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -89,12 +89,25 @@ def test_launch_on_a_non_default_stream(explicit):
     torch.testing.assert_close(out, _scale_add_reference(a, b, alpha), rtol=1e-6, atol=1e-6)
 
 
-def test_cuda_graph_capture_then_replay_with_new_inputs():
+def _never_launched_scale_add(offset: int) -> jit.Kernel:
+    """SCALE_ADD with another OFFSET: a kernel this process has not launched yet (each test
+    takes its own offset)."""
+    spec = jit.KernelSpec.make(SCALE_ADD.name, SCALE_ADD.source, {"OFFSET": offset})
+    return load_kernel(spec)
+
+
+@pytest.mark.parametrize("first_launch_in_capture", [False, True])
+def test_cuda_graph_capture_then_replay_with_new_inputs(first_launch_in_capture):
+    """Replays see new inputs, whether the kernel ran before the capture or never had."""
     gen = _generator(2)
     n = 4099
     a, b, out = _scale_add_operands(n, gen)
-    kernel = load_kernel(SCALE_ADD)
-    kernel.launch(_blocks(n, 128), 128, out, a, b, f32(0.5), i32(n))  # warm outside capture
+    offset = 104 if first_launch_in_capture else OFFSET
+    if first_launch_in_capture:
+        kernel = _never_launched_scale_add(offset)
+    else:
+        kernel = load_kernel(SCALE_ADD)
+        kernel.launch(_blocks(n, 128), 128, out, a, b, f32(0.5), i32(n))
     torch.cuda.synchronize()
 
     graph = torch.cuda.CUDAGraph()
@@ -106,14 +119,8 @@ def test_cuda_graph_capture_then_replay_with_new_inputs():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, _scale_add_reference(a, b, 0.5), rtol=1e-6, atol=1e-6)
-
-
-def _never_launched_scale_add(offset: int) -> jit.Kernel:
-    """SCALE_ADD with another OFFSET: a kernel this process has not launched yet (each test
-    below takes its own offset)."""
-    spec = jit.KernelSpec.make(SCALE_ADD.name, SCALE_ADD.source, {"OFFSET": offset})
-    return load_kernel(spec)
+        expected = _scale_add_reference(a, b, 0.5, offset)
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("programmatic", [False, True])
@@ -131,27 +138,8 @@ def test_the_first_launch_of_a_kernel_does_not_wait_for_the_device(programmatic)
     still_spinning = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert still_spinning, "the first launch waited on the host for the kernel before it"
-    expected = (a.double() * 0.5 + b.double() + 102 + programmatic).float()
+    expected = _scale_add_reference(a, b, 0.5, 102 + programmatic)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-
-
-def test_the_first_launch_of_a_kernel_can_be_captured():
-    """A kernel loaded but never launched, launched for the first time inside a capture."""
-    gen = _generator(16)
-    n = 4099
-    a, b, out = _scale_add_operands(n, gen)
-    kernel = _never_launched_scale_add(104)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kernel.launch(_blocks(n, 128), 128, out, a, b, f32(0.5), i32(n))
-    for _ in range(2):
-        a.copy_(torch.randn(n, device="cuda", generator=gen))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        expected = (a.double() * 0.5 + b.double() + 104).float()
-        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("programmatic", [False, True])
