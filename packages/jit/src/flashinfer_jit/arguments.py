@@ -72,10 +72,10 @@ def _c_layout(sizes: list[int]) -> tuple[tuple[int, int], ...]:
 
 @functools.lru_cache(maxsize=256)
 def _compiled(lines: tuple[str, ...]) -> CodeType:
-    """The code object of a generated packer. Compiling it took 130-580 us, most of the first
-    launch of each kernel (measured on the H200, 2026-12-02, tools/first_launch_probe.py);
-    kernels with the same argument types and layout share the source, so only the first of
-    them pays."""
+    """The code object of a generated packer, shared by every kernel with the same argument
+    types and layout. A kernel's first packing took 365-580 us on the H200's host, most of its
+    first launch; a second kernel with the same layout, reusing the compiled code, took 61-130
+    us (2026-12-02, `tools/first_launch_probe.py breakdown`)."""
     return compile("\n".join(lines), "<flashinfer_jit packer>", "exec")
 
 
