@@ -126,7 +126,7 @@ def test_cuda_graph_capture_then_replay_with_new_inputs(first_launch_in_capture)
 @pytest.mark.parametrize("programmatic", [False, True])
 def test_the_first_launch_of_a_kernel_does_not_wait_for_the_device(programmatic):
     """Queued behind a ~10 ms spin, a kernel's first launch returns while the spin still
-    runs. (A first launch costs 0.4-0.6 ms of host time on the H200, most of it building the
+    runs. (A first launch costs 0.3-0.8 ms of host time on the H200, most of it building the
     argument packer: the spin outlasts it many times over.)"""
     n = 1024
     a, b, out = _scale_add_operands(n, _generator(15))

@@ -37,7 +37,7 @@ def late_copy(dst: torch.Tensor, src: torch.Tensor, delay_ns: int = DELAY_NS) ->
 
 def warm_up(early_read: jit.Kernel, buffer: torch.Tensor) -> None:
     """Launch both test kernels once, on nothing, and wait. The first launch of a kernel in a
-    process costs 0.4-0.6 ms of host time on the H200 (tools/first_launch_probe.py); the two
+    process costs 0.3-0.8 ms of host time on the H200 (tools/first_launch_probe.py); the two
     cold launches together outlast late_copy's idle, so a cold early_read would be launched
     only after late_copy had written."""
     late_copy(buffer, buffer, delay_ns=0)
