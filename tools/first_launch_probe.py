@@ -7,7 +7,7 @@ and times the two launches of tools/pdl_overlap_probe.py's trial separately: lat
 
 Module loading modes: `lazy` (CUDA's default) and `eager` (CUDA_MODULE_LOADING=EAGER).
 Measured on the H200 (2026-12-02): no first launch waited for the device; each cost 0.3-0.8 ms
-of host time, of which the first argument packing took 0.36-0.58 ms (docs/jit.md).
+of host time, most of it in the first argument packing (docs/jit.md).
 """
 
 from __future__ import annotations
