@@ -4,6 +4,7 @@
     python tools/random_cases.py --fp8-seeds 3706131,3706245 --shapes wide   # chosen seeds only
     python tools/random_cases.py --fp8 100 --fp4 60 --batches large   # 48-513 requests per call
     python tools/random_cases.py --fp8 0 --fp4 500 --scales wide       # fp4 scales far from 1
+    python tools/random_cases.py --fp8 300 --fp4 200 --layouts wide    # tensors placed oddly
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
@@ -14,7 +15,10 @@ draws fp8's (num_heads, head_dim, next_n) from everything the contract admits on
 fits the shared memory) instead of the suite's seven head shapes; nearly every seed is then a
 configuration of its own, compiled first. `--batches large` draws 48-513 requests per call
 instead of 1-40 (`BATCH_MODES`). `--scales wide` also draws fp4 scales far below or above 1
-and draft slots whose q scales differ (`draw_wide_fp4_scales`). The seeds run in chunks of
+and draft slots whose q scales differ (`draw_wide_fp4_scales`). `--layouts wide` also draws
+where the tensors sit: the KV blocks in one layer of a layer-interleaved pool, tables and `out`
+starting inside wider buffers, q / weights / q_sf misaligned or sliced (`draw_wide_layouts`).
+The seeds run in chunks of
 `--chunk` calls; every kernel configuration a chunk needs is compiled first, in parallel
 (`flashinfer_jit.precompile`), so a run cut short by a timeout has checked every chunk before
 the one it was in. (Compiled all at once, the configurations of 4000 wide seeds took about
@@ -145,6 +149,14 @@ def main() -> int:
         " slots (draw_wide_fp4_scales)",
     )
     parser.add_argument(
+        "--layouts",
+        choices=("suite", "wide"),
+        default="suite",
+        help="where the inputs and out sit in memory: the suite's, or also a layer of an"
+        " interleaved pool, offset tables and out, misaligned or sliced operands"
+        " (draw_wide_layouts)",
+    )
+    parser.add_argument(
         "--chunk", type=int, default=500, help="calls compiled for, then checked, at a time"
     )
     parser.add_argument(
@@ -182,7 +194,7 @@ def main() -> int:
             compile_for(chunk, args.shapes, args.batches, compiled)
         checked = done
         try:
-            check_random_call(variant, seed, args.shapes, args.batches, args.scales)
+            check_random_call(variant, seed, args.shapes, args.batches, args.scales, args.layouts)
         except Exception as exc:  # every failure is reported; only --max-failures stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
@@ -216,7 +228,7 @@ def main() -> int:
         print(f"stopped early: {checked} of the {len(runs)} planned calls checked")
     print(
         f"random cases: {passed} of {checked} passed ({fp8_runs} fp8, {checked - fp8_runs} fp4,"
-        f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales) in {time.perf_counter() - began:.0f} s,"
+        f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales, {args.layouts} layouts) in {time.perf_counter() - began:.0f} s,"
         " compilation included"
     )
     return 0 if not failures and not schedule_failures else 1

@@ -744,7 +744,9 @@ def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: in
     used, block_shape = case.kv_fused.shape[0], case.kv_fused.shape[1:]
     block_bytes = case.kv_fused[0].numel()
     total = max(-(-min_pool_bytes // (layers * block_bytes)), used)
-    cache = torch.zeros((total + 1, layers, block_bytes), dtype=torch.uint8, device="cuda")
+    cache = torch.zeros(
+        (total + 1, layers, block_bytes), dtype=torch.uint8, device=case.kv_fused.device
+    )
     pool = cache[1:, layer].view(total, *block_shape)
     offset = total - used
     pool[offset:] = case.kv_fused

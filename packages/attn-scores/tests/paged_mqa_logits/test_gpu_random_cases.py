@@ -6,7 +6,8 @@ tile edges, an occasional long request), block size, next_n, strided `seq_lens` 
 `out=` or not; for fp8 also the head shape, the dtypes and a table wider than needed, for
 fp4 the dtypes, the spread of the UE8M0 scales and their order. `batches="large"` draws 48-513
 requests (the in-kernel schedule's block scan above 128, many request switches per CTA)
-instead of 1-40. The expectation is
+instead of 1-40. `layouts="wide"` also draws where the inputs and `out` sit in memory
+(`draw_wide_layouts`). The expectation is
 `attn_scores_cases.expected_logits` (a per-position gather and a matmul in float64), not the
 package's reference; the bound is relative to the row's largest sum of |head terms|.
 """
@@ -19,6 +20,7 @@ import flashinfer_attn_scores as fa
 import pytest
 import torch
 from attn_scores_cases import (
+    UNTOUCHED,
     accumulation_error,
     assert_rows_close,
     make_fp4_case,
@@ -26,7 +28,13 @@ from attn_scores_cases import (
 )
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
-from test_gpu import FP8_DTYPES, assert_nothing_written_around, poisoned_out, tolerance
+from test_gpu import (
+    FP8_DTYPES,
+    assert_nothing_written_around,
+    in_another_pool,
+    poisoned_out,
+    tolerance,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -94,14 +102,97 @@ def draw_wide_fp4_scales(
     return dict(exponent_range=exponent_range, q_slot_exponent_shifts=shifts)
 
 
+# How `layouts="wide"` hands over q, weights and (fp4) q_sf: as they are, one element past
+# a 16-byte boundary (the launch copies them to an aligned buffer), or as a slice of a wider
+# last dimension (not contiguous).
+OPERAND_PLACEMENTS = ("contiguous", "misaligned", "sliced")
+
+
+def draw_wide_layouts(rng: random.Random) -> dict:
+    """Where `layouts="wide"` puts a call's tensors: the KV blocks in one layer of a cache of
+    1-4 interleaved layers (block pitch of `pool_layers` blocks, `in_another_pool`), the table
+    `pool_spare_blocks` below the case's (so its block ids grow by that many), the table
+    a column slice starting `table_column_offset` entries into a wider one (its base off a
+    16-byte boundary), each dense operand placed per `OPERAND_PLACEMENTS`, and `out` starting
+    `out_row_offset` rows into its buffer."""
+    layers = rng.choice([1, 2, 3, 4])
+    return dict(
+        pool_layers=layers,
+        pool_layer=rng.randrange(layers),
+        pool_spare_blocks=rng.choice([0, 5, 3000]),
+        table_column_offset=rng.choice([0, 1, 5]),
+        operand_placements=tuple(rng.choice(OPERAND_PLACEMENTS) for _ in range(3)),
+        out_row_offset=rng.choice([0, 1, 3]),
+    )
+
+
+def placed(t: torch.Tensor, placement: str) -> torch.Tensor:
+    """A copy of `t` placed in memory as `placement` (`OPERAND_PLACEMENTS`) says."""
+    if placement == "contiguous":
+        return t
+    if placement == "misaligned":
+        view = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)[1 : t.numel() + 1]
+        view = view.view(t.shape)
+    else:
+        wider = torch.empty(*t.shape[:-1], t.shape[-1] + 16, dtype=t.dtype, device=t.device)
+        view = wider[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def laid_out_inputs(call: dict, case, variant: str) -> dict:
+    """The op's tensor arguments for `call` (keyword names of the public functions): the
+    case's own tensors, moved and re-viewed as `draw_wide_layouts` drew when the call has
+    those draws. The case itself keeps its tensors, which the expectation indexes."""
+    tables, lens = strided_views(case) if call["strided"] else (case.block_tables, case.seq_lens)
+    inputs = dict(
+        q=case.q, kv_fused=case.kv_fused, weights=case.weights, block_tables=tables, seq_lens=lens
+    )
+    if variant == "fp4":
+        inputs["q_sf"] = case.q_sf
+    if "pool_layers" not in call:
+        return inputs
+    layers, block_bytes = call["pool_layers"], case.kv_fused[0].numel()
+    pool_blocks = case.kv_fused.shape[0] + call["pool_spare_blocks"]
+    kv_fused, moved_tables = in_another_pool(
+        case,
+        layers=layers,
+        layer=call["pool_layer"],
+        min_pool_bytes=pool_blocks * layers * block_bytes,
+    )
+    if call["strided"]:
+        moved_tables = moved_tables.repeat_interleave(2, dim=0)[::2]
+    skip = call["table_column_offset"]
+    if skip:
+        wider = torch.full(
+            (moved_tables.shape[0], moved_tables.shape[1] + skip),
+            -7,
+            dtype=moved_tables.dtype,
+            device=moved_tables.device,
+        )
+        wider[:, skip:] = moved_tables
+        moved_tables = wider[:, skip:]
+    inputs.update(kv_fused=kv_fused, block_tables=moved_tables)
+    for name, placement in zip(("q", "weights", "q_sf"), call["operand_placements"]):
+        if name in inputs:
+            inputs[name] = placed(inputs[name], placement)
+    return inputs
+
+
 def draw_call(
-    seed: int, variant: str, shapes: str = "suite", batches: str = "small", scales: str = "suite"
+    seed: int,
+    variant: str,
+    shapes: str = "suite",
+    batches: str = "small",
+    scales: str = "suite",
+    layouts: str = "suite",
 ) -> dict:
     """One random call. `shapes="wide"` draws fp8's head geometry from the whole admitted
     space (`draw_wide_head_shape`) instead of `FP8_HEAD_SHAPES`; every other draw is the same.
     `batches` picks the batch sizes and typical lengths from `BATCH_MODES`; "small" draws what
     every earlier seed drew. `scales="wide"` (fp4) adds `draw_wide_fp4_scales`'s draws after
-    all the others, so the rest of the call is the suite's for the same seed."""
+    all the others, and `layouts="wide"` `draw_wide_layouts`'s after those, so the rest of the
+    call is the suite's for the same seed."""
     rng = random.Random(seed)
     batch_sizes, typicals = BATCH_MODES[batches]
     batch_size = rng.choice(batch_sizes)
@@ -140,6 +231,8 @@ def draw_call(
         )
         if scales == "wide":
             call.update(draw_wide_fp4_scales(rng, dtypes, next_n, call["exponent_range"]))
+    if layouts == "wide":
+        call.update(draw_wide_layouts(rng))
     return call
 
 
@@ -191,29 +284,41 @@ def test_random_fp4_call(seed):
     check_random_call("fp4", 1000 + seed)
 
 
+@pytest.mark.parametrize(
+    "variant, seed", [("fp8", 2000 + s) for s in range(10)] + [("fp4", 3000 + s) for s in range(8)]
+)
+def test_random_call_with_wide_layouts(variant, seed):
+    check_random_call(variant, seed, layouts="wide")
+
+
 def check_random_call(
-    variant: str, seed: int, shapes: str = "suite", batches: str = "small", scales: str = "suite"
+    variant: str,
+    seed: int,
+    shapes: str = "suite",
+    batches: str = "small",
+    scales: str = "suite",
+    layouts: str = "suite",
 ) -> None:
-    call = draw_call(seed, variant, shapes, batches, scales)
+    call = draw_call(seed, variant, shapes, batches, scales, layouts)
     case = build_case(call, variant, seed)
-    tables, lens = strided_views(case) if call["strided"] else (case.block_tables, case.seq_lens)
+    inputs = laid_out_inputs(call, case, variant)
+    lens = inputs["seq_lens"]
     next_n = case.next_n
     schedule = None
     if call["given_schedule"]:
         schedule = fa.compute_paged_mqa_logits_schedule(lens, next_n=next_n, variant=variant)
     output_dtype = call["dtypes"][0]
-    out = None
+    out = buffer = None
+    skipped_rows = call.get("out_row_offset", 0)
     if call["use_out"]:
-        out = poisoned_out(case.rows, case.max_seq_len, output_dtype, extra_rows=1)
+        buffer = poisoned_out(case.rows + skipped_rows, case.max_seq_len, output_dtype, 1)
+        buffer[:skipped_rows] = UNTOUCHED
+        out = buffer[skipped_rows:]
     if variant == "fp8":
         _, epi_dtype, acc_dtype = call["dtypes"]
         got = fa.fp8_paged_mqa_logits(
-            case.q,
-            case.kv_fused,
-            case.weights,
-            tables,
-            lens,
-            case.max_seq_len,
+            **inputs,
+            max_seq_len=case.max_seq_len,
             output_dtype=output_dtype,
             epi_dtype=epi_dtype,
             acc_dtype=acc_dtype,
@@ -224,13 +329,8 @@ def check_random_call(
     else:
         epi_dtype = call["dtypes"][1]
         got = fa.fp4_paged_mqa_logits(
-            case.q,
-            case.q_sf,
-            case.kv_fused,
-            case.weights,
-            tables,
-            lens,
-            case.max_seq_len,
+            **inputs,
+            max_seq_len=case.max_seq_len,
             output_dtype=output_dtype,
             epi_dtype=epi_dtype,
             is_kv_sf_interleaved=call["interleaved"],
@@ -251,6 +351,7 @@ def check_random_call(
     accumulation = accumulation_error(acc_dtype, head_dim=case.k64.shape[-1])
     assert_rows_close(got, expected, mask, tol, magnitude, dot_magnitude, accumulation)
     if out is not None:
+        assert (buffer[:skipped_rows] == UNTOUCHED).all(), "rows before out's first were written"
         written = out.cpu()
         assert_nothing_written_around(written, case.rows, case.max_seq_len)
         padded = fa.padded_seq_len(case.max_seq_len)

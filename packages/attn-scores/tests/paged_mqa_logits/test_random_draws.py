@@ -1,6 +1,6 @@
-"""The random-call generator's wide head shapes and fp4 scales (CPU): every draw is a call the
-contract admits, and the draws reach the corners the fixed lists of the suite do not. Also:
-CI's compile check covers every parametric shape the GPU tests run."""
+"""The random-call generator's wide head shapes, fp4 scales and layouts (CPU): every draw is a
+call the contract admits, and the draws reach the corners the fixed lists of the suite do not.
+Also: CI's compile check covers every parametric shape the GPU tests run."""
 
 import random
 
@@ -13,9 +13,11 @@ from test_gpu import PARAMETRIC_SHAPES
 from test_gpu_random_cases import (
     BATCH_MODES,
     FP8_HEAD_SHAPES,
+    OPERAND_PLACEMENTS,
     build_case,
     draw_call,
     draw_wide_head_shape,
+    laid_out_inputs,
 )
 
 
@@ -166,3 +168,93 @@ def test_cpu_path_takes_wide_scales():
         assert float(values.abs().max()) < 2.0**127
         torch.testing.assert_close(got[mask].double(), values, rtol=1e-6, atol=0.0)
     assert len(seen) >= 5
+
+
+WIDE_LAYOUT_KEYS = (
+    "pool_layers",
+    "pool_layer",
+    "pool_spare_blocks",
+    "table_column_offset",
+    "operand_placements",
+    "out_row_offset",
+)
+
+
+def test_wide_layouts_change_only_the_layout():
+    """`layouts="wide"` draws after every other draw, so the rest of each call is the same
+    seed's call without it, with wide scales or without."""
+    for seed in range(200):
+        for variant in ("fp8", "fp4"):
+            for scales in ("suite", "wide"):
+                plain = draw_call(seed, variant, scales=scales)
+                wide = draw_call(seed, variant, scales=scales, layouts="wide")
+                assert {k: v for k, v in wide.items() if k not in WIDE_LAYOUT_KEYS} == plain
+                assert set(WIDE_LAYOUT_KEYS) <= set(wide)
+
+
+def test_wide_layouts_reach_every_placement():
+    calls = [draw_call(seed, "fp8", layouts="wide") for seed in range(300)]
+    assert {c["pool_layers"] for c in calls} == {1, 2, 3, 4}
+    assert all(0 <= c["pool_layer"] < c["pool_layers"] for c in calls)
+    assert {c["pool_spare_blocks"] for c in calls} == {0, 5, 3000}
+    assert {c["table_column_offset"] for c in calls} == {0, 1, 5}
+    assert {c["out_row_offset"] for c in calls} == {0, 1, 3}
+    for slot in range(3):
+        assert {c["operand_placements"][slot] for c in calls} == set(OPERAND_PLACEMENTS)
+
+
+def _laid_out_call(variant: str, seed: int) -> tuple[dict, object, dict]:
+    call = draw_call(seed, variant, layouts="wide")
+    call = dict(call, lens=[0, 5, 70, 33], max_seq_len=80, block_size=32)
+    if variant == "fp4":
+        call.update(interleaved=False)
+    case = build_case(call, variant, seed, device="cpu")
+    return call, case, laid_out_inputs(call, case, variant)
+
+
+def test_laid_out_inputs_sit_where_drawn():
+    """Each tensor `laid_out_inputs` hands over has the drawn layout: the pool's pitch is the
+    layer count in blocks, block ids grow by the spare blocks, the table starts inside a wider
+    row, and each operand is as its placement says."""
+    seen = set()
+    for seed in range(40):
+        for variant in ("fp8", "fp4"):
+            call, case, inputs = _laid_out_call(variant, seed)
+            kv, tables = inputs["kv_fused"], inputs["block_tables"]
+            block_bytes = case.kv_fused[0].numel()
+            assert kv.stride(0) == call["pool_layers"] * block_bytes
+            assert kv.shape[0] == case.kv_fused.shape[0] + call["pool_spare_blocks"]
+            for b, length in enumerate(call["lens"]):
+                used = -(-length // call["block_size"])
+                ids = tables[b, :used]
+                assert torch.equal(ids, case.block_tables[b, :used] + call["pool_spare_blocks"])
+                assert torch.equal(
+                    kv[ids.long()], case.kv_fused[case.block_tables[b, :used].long()]
+                )
+            assert tables.stride(1) == 1
+            if call["table_column_offset"]:
+                assert tables.storage_offset() % tables.stride(0) == call["table_column_offset"]
+            names = ("q", "weights", "q_sf")
+            for name, placement in zip(names, call["operand_placements"]):
+                if name not in inputs:
+                    continue
+                t = inputs[name]
+                expected_bytes = getattr(case, name).contiguous().view(torch.uint8)
+                assert torch.equal(t.contiguous().view(torch.uint8), expected_bytes)
+                assert t.is_contiguous() == (placement != "sliced")
+                if placement == "misaligned":
+                    assert (t.storage_offset() * t.element_size()) % 16 != 0
+                seen.add(placement)
+    assert seen == set(OPERAND_PLACEMENTS)
+
+
+def test_cpu_path_takes_wide_layouts():
+    """The CPU op on laid-out inputs against the independent expectation."""
+    for seed in range(8):
+        for variant in ("fp8", "fp4"):
+            _, case, inputs = _laid_out_call(variant, seed)
+            op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+            got = op(**inputs, max_seq_len=case.max_seq_len, output_dtype=torch.float32)
+            expected = case.expected()
+            mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+            torch.testing.assert_close(got[mask].double(), expected[mask], rtol=1e-6, atol=1e-6)
