@@ -110,10 +110,10 @@ OPERAND_PLACEMENTS = ("contiguous", "misaligned", "sliced")
 
 def draw_wide_layouts(rng: random.Random) -> dict:
     """Where `layouts="wide"` puts a call's tensors: the KV blocks in one layer of a cache of
-    1-4 interleaved layers (block pitch of `pool_layers` blocks, `in_another_pool`), the table
-    `pool_spare_blocks` below the case's (so its block ids grow by that many), the table
-    a column slice starting `table_column_offset` entries into a wider one (its base off a
-    16-byte boundary), each dense operand placed per `OPERAND_PLACEMENTS`, and `out` starting
+    1-4 interleaved layers (block pitch of `pool_layers` blocks, `in_another_pool`), above
+    `pool_spare_blocks` unused blocks (so every block id grows by that many); the table as a
+    column slice starting `table_column_offset` entries into wider rows (its base off a
+    16-byte boundary); each dense operand placed per `OPERAND_PLACEMENTS`; and `out` starting
     `out_row_offset` rows into its buffer."""
     layers = rng.choice([1, 2, 3, 4])
     return dict(
@@ -160,19 +160,16 @@ def laid_out_inputs(call: dict, case, variant: str) -> dict:
         layer=call["pool_layer"],
         min_pool_bytes=pool_blocks * layers * block_bytes,
     )
-    if call["strided"]:
-        moved_tables = moved_tables.repeat_interleave(2, dim=0)[::2]
-    skip = call["table_column_offset"]
-    if skip:
-        wider = torch.full(
-            (moved_tables.shape[0], moved_tables.shape[1] + skip),
-            -7,
-            dtype=moved_tables.dtype,
-            device=moved_tables.device,
-        )
-        wider[:, skip:] = moved_tables
-        moved_tables = wider[:, skip:]
-    inputs.update(kv_fused=kv_fused, block_tables=moved_tables)
+    # The table inside a buffer of wider rows (and twice as many, every second one used, when
+    # the call is strided); the -7 entries around it are never read.
+    rows, width = moved_tables.shape
+    skip, row_step = call["table_column_offset"], 2 if call["strided"] else 1
+    buffer = torch.full(
+        (rows * row_step, width + skip), -7, dtype=moved_tables.dtype, device=moved_tables.device
+    )
+    tables = buffer[::row_step, skip:]
+    tables.copy_(moved_tables)
+    inputs.update(kv_fused=kv_fused, block_tables=tables)
     for name, placement in zip(("q", "weights", "q_sf"), call["operand_placements"]):
         if name in inputs:
             inputs[name] = placed(inputs[name], placement)
