@@ -85,13 +85,14 @@ if [ -n "${RANDOM_CASES:-}" ]; then
   # RANDOM_SHAPES=wide draws fp8's head shapes from everything the contract admits;
   # RANDOM_BATCHES=large draws 48-513 requests per call instead of 1-40; RANDOM_SCALES=wide
   # also draws fp4 scales far from 1 and draft slots apart in scale; RANDOM_LAYOUTS=wide also
-  # draws where the tensors sit in memory; RANDOM_TIMEOUT (540 s) ends the tool before the
+  # draws where the tensors sit in memory; RANDOM_REPLAYS=K replays each call K times in a
+  # CUDA graph with new lengths; RANDOM_TIMEOUT (540 s) ends the tool before the
   # device call's limit, keeping what it printed.
   read -r fp8_seeds fp4_seeds schedule_seeds first_seed <<< "$RANDOM_CASES"
   timeout "${RANDOM_TIMEOUT:-540}" python tools/random_cases.py --fp8 "$fp8_seeds" --fp4 "${fp4_seeds:-0}" \
     --schedules "${schedule_seeds:-0}" --first-seed "${first_seed:-100000}" \
     --shapes "${RANDOM_SHAPES:-suite}" --batches "${RANDOM_BATCHES:-small}" \
-    --scales "${RANDOM_SCALES:-suite}" --layouts "${RANDOM_LAYOUTS:-suite}" 2>&1 | stdbuf -oL tr '\r' '\n' \
+    --scales "${RANDOM_SCALES:-suite}" --layouts "${RANDOM_LAYOUTS:-suite}" --replays "${RANDOM_REPLAYS:-0}" 2>&1 | stdbuf -oL tr '\r' '\n' \
     | grep --line-buffered -v "kernel/s\]\|s/kernel\]" > "$OUT/random-cases.log"
   grep -E "^(FAIL|random cases|schedules|[0-9]+ kernel)" "$OUT/random-cases.log" | head -30
   grep -q "^random cases" "$OUT/random-cases.log" || grep "^checked" "$OUT/random-cases.log" | tail -n 1

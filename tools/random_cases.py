@@ -5,6 +5,7 @@
     python tools/random_cases.py --fp8 100 --fp4 60 --batches large   # 48-513 requests per call
     python tools/random_cases.py --fp8 0 --fp4 500 --scales wide       # fp4 scales far from 1
     python tools/random_cases.py --fp8 300 --fp4 200 --layouts wide    # tensors placed oddly
+    python tools/random_cases.py --fp8 300 --fp4 200 --replays 4       # CUDA graph, new lengths
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
@@ -17,8 +18,10 @@ configuration of its own, compiled first. `--batches large` draws 48-513 request
 instead of 1-40 (`BATCH_MODES`). `--scales wide` also draws fp4 scales far below or above 1
 and draft slots whose q scales differ (`draw_wide_fp4_scales`). `--layouts wide` also draws
 where the tensors sit: the KV blocks in one layer of a layer-interleaved pool, tables and `out`
-starting inside wider buffers, q / weights / q_sf misaligned or sliced (`draw_wide_layouts`).
-The seeds run in chunks of
+starting inside wider buffers, q / weights / q_sf misaligned or sliced (`draw_wide_layouts`). `--replays K` then captures each call in a CUDA graph (a given
+schedule's computation with it) and replays it K times with new lengths written into
+`seq_lens`, each checked (`draw_replays`: all empty, half empty, every table row full, one
+request grown to max_seq_len, block edges, ...). The seeds run in chunks of
 `--chunk` calls; every kernel configuration a chunk needs is compiled first, in parallel
 (`flashinfer_jit.precompile`), so a run cut short by a timeout has checked every chunk before
 the one it was in. (Compiled all at once, the configurations of 4000 wide seeds took about
@@ -32,6 +35,7 @@ it) and a summary.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -157,6 +161,13 @@ def main() -> int:
         " (draw_wide_layouts)",
     )
     parser.add_argument(
+        "--replays",
+        type=int,
+        default=0,
+        help="capture each call in a CUDA graph and replay it this many times with new lengths"
+        " (draw_replays)",
+    )
+    parser.add_argument(
         "--chunk", type=int, default=500, help="calls compiled for, then checked, at a time"
     )
     parser.add_argument(
@@ -182,6 +193,14 @@ def main() -> int:
         runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     if args.chunk < 1:
         parser.error(f"--chunk must be at least 1, got {args.chunk}")
+    if args.replays < 0:
+        parser.error(f"--replays must be 0 or more, got {args.replays}")
+    if args.replays and os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        # Seen under compute-sanitizer: every capture that allocated failed.
+        parser.error(
+            "--replays captures CUDA graphs, and a capture cannot allocate without PyTorch's"
+            " caching allocator: unset PYTORCH_NO_CUDA_MEMORY_CACHING"
+        )
     if args.max_failures < 0:
         parser.error(f"--max-failures must be 0 or more, got {args.max_failures}")
     failures: list[str] = []
@@ -194,7 +213,9 @@ def main() -> int:
             compile_for(chunk, args.shapes, args.batches, compiled)
         checked = done
         try:
-            check_random_call(variant, seed, args.shapes, args.batches, args.scales, args.layouts)
+            check_random_call(
+                variant, seed, args.shapes, args.batches, args.scales, args.layouts, args.replays
+            )
         except Exception as exc:  # every failure is reported; only --max-failures stops the run
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
             failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
@@ -228,7 +249,7 @@ def main() -> int:
         print(f"stopped early: {checked} of the {len(runs)} planned calls checked")
     print(
         f"random cases: {passed} of {checked} passed ({fp8_runs} fp8, {checked - fp8_runs} fp4,"
-        f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales, {args.layouts} layouts) in {time.perf_counter() - began:.0f} s,"
+        f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales, {args.layouts} layouts, {args.replays} graph replays each) in {time.perf_counter() - began:.0f} s,"
         " compilation included"
     )
     return 0 if not failures and not schedule_failures else 1

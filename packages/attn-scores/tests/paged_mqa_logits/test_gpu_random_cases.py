@@ -7,7 +7,9 @@ tile edges, an occasional long request), block size, next_n, strided `seq_lens` 
 fp4 the dtypes, the spread of the UE8M0 scales and their order. `batches="large"` draws 48-513
 requests (the in-kernel schedule's block scan above 128, many request switches per CTA)
 instead of 1-40. `layouts="wide"` also draws where the inputs and `out` sit in memory
-(`draw_wide_layouts`). The expectation is
+(`draw_wide_layouts`). `replays=K` then captures the call in a CUDA graph (with a given
+schedule, its computation too) and replays it K times after writing new lengths into
+`seq_lens` (`draw_replays`). The expectation is
 `attn_scores_cases.expected_logits` (a per-position gather and a matmul in float64), not the
 package's reference; the bound is relative to the row's largest sum of |head terms|.
 """
@@ -176,6 +178,63 @@ def laid_out_inputs(call: dict, case, variant: str) -> dict:
     return inputs
 
 
+# How `draw_replays` draws each replay's lengths, request by request (capacity: the tokens
+# its table row maps).
+REPLAY_MIXES = {
+    "capture": "the lengths the graph was captured with",
+    "zeros": "every request empty",
+    "half_zero": "each request empty or 1..capacity, even odds",
+    "capacity": "every request at its capacity",
+    "uniform": "each request 0..capacity",
+    "edges": "each request at 0, 1 or a block edge off by one, within its capacity",
+    "one_grows": "one request at capacity (up to max_seq_len), the others 0..their capture length",
+}
+
+
+def replay_lengths(
+    rng: random.Random, mix: str, lens: list[int], capacity: list[int], block_size: int
+) -> list[int]:
+    """One replay's lengths by `mix` (`REPLAY_MIXES`); never above a request's capacity."""
+    if mix == "capture":
+        return list(lens)
+    if mix == "zeros":
+        return [0] * len(lens)
+    if mix == "capacity":
+        return list(capacity)
+    if mix == "one_grows":
+        grown = rng.randrange(len(lens))
+        return [
+            cap if b == grown else rng.randint(0, n)
+            for b, (n, cap) in enumerate(zip(lens, capacity))
+        ]
+    drawn = []
+    for cap in capacity:
+        if mix == "half_zero":
+            drawn.append(0 if cap == 0 or rng.random() < 0.5 else rng.randint(1, cap))
+        elif mix == "uniform":
+            drawn.append(rng.randint(0, cap))
+        else:  # edges
+            edges = [0, 1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1, cap]
+            drawn.append(rng.choice([e for e in edges if e <= cap]))
+    return drawn
+
+
+def draw_replays(rng: random.Random, call: dict, count: int) -> dict:
+    """What `replays=count` adds to a call: each request's `capacity` (the tokens its table
+    row maps: its length, a little more, or max_seq_len for one to three "growers", so a
+    replay can move the longest request and the CTA segment boundaries anywhere) and
+    `replay_lens`, `count` length vectors each drawn by a mix of `REPLAY_MIXES`."""
+    lens, block_size, longest = call["lens"], call["block_size"], call["max_seq_len"]
+    growers = set(rng.sample(range(len(lens)), min(len(lens), rng.choice([1, 1, 2, 3]))))
+    capacity = [
+        longest if b in growers else min(longest, n + rng.choice([0, 0, 1, block_size]))
+        for b, n in enumerate(lens)
+    ]
+    mixes = [rng.choice(list(REPLAY_MIXES)) for _ in range(count)]
+    replay_lens = [replay_lengths(rng, mix, lens, capacity, block_size) for mix in mixes]
+    return dict(capacity=capacity, replay_mixes=mixes, replay_lens=replay_lens)
+
+
 def draw_call(
     seed: int,
     variant: str,
@@ -183,13 +242,14 @@ def draw_call(
     batches: str = "small",
     scales: str = "suite",
     layouts: str = "suite",
+    replays: int = 0,
 ) -> dict:
     """One random call. `shapes="wide"` draws fp8's head geometry from the whole admitted
     space (`draw_wide_head_shape`) instead of `FP8_HEAD_SHAPES`; every other draw is the same.
     `batches` picks the batch sizes and typical lengths from `BATCH_MODES`; "small" draws what
     every earlier seed drew. `scales="wide"` (fp4) adds `draw_wide_fp4_scales`'s draws after
-    all the others, and `layouts="wide"` `draw_wide_layouts`'s after those, so the rest of the
-    call is the suite's for the same seed."""
+    all the others, `layouts="wide"` `draw_wide_layouts`'s after those and `replays`
+    `draw_replays`'s last, so the rest of the call is the suite's for the same seed."""
     rng = random.Random(seed)
     batch_sizes, typicals = BATCH_MODES[batches]
     batch_size = rng.choice(batch_sizes)
@@ -230,17 +290,29 @@ def draw_call(
             call.update(draw_wide_fp4_scales(rng, dtypes, next_n, call["exponent_range"]))
     if layouts == "wide":
         call.update(draw_wide_layouts(rng))
+    if replays:
+        call.update(draw_replays(rng, call, replays))
     return call
 
 
 def build_case(call: dict, variant: str, seed: int, device: str = "cuda"):
+    """The call's inputs. With replays drawn, each table row maps the request's capacity
+    (so the pool and its values differ from the same seed's call without replays) and
+    `seq_lens` holds the lengths of the capture."""
+    mapped = call.get("capacity", call["lens"])
     width = None
     if call["extra_table_columns"]:
-        needed = max(1, -(-max(call["lens"]) // call["block_size"]))
+        needed = max(1, -(-max(mapped) // call["block_size"]))
         width = needed + call["extra_table_columns"]
+    case = _build_case(call, variant, seed, mapped, width)
+    case.seq_lens = torch.tensor(call["lens"], dtype=torch.int32)
+    return case.to(device)
+
+
+def _build_case(call: dict, variant: str, seed: int, mapped: list[int], width: int | None):
     if variant == "fp8":
         return make_fp8_case(
-            call["lens"],
+            mapped,
             next_n=call["next_n"],
             num_heads=call["num_heads"],
             head_dim=call["head_dim"],
@@ -249,9 +321,9 @@ def build_case(call: dict, variant: str, seed: int, device: str = "cuda"):
             spare_blocks=17,
             table_width=width,
             seed=seed,
-        ).to(device)
+        )
     return make_fp4_case(
-        call["lens"],
+        mapped,
         next_n=call["next_n"],
         block_size=call["block_size"],
         interleaved=call["interleaved"],
@@ -260,7 +332,7 @@ def build_case(call: dict, variant: str, seed: int, device: str = "cuda"):
         exponent_range=call["exponent_range"],
         q_slot_exponent_shifts=call.get("q_slot_exponent_shifts", ()),
         seed=seed,
-    ).to(device)
+    )
 
 
 def strided_views(case):
@@ -288,6 +360,33 @@ def test_random_call_with_wide_layouts(variant, seed):
     check_random_call(variant, seed, layouts="wide")
 
 
+# (variant, seed, batches, layouts) of the graph-replay calls: each is captured once and
+# replayed with four more length vectors.
+GRAPH_REPLAY_CALLS = (
+    [("fp8", 4000 + s, "small", "suite") for s in range(8)]
+    + [("fp4", 5000 + s, "small", "suite") for s in range(6)]
+    + [("fp8", 4100 + s, "small", "wide") for s in range(3)]
+    + [("fp4", 5100 + s, "small", "wide") for s in range(2)]
+    + [("fp8", 4200, "large", "suite"), ("fp4", 5200, "large", "suite")]
+)
+
+
+@pytest.mark.parametrize("variant, seed, batches, layouts", GRAPH_REPLAY_CALLS)
+def test_random_call_replayed_in_a_cuda_graph(variant, seed, batches, layouts):
+    check_random_call(variant, seed, batches=batches, layouts=layouts, replays=4)
+
+
+def test_the_replay_check_fails_when_a_replay_does_nothing(monkeypatch):
+    """The replay check is not vacuous: with `CUDAGraph.replay` a no-op, the NaN written
+    before each replay stays, and the check must fail on the first replay with a valid
+    position."""
+    seed = 4000
+    assert any(any(lens) for lens in draw_call(seed, "fp8", replays=4)["replay_lens"])
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: None)
+    with pytest.raises(AssertionError, match="replay"):
+        check_random_call("fp8", seed, replays=4)
+
+
 def check_random_call(
     variant: str,
     seed: int,
@@ -295,15 +394,11 @@ def check_random_call(
     batches: str = "small",
     scales: str = "suite",
     layouts: str = "suite",
+    replays: int = 0,
 ) -> None:
-    call = draw_call(seed, variant, shapes, batches, scales, layouts)
+    call = draw_call(seed, variant, shapes, batches, scales, layouts, replays)
     case = build_case(call, variant, seed)
     inputs = laid_out_inputs(call, case, variant)
-    lens = inputs["seq_lens"]
-    next_n = case.next_n
-    schedule = None
-    if call["given_schedule"]:
-        schedule = fa.compute_paged_mqa_logits_schedule(lens, next_n=next_n, variant=variant)
     output_dtype = call["dtypes"][0]
     out = buffer = None
     skipped_rows = call.get("out_row_offset", 0)
@@ -311,48 +406,112 @@ def check_random_call(
         buffer = poisoned_out(case.rows + skipped_rows, case.max_seq_len, output_dtype, 1)
         buffer[:skipped_rows] = UNTOUCHED
         out = buffer[skipped_rows:]
-    if variant == "fp8":
-        _, epi_dtype, acc_dtype = call["dtypes"]
-        got = fa.fp8_paged_mqa_logits(
+
+    def launch() -> torch.Tensor:
+        """The call; with a given schedule, the schedule helper on the call's lengths first."""
+        schedule = None
+        if call["given_schedule"]:
+            schedule = fa.compute_paged_mqa_logits_schedule(
+                inputs["seq_lens"], next_n=case.next_n, variant=variant
+            )
+        if variant == "fp8":
+            _, epi_dtype, acc_dtype = call["dtypes"]
+            return fa.fp8_paged_mqa_logits(
+                **inputs,
+                max_seq_len=case.max_seq_len,
+                output_dtype=output_dtype,
+                epi_dtype=epi_dtype,
+                acc_dtype=acc_dtype,
+                schedule_meta=schedule,
+                out=out,
+            )
+        return fa.fp4_paged_mqa_logits(
             **inputs,
             max_seq_len=case.max_seq_len,
             output_dtype=output_dtype,
-            epi_dtype=epi_dtype,
-            acc_dtype=acc_dtype,
-            schedule_meta=schedule,
-            out=out,
-        )
-        tol = tolerance(output_dtype, epi_dtype, acc_dtype)
-    else:
-        epi_dtype = call["dtypes"][1]
-        got = fa.fp4_paged_mqa_logits(
-            **inputs,
-            max_seq_len=case.max_seq_len,
-            output_dtype=output_dtype,
-            epi_dtype=epi_dtype,
+            epi_dtype=call["dtypes"][1],
             is_kv_sf_interleaved=call["interleaved"],
             schedule_meta=schedule,
             out=out,
         )
-        tol = tolerance(output_dtype, epi_dtype)
+
+    got = launch()
     assert got.shape == (case.rows, case.max_seq_len) and got.dtype == output_dtype
     torch.cuda.synchronize()
+    check_output(call, case, variant, got, out, buffer)
+    if replays:
+        check_graph_replays(call, case, variant, inputs, launch, out, buffer)
+
+
+def check_output(
+    call: dict,
+    case,
+    variant: str,
+    got: torch.Tensor,
+    out: torch.Tensor | None,
+    buffer: torch.Tensor | None,
+    poisoned: bool = False,
+) -> None:
+    """`got` against the float64 expectation of `case` (at its current `seq_lens`); with
+    `out`, nothing written outside the valid region of its buffer. The rows of empty requests
+    must still be NaN when `out` was given or the output `poisoned` before the call."""
+    output_dtype, next_n = call["dtypes"][0], case.next_n
+    if variant == "fp8":
+        _, epi_dtype, acc_dtype = call["dtypes"]
+        tol = tolerance(output_dtype, epi_dtype, acc_dtype)
+    else:
+        epi_dtype, acc_dtype = call["dtypes"][1], torch.float32
+        tol = tolerance(output_dtype, epi_dtype)
     expected = case.expected()
     magnitude = case.expected(abs_weights=True)
     # The accumulation term: this generator draws heads as few as 4 and rows of one valid
     # position, where a logit can be a small remainder of large products (see
     # assert_rows_close and accumulation_error).
     dot_magnitude = case.dot_magnitude()
-    acc_dtype = call["dtypes"][2] if variant == "fp8" else torch.float32
-    mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    lens = case.seq_lens.cpu()
+    mask = valid_mask(lens, next_n, case.max_seq_len)
     accumulation = accumulation_error(acc_dtype, head_dim=case.k64.shape[-1])
     assert_rows_close(got, expected, mask, tol, magnitude, dot_magnitude, accumulation)
+    padded = fa.padded_seq_len(case.max_seq_len)
     if out is not None:
+        skipped_rows = call.get("out_row_offset", 0)
         assert (buffer[:skipped_rows] == UNTOUCHED).all(), "rows before out's first were written"
-        written = out.cpu()
-        assert_nothing_written_around(written, case.rows, case.max_seq_len)
-        padded = fa.padded_seq_len(case.max_seq_len)
-        for b, length in enumerate(call["lens"]):
+        assert_nothing_written_around(out.cpu(), case.rows, case.max_seq_len)
+    if out is not None or poisoned:
+        written = got.as_strided((case.rows, padded), (got.stride(0), 1)).cpu()
+        for b, length in enumerate(lens.tolist()):
             if length == 0:
-                rows = written[b * next_n : (b + 1) * next_n, :padded]
+                rows = written[b * next_n : (b + 1) * next_n]
                 assert torch.isnan(rows).all(), f"rows of the empty request {b} were written"
+
+
+def check_graph_replays(
+    call: dict,
+    case,
+    variant: str,
+    inputs: dict,
+    launch,
+    out: torch.Tensor | None,
+    buffer: torch.Tensor | None,
+) -> None:
+    """Capture `launch` once in a CUDA graph (with a given schedule, the schedule helper's
+    kernel too), then for each of `call["replay_lens"]`: write the lengths into the captured
+    `seq_lens`, NaN into the padded rows the output may take, replay and check. Without `out`
+    the output is the graph's own allocation, which every replay rewrites."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = launch()
+    padded = fa.padded_seq_len(case.max_seq_len)
+    writable = got.as_strided((case.rows, padded), (got.stride(0), 1))
+    for replay, lens in enumerate(call["replay_lens"]):
+        new_lens = torch.tensor(lens, dtype=torch.int32, device=got.device)
+        inputs["seq_lens"].copy_(new_lens)
+        case.seq_lens = new_lens
+        writable.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        try:
+            check_output(call, case, variant, got, out, buffer, poisoned=True)
+        except AssertionError as failure:
+            mix = call["replay_mixes"][replay]
+            raise AssertionError(f"replay {replay} ({mix} lengths {lens}): {failure}") from None

@@ -14,8 +14,10 @@ from test_gpu_random_cases import (
     BATCH_MODES,
     FP8_HEAD_SHAPES,
     OPERAND_PLACEMENTS,
+    REPLAY_MIXES,
     build_case,
     draw_call,
+    draw_replays,
     draw_wide_head_shape,
     laid_out_inputs,
 )
@@ -258,3 +260,64 @@ def test_cpu_path_takes_wide_layouts():
             expected = case.expected()
             mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
             torch.testing.assert_close(got[mask].double(), expected[mask], rtol=1e-6, atol=1e-6)
+
+
+REPLAY_KEYS = ("capacity", "replay_mixes", "replay_lens")
+
+
+def test_replays_draw_last_and_stay_within_capacity():
+    """`replays` draws after every other draw (the rest of the call is the seed's call
+    without it); each request's capacity lies between its length and max_seq_len, one to
+    three requests can grow to max_seq_len, and no replay length passes its capacity."""
+    mixes, grown_to_max = set(), 0
+    for seed in range(300):
+        for variant in ("fp8", "fp4"):
+            for layouts in ("suite", "wide"):
+                plain = draw_call(seed, variant, layouts=layouts)
+                call = draw_call(seed, variant, layouts=layouts, replays=4)
+                assert {k: v for k, v in call.items() if k not in REPLAY_KEYS} == plain
+                lens, capacity = call["lens"], call["capacity"]
+                assert len(capacity) == len(lens)
+                assert all(n <= cap <= call["max_seq_len"] for n, cap in zip(lens, capacity))
+                assert 1 <= capacity.count(call["max_seq_len"])
+                assert len(call["replay_lens"]) == len(call["replay_mixes"]) == 4
+                for mix, replay in zip(call["replay_mixes"], call["replay_lens"]):
+                    assert len(replay) == len(lens)
+                    assert all(0 <= n <= cap for n, cap in zip(replay, capacity)), (seed, mix)
+                    if mix == "capture":
+                        assert replay == lens
+                    if mix == "zeros":
+                        assert not any(replay)
+                    if mix == "capacity":
+                        assert replay == capacity
+                    grown_to_max += max(replay) == call["max_seq_len"] > max(lens)
+                mixes.update(call["replay_mixes"])
+    assert mixes == set(REPLAY_MIXES)
+    assert grown_to_max > 100  # replays whose longest request is longer than at capture
+
+
+def test_replay_cases_map_each_capacity_and_the_cpu_op_follows_new_lengths():
+    """A replay case's table maps every request's capacity (the expectation would index a
+    garbage entry otherwise) while `seq_lens` holds the capture's lengths; the CPU op,
+    called again after the replays' lengths are written into the laid-out `seq_lens`,
+    matches the independent expectation at each."""
+    for seed in range(10):
+        for variant in ("fp8", "fp4"):
+            call = draw_call(seed, variant, layouts="wide" if seed % 2 else "suite", replays=3)
+            call = dict(call, lens=[0, 5, 70, 33], max_seq_len=90, block_size=32)
+            call.update(draw_replays(random.Random(seed), call, 3))
+            if variant == "fp4":
+                call.update(interleaved=False)
+            case = build_case(call, variant, seed, device="cpu")
+            assert case.seq_lens.tolist() == call["lens"]
+            for b, cap in enumerate(call["capacity"]):
+                assert (case.block_tables[b, : -(-cap // 32)] >= 0).all()
+            inputs = laid_out_inputs(call, case, variant)
+            op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+            for lens in call["replay_lens"]:
+                inputs["seq_lens"].copy_(torch.tensor(lens, dtype=torch.int32))
+                case.seq_lens = torch.tensor(lens, dtype=torch.int32)
+                got = op(**inputs, max_seq_len=case.max_seq_len, output_dtype=torch.float32)
+                mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+                expected = case.expected()
+                torch.testing.assert_close(got[mask].double(), expected[mask], rtol=1e-6, atol=1e-6)
