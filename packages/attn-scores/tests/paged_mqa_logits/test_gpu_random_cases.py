@@ -9,9 +9,10 @@ requests (the in-kernel schedule's block scan above 128, many request switches p
 instead of 1-40. `layouts="wide"` also draws where the inputs and `out` sit in memory
 (`draw_wide_layouts`). `replays=K` then captures the call in a CUDA graph (with a given
 schedule, its computation too) and replays it K times after writing new lengths into
-`seq_lens` (`draw_replays`). The expectation is
-`attn_scores_cases.expected_logits` (a per-position gather and a matmul in float64), not the
-package's reference; the bound is relative to the row's largest sum of |head terms|.
+`seq_lens`, and for about half the replays new data in every other input (`draw_replays`).
+The expectation is `attn_scores_cases.expected_logits` (a per-position gather and a matmul
+in float64), not the package's reference; the bound is relative to the row's largest sum of
+|head terms|.
 """
 
 from __future__ import annotations
@@ -222,8 +223,10 @@ def replay_lengths(
 def draw_replays(rng: random.Random, call: dict, count: int) -> dict:
     """What `replays=count` adds to a call: each request's `capacity` (the tokens its table
     row maps: its length, a little more, or max_seq_len for one to three "growers", so a
-    replay can move the longest request and the CTA segment boundaries anywhere) and
-    `replay_lens`, `count` length vectors each drawn by a mix of `REPLAY_MIXES`."""
+    replay can move the longest request and the CTA segment boundaries anywhere),
+    `replay_lens`, `count` length vectors each drawn by a mix of `REPLAY_MIXES`, and
+    `replay_fresh_data`: whether a replay also gets new q, weights, KV values and block ids
+    (q_sf for fp4) written into the captured tensors, as the next serving step would."""
     lens, block_size, longest = call["lens"], call["block_size"], call["max_seq_len"]
     growers = set(rng.sample(range(len(lens)), min(len(lens), rng.choice([1, 1, 2, 3]))))
     capacity = [
@@ -232,7 +235,13 @@ def draw_replays(rng: random.Random, call: dict, count: int) -> dict:
     ]
     mixes = [rng.choice(list(REPLAY_MIXES)) for _ in range(count)]
     replay_lens = [replay_lengths(rng, mix, lens, capacity, block_size) for mix in mixes]
-    return dict(capacity=capacity, replay_mixes=mixes, replay_lens=replay_lens)
+    fresh_data = [rng.random() < 0.5 for _ in range(count)]
+    return dict(
+        capacity=capacity,
+        replay_mixes=mixes,
+        replay_lens=replay_lens,
+        replay_fresh_data=fresh_data,
+    )
 
 
 def draw_call(
@@ -440,7 +449,7 @@ def check_random_call(
     torch.cuda.synchronize()
     check_output(call, case, variant, got, out, buffer)
     if replays:
-        check_graph_replays(call, case, variant, inputs, launch, out, buffer)
+        check_graph_replays(call, case, seed, variant, inputs, launch, out, buffer)
 
 
 def check_output(
@@ -485,9 +494,20 @@ def check_output(
                 assert torch.isnan(rows).all(), f"rows of the empty request {b} were written"
 
 
+def write_fresh_data(call: dict, variant: str, data_seed: int, inputs: dict, device="cuda"):
+    """The case of the same call drawn with `data_seed` (same shapes, other values and block
+    ids), written into `inputs` laid out as they are, `seq_lens` excepted; returns it."""
+    case = build_case(call, variant, data_seed, device=device)
+    for name, tensor in laid_out_inputs(call, case, variant).items():
+        if name != "seq_lens":
+            inputs[name].copy_(tensor)
+    return case
+
+
 def check_graph_replays(
     call: dict,
     case,
+    seed: int,
     variant: str,
     inputs: dict,
     launch,
@@ -496,14 +516,18 @@ def check_graph_replays(
 ) -> None:
     """Capture `launch` once in a CUDA graph (with a given schedule, the schedule helper's
     kernel too), then for each of `call["replay_lens"]`: write the lengths into the captured
-    `seq_lens`, NaN into the padded rows the output may take, replay and check. Without `out`
-    the output is the graph's own allocation, which every replay rewrites."""
+    `seq_lens` (and, where `replay_fresh_data` says so, a fresh case's data into the other
+    inputs, laid out alike), NaN into the padded rows the output may take, replay and check.
+    Without `out` the output is the graph's own allocation, which every replay rewrites."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         got = launch()
     padded = fa.padded_seq_len(case.max_seq_len)
     writable = got.as_strided((case.rows, padded), (got.stride(0), 1))
+    fresh_data = call.get("replay_fresh_data", [False] * len(call["replay_lens"]))
     for replay, lens in enumerate(call["replay_lens"]):
+        if fresh_data[replay]:
+            case = write_fresh_data(call, variant, seed + 7919 * (replay + 1), inputs)
         new_lens = torch.tensor(lens, dtype=torch.int32, device=got.device)
         inputs["seq_lens"].copy_(new_lens)
         case.seq_lens = new_lens
@@ -514,4 +538,7 @@ def check_graph_replays(
             check_output(call, case, variant, got, out, buffer, poisoned=True)
         except AssertionError as failure:
             mix = call["replay_mixes"][replay]
-            raise AssertionError(f"replay {replay} ({mix} lengths {lens}): {failure}") from None
+            data = "fresh data" if fresh_data[replay] else "the same data"
+            raise AssertionError(
+                f"replay {replay} ({mix} lengths {lens}, {data}): {failure}"
+            ) from None

@@ -20,6 +20,7 @@ from test_gpu_random_cases import (
     draw_replays,
     draw_wide_head_shape,
     laid_out_inputs,
+    write_fresh_data,
 )
 
 
@@ -262,7 +263,7 @@ def test_cpu_path_takes_wide_layouts():
             torch.testing.assert_close(got[mask].double(), expected[mask], rtol=1e-6, atol=1e-6)
 
 
-REPLAY_KEYS = ("capacity", "replay_mixes", "replay_lens")
+REPLAY_KEYS = ("capacity", "replay_mixes", "replay_lens", "replay_fresh_data")
 
 
 def test_replays_draw_last_and_stay_within_capacity():
@@ -299,8 +300,8 @@ def test_replays_draw_last_and_stay_within_capacity():
 def test_replay_cases_map_each_capacity_and_the_cpu_op_follows_new_lengths():
     """A replay case's table maps every request's capacity (the expectation would index a
     garbage entry otherwise) while `seq_lens` holds the capture's lengths; the CPU op,
-    called again after the replays' lengths are written into the laid-out `seq_lens`,
-    matches the independent expectation at each."""
+    called again after the replays' lengths (and once fresh data) are written into the
+    laid-out inputs, matches the independent expectation at each."""
     for seed in range(10):
         for variant in ("fp8", "fp4"):
             call = draw_call(seed, variant, layouts="wide" if seed % 2 else "suite", replays=3)
@@ -313,8 +314,12 @@ def test_replay_cases_map_each_capacity_and_the_cpu_op_follows_new_lengths():
             for b, cap in enumerate(call["capacity"]):
                 assert (case.block_tables[b, : -(-cap // 32)] >= 0).all()
             inputs = laid_out_inputs(call, case, variant)
+            first_q = inputs["q"].clone()
             op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
-            for lens in call["replay_lens"]:
+            for replay, lens in enumerate(call["replay_lens"]):
+                if replay == 1:  # the second replay also with fresh data
+                    case = write_fresh_data(call, variant, seed + 99, inputs, device="cpu")
+                    assert not torch.equal(inputs["q"], first_q)
                 inputs["seq_lens"].copy_(torch.tensor(lens, dtype=torch.int32))
                 case.seq_lens = torch.tensor(lens, dtype=torch.int32)
                 got = op(**inputs, max_seq_len=case.max_seq_len, output_dtype=torch.float32)
