@@ -86,8 +86,8 @@ if [ -n "${RANDOM_CASES:-}" ]; then
   # RANDOM_BATCHES=large draws 48-513 requests per call instead of 1-40; RANDOM_SCALES=wide
   # also draws fp4 scales far from 1 and draft slots apart in scale; RANDOM_LAYOUTS=wide also
   # draws where the tensors sit in memory; RANDOM_REPLAYS=K replays each call K times in a
-  # CUDA graph with new lengths; RANDOM_TIMEOUT (540 s) ends the tool before the
-  # device call's limit, keeping what it printed.
+  # CUDA graph with new lengths (and often new data); RANDOM_TIMEOUT (540 s) ends the tool
+  # before the device call's limit, keeping what it printed.
   read -r fp8_seeds fp4_seeds schedule_seeds first_seed <<< "$RANDOM_CASES"
   timeout "${RANDOM_TIMEOUT:-540}" python tools/random_cases.py --fp8 "$fp8_seeds" --fp4 "${fp4_seeds:-0}" \
     --schedules "${schedule_seeds:-0}" --first-seed "${first_seed:-100000}" \

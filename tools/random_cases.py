@@ -18,10 +18,12 @@ configuration of its own, compiled first. `--batches large` draws 48-513 request
 instead of 1-40 (`BATCH_MODES`). `--scales wide` also draws fp4 scales far below or above 1
 and draft slots whose q scales differ (`draw_wide_fp4_scales`). `--layouts wide` also draws
 where the tensors sit: the KV blocks in one layer of a layer-interleaved pool, tables and `out`
-starting inside wider buffers, q / weights / q_sf misaligned or sliced (`draw_wide_layouts`). `--replays K` then captures each call in a CUDA graph (a given
-schedule's computation with it) and replays it K times with new lengths written into
-`seq_lens`, each checked (`draw_replays`: all empty, half empty, every table row full, one
-request grown to max_seq_len, block edges, ...). The seeds run in chunks of
+starting inside wider buffers, q / weights / q_sf misaligned or sliced (`draw_wide_layouts`).
+`--replays K` then captures each call in a CUDA graph (a given schedule's computation with
+it) and replays it K times with new lengths written into `seq_lens` (all empty, half empty,
+every table row full, one request grown to max_seq_len, block edges, ...) and, in about half
+the replays, new data in the other inputs, each replay checked (`draw_replays`). The seeds
+run in chunks of
 `--chunk` calls; every kernel configuration a chunk needs is compiled first, in parallel
 (`flashinfer_jit.precompile`), so a run cut short by a timeout has checked every chunk before
 the one it was in. (Compiled all at once, the configurations of 4000 wide seeds took about
@@ -165,7 +167,7 @@ def main() -> int:
         type=int,
         default=0,
         help="capture each call in a CUDA graph and replay it this many times with new lengths"
-        " (draw_replays)",
+        " and, about half the time, new data (draw_replays)",
     )
     parser.add_argument(
         "--chunk", type=int, default=500, help="calls compiled for, then checked, at a time"

@@ -524,7 +524,7 @@ def check_graph_replays(
         got = launch()
     padded = fa.padded_seq_len(case.max_seq_len)
     writable = got.as_strided((case.rows, padded), (got.stride(0), 1))
-    fresh_data = call.get("replay_fresh_data", [False] * len(call["replay_lens"]))
+    fresh_data = call["replay_fresh_data"]
     for replay, lens in enumerate(call["replay_lens"]):
         if fresh_data[replay]:
             case = write_fresh_data(call, variant, seed + 7919 * (replay + 1), inputs)
