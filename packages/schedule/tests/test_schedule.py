@@ -372,7 +372,7 @@ def test_cpu_device_with_index_accepts_cpu_out():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without usable CUDA")
-@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1), 0, 1])
 def test_cuda_device_without_cuda_is_a_value_error(device):
     with pytest.raises(ValueError, match=r"device: got .*CUDA is not available"):
         compute_paged_mqa_logits_schedule(torch.tensor([1, 2], dtype=torch.int32), device)

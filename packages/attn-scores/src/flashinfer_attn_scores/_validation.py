@@ -8,9 +8,11 @@ Two tiers, as DESIGN.md section 3 requires:
   freshness) run only when `FLASHINFER_VALIDATE_INPUTS=1` is set at call time, and never
   while a CUDA graph is being captured, because they copy device data to the host.
 
-Every failure is a `TypeError` (wrong Python type or tensor dtype) or a `ValueError` (wrong
-value, shape, layout or device) whose message names the argument and gives the expected and
-received values.
+Every failure of these checks is a `TypeError` (wrong Python type or tensor dtype) or a
+`ValueError` (wrong value, shape, layout or device) whose message names the argument and gives
+the expected and received values. Tensors on a device the ops cannot run on at all (a GPU other
+than SM90, a `meta` tensor outside torch.compile) are refused by the dispatch with a
+`RuntimeError`, as the public docstrings say.
 """
 
 from __future__ import annotations

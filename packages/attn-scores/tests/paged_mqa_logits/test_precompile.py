@@ -135,7 +135,7 @@ def test_precompile_argument_errors(kwargs, error, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without usable CUDA")
-@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1), 0, 1])
 def test_precompile_for_cuda_without_cuda_is_a_value_error(device):
     # torch itself answers with a bare AssertionError ("Torch not compiled with CUDA enabled").
     with pytest.raises(ValueError, match=r"device: got .*CUDA is not available"):

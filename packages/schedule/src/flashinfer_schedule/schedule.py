@@ -145,7 +145,11 @@ def resolve_device(device: object) -> torch.device:
         resolved = device
     elif isinstance(device, (str, int)) and not isinstance(device, bool):
         try:
-            resolved = torch.device(device)
+            # An int is a CUDA index; `torch.device(int)` would ask for the current
+            # accelerator instead, and fail on a torch without one before the check below.
+            resolved = (
+                torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            )
         except RuntimeError as err:
             raise ValueError(f"device: cannot parse {device!r} as a torch device ({err})") from err
     else:
