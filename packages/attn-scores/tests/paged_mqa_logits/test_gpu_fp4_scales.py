@@ -13,7 +13,14 @@ from __future__ import annotations
 import flashinfer_attn_scores as fa
 import pytest
 import torch
-from attn_scores_cases import assert_rows_close, make_fp4_case
+from attn_scores_cases import (
+    PagedCase,
+    _paging,
+    assert_rows_close,
+    decode_mxfp4,
+    make_fp4_case,
+    pack_nibbles,
+)
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp4_paged_mqa_logits_reference,
     valid_mask,
@@ -179,6 +186,87 @@ def test_ue8m0_extremes_0_and_254():
             tolerance(output_dtype),
             magnitude(case.fp4_args()),
         )
+
+
+def make_far_apart_heads_case(
+    top: int, spread: int, weight_exponent: int, negative_top_heads: bool, next_n: int, seed: int
+) -> PagedCase:
+    """Every k element >= 0; in each draft slot 48 "top" heads have q scale bytes near `top` and
+    16 heads bytes near `top - spread` (groups within 6 of each other). With
+    `negative_top_heads` the top heads' q elements are all <= 0, so their ReLU is zero at every
+    position and each logit is the small heads' sum alone, however far below the top heads they
+    are. Weights are N(0, 1) times 2^weight_exponent."""
+    num_heads, head_dim, block_size = 64, 128, 64
+    gen = torch.Generator().manual_seed(seed)
+    lens = [700, 129, 0, 1, 256]
+    table, num_blocks = _paging(gen, lens, block_size, 8, None)
+    k_codes = torch.randint(0, 8, (num_blocks, block_size, head_dim), generator=gen)  # sign clear
+    k_exp = torch.randint(120, 129, (num_blocks, block_size, 4), generator=gen)
+    kv_fused = torch.cat(
+        [pack_nibbles(k_codes).flatten(1), k_exp.to(torch.uint8).flatten(1)], dim=1
+    ).view(num_blocks, block_size, 1, head_dim // 2 + 4)
+    shape = (len(lens), next_n, num_heads)
+    top_head = torch.rand(*shape, generator=gen).argsort(dim=-1) < 48
+    q_codes = torch.randint(0, 16, (*shape, head_dim), generator=gen)
+    if negative_top_heads:  # sign bit set, magnitude nonzero
+        negative = torch.randint(9, 16, (*shape, head_dim), generator=gen)
+        q_codes = torch.where(top_head[..., None], negative, q_codes)
+    base = torch.where(top_head, top, top - spread)[..., None]
+    q_exp = (base - torch.randint(0, 7, (*shape, 4), generator=gen)).clamp(0, 254)
+    weights = torch.randn(len(lens) * next_n, num_heads, generator=gen) * 2.0**weight_exponent
+    return PagedCase(
+        q=pack_nibbles(q_codes),
+        q_sf=q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1),
+        kv_fused=kv_fused,
+        weights=weights,
+        block_tables=table,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        max_seq_len=MAX_SEQ_LEN,
+        next_n=next_n,
+        q64=decode_mxfp4(q_codes, q_exp),
+        k64=decode_mxfp4(k_codes, k_exp),
+        token_scale64=None,
+    )
+
+
+# (top, spread, weight exponent, negative top heads): heads 100-200 binades below the largest
+# of their slot, on every position the only ones with a nonzero ReLU (folding their scale into
+# the weights relative to the largest head underflowed from about 126 binades); weights far
+# below and far above 1 (weights near 2^108 overflowed the float32 sums while the logits were
+# near 2^118).
+FAR_APART_HEADS = [
+    (254, 100, 0, True),
+    (254, 150, 0, True),
+    (254, 200, 0, True),
+    (200, 60, -100, True),
+    (127, 0, 108, False),
+    (130, 30, 100, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("output_dtype", "epi_dtype"), [e for e in EPILOGUES if e[1] != torch.float16]
+)
+@pytest.mark.parametrize(
+    ("top", "spread", "weight_exponent", "negative_top_heads"), FAR_APART_HEADS
+)
+def test_heads_far_apart_in_one_draft_slot(
+    top, spread, weight_exponent, negative_top_heads, output_dtype, epi_dtype
+):
+    """The float32 and tensor-core epilogues fold each head's q scale into its weight against
+    a per-slot anchor chosen from the weights and q exponents (fold_anchor in the kernel). Not
+    the float16 epilogue, which is exact only while M + Q_t lies in [156, 367] (its
+    header comment)."""
+    case = make_far_apart_heads_case(
+        top, spread, weight_exponent, negative_top_heads, next_n=2, seed=top + spread
+    )
+    expected = case.expected()
+    valid = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    # The premise: logits are nonzero normal floats, far from float32's overflow.
+    largest = expected[valid].abs().max()
+    assert 2.0**-100 < largest < 2.0**120, float(largest)
+    unit = 2.0 ** int(torch.log2(largest).floor())
+    check_against_expectation(case.to("cuda"), output_dtype, epi_dtype, unit=unit)
 
 
 def _rounding_bound(case) -> torch.Tensor:

@@ -22,8 +22,18 @@
 // 2^(133 - M), a positive per-token factor that commutes with the ReLU and is undone after
 // the head sum. q is treated the same way per (draft slot, head) row with Mq = max_g eq_g;
 // its factor 2^(133 - Mq) differs between heads, so the kernel divides it out of each head's
-// weight: w'_h = w_h * 2^(Mq_h - Q_t) with Q_t = max_h Mq_h over the slot's heads (<= 1, so no
-// overflow), and multiplies the slot's sum by 2^(M + Q_t - 266) at the end.
+// weight: w'_h = w_h * 2^(Mq_h - R_t) with a per-draft-slot anchor R_t, and multiplies the
+// slot's sum by 2^(M + R_t - 266) at the end. The float32 and tensor-core (bfloat16) epilogues
+// choose R_t from the weights and the q exponents (fold_anchor: no scaled sum overflows where
+// the logit does not, and a head stays normal while its |w_h| 2^Mq_h is within about 2^220 of
+// the slot's largest). The float16 epilogue keeps R_t = Q_t = max_h Mq_h, multiplies each
+// score by 2^(Mq_h - Q_t) and 2^(M + Q_t - 266) before rounding it, and is exact while
+// M + Q_t lies in [156, 367] (each score's intermediate product is then a normal float for
+// every score float16 can hold; beyond it a score can flush or saturate early).
+//
+// Range limits of the float32 and tensor-core epilogues: a result overflows to inf only from
+// 2^128, as in float32 (from 2^126 where fold_anchor's upper bound binds, weights beyond
+// 2^105); results below float32's normal range (2^-126) are rounded as float32 subnormals.
 //
 // Exactness: every decoded value is exact while d_g <= 14 (a token's or a q row's group
 // scales within a factor 2^14 of each other), and then the only roundings are the FP8 WGMMA
@@ -219,13 +229,35 @@ __device__ __forceinline__ void build_lut(uint8_t* lut) {
   }
 }
 
-// scale_by_pow2 for e = M + Q_t - 266 - kTwiceRelu (the float32 epilogue) or M + Q_t - 266
-// (TC_HEAD_SUM), which the UE8M0 ranges keep in [-267, 244]: its upper clamp never applies, so
-// one add-and-max and one shift (floor(e / 2)) remain. As there, e below -252 is taken as
-// -252, which changes a result only if |x| > 2^102 (weights beyond about 2^70); otherwise
-// both give 0.
+// The anchor R_t of draft slot t's folded weights (float32 and tensor-core epilogues): the
+// slot's sums are sum_h w'_h relu(acc_h) with w'_h = w_h 2^(Mq_h - R_t), times 2^(M + R_t - 266)
+// at the end. Any R_t gives the definition's value; R_t decides which heads stay in float32's
+// range. Let A = max over the slot's finite nonzero weights of ilogb(w_h) + Mq_h. Then:
+//  * R_t >= A - kFoldHeadroom keeps |w'_h| < 2^95 and, with |acc| <= 128 * 384^2 < 2^24.2
+//    (2^25.2 doubled by RELU_FORM 1), every slot sum of 64 heads below 2^126.2: the scaled sums
+//    cannot overflow where the result does not (weights up to float32's largest included);
+//  * as low as that allows, a head stays normal while its |w_h| 2^Mq_h is within about 2^220
+//    of the slot's largest, so a head the largest ones dwarf still counts on tokens where their
+//    ReLU is zero (the previous anchor, max_h Mq_h, lost it beyond about 2^126);
+//  * R_t in [kMinAnchor, kMaxAnchor] keeps the final exponent e = M + R_t - 266 (- 1) in
+//    [-252, 254] for every M in [0, 255], so scale_by_pow2_from needs no clamp and its two
+//    factors are normal floats. Where kMaxAnchor binds (A > 359, weights beyond 2^105) a sum
+//    can overflow only if the logit is at least 2^126.
+// Every R_t is a power-of-two rescaling of the same float32 sums, so the results are bitwise the
+// previous anchor's wherever neither leaves float32's normal range.
+constexpr int kFoldHeadroom = 94, kMinAnchor = 15, kMaxAnchor = 265;
+[[maybe_unused]] __device__ __forceinline__ int fold_anchor(float w_a, int exp_a, float w_b, int exp_b) {
+  const auto weighted_exponent = [](float w, int exp) {  // zero, inf and NaN weights: no say
+    return isfinite(w) && w != 0.f ? ilogbf(w) + exp : -1000;
+  };
+  const int largest = __reduce_max_sync(0xffffffffu, max(weighted_exponent(w_a, exp_a), weighted_exponent(w_b, exp_b)));
+  return min(max(largest - kFoldHeadroom, kMinAnchor), kMaxAnchor);
+}
+
+// scale_by_pow2 for e = M + R_t - 266 - kTwiceRelu (the float32 epilogue) or M + R_t - 266
+// (TC_HEAD_SUM), which fold_anchor's bounds keep in [-252, 254]: one shift (floor(e / 2)) and
+// two exact power-of-two multiplies.
 [[maybe_unused]] __device__ __forceinline__ float scale_by_pow2_from(float x, int e) {  // unused with float16
-  e = max(e, -252);
   const int low = e >> 1;
   return x * __int_as_float((low + 127) << 23) * __int_as_float((e - low + 127) << 23);
 }
@@ -253,7 +285,7 @@ __device__ __forceinline__ uint32_t row_tables(uint32_t sf0, uint32_t sf1, uint3
 
 // Decode request b's q (kN rows of 64 packed bytes + one scale word) into a q slot, and write
 // the slot's folded weights (TC_HEAD_SUM: into the head-sum tile), head scales and
-// per-draft-slot exponents Q_t. Called by every staging warp with its `part`: rows
+// per-draft-slot anchors R_t (Q_t for the float16 epilogue). Called by every staging warp with its `part`: rows
 // part*32 + lane + i*32*kStagingWarps, then (after the staging warps' barrier) draft slots
 // t = part, part + kStagingWarps, ...
 __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const uint32_t* q_sf,
@@ -293,29 +325,35 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
     // With H = 64, draft slot t owns rows t*64 + lane and t*64 + lane + 32.
     const int row_a = t * NUM_HEADS + lane, row_b = row_a + 32;
     const int exp_a = row_exp[row_a], exp_b = row_exp[row_b];
-    const int slot_max = __reduce_max_sync(0xffffffffu, max(exp_a, exp_b));
-    if (lane == 0) slot_exp_dst[t] = slot_max;
-    const float scale_a = ldexpf(1.f, exp_a - slot_max), scale_b = ldexpf(1.f, exp_b - slot_max);  // in (0, 1]
     const float w_a = weights[static_cast<long long>(b) * kN + row_a];
     const float w_b = weights[static_cast<long long>(b) * kN + row_b];
+#if EPI_DTYPE == 0 || TC_HEAD_SUM
+    // Folded weights w'_h = w_h * 2^(Mq_h - R_t), exact where normal; see fold_anchor.
+    const int anchor = fold_anchor(w_a, exp_a, w_b, exp_b);
+    const float folded_a = scale_by_pow2(w_a, exp_a - anchor), folded_b = scale_by_pow2(w_b, exp_b - anchor);
+#else
+    const int anchor = __reduce_max_sync(0xffffffffu, max(exp_a, exp_b));  // Q_t
+    const float scale_a = ldexpf(1.f, exp_a - anchor), scale_b = ldexpf(1.f, exp_b - anchor);  // in (0, 1]
+#endif
+    if (lane == 0) slot_exp_dst[t] = anchor;
     __syncwarp();  // every lane has read row_exp before it is overwritten
 #if TC_HEAD_SUM
-    // Row 2t of atom t, K = head (lane and lane + 32); w * scale is exact in float32, so this
-    // rounds like bfloat16(w) times the power of two.
+    // Row 2t of atom t, K = head (lane and lane + 32); w'_h is w_h times a power of two, so this
+    // rounds like bfloat16(w_h) times that power where w'_h is normal.
     uint8_t* atom = head_sum_dst + t * 1024;
-    *reinterpret_cast<__nv_bfloat16*>(atom + swizzled_128(2 * t, 2 * lane)) = __float2bfloat16_rn(w_a * scale_a);
-    *reinterpret_cast<__nv_bfloat16*>(atom + swizzled_128(2 * t, 2 * lane + 64)) = __float2bfloat16_rn(w_b * scale_b);
+    *reinterpret_cast<__nv_bfloat16*>(atom + swizzled_128(2 * t, 2 * lane)) = __float2bfloat16_rn(folded_a);
+    *reinterpret_cast<__nv_bfloat16*>(atom + swizzled_128(2 * t, 2 * lane + 64)) = __float2bfloat16_rn(folded_b);
 #else
 #if EPI_DTYPE == 0
-    weight_dst[weight_position(row_a)] = w_a * scale_a;
-    weight_dst[weight_position(row_b)] = w_b * scale_b;
+    weight_dst[weight_position(row_a)] = folded_a;
+    weight_dst[weight_position(row_b)] = folded_b;
 #else
     // Rounded once per request here rather than once per unit by every consumer.
     reinterpret_cast<Epi*>(weight_dst)[row_a] = to_epi(w_a);
     reinterpret_cast<Epi*>(weight_dst)[row_b] = to_epi(w_b);
-#endif
-    head_scale_dst[row_a] = scale_a;
+    head_scale_dst[row_a] = scale_a;  // read by the float16 epilogue only
     head_scale_dst[row_b] = scale_b;
+#endif
 #endif
   }
 }
@@ -409,7 +447,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
     }
   }
 
-  // The part of the final exponent M + Q_t - 266 of this lane's k-th slot sum that does not
+  // The part of the final exponent M + R_t - 266 of this lane's k-th slot sum that does not
   // depend on the token (float32 epilogue). Lanes whose t = 2k + (quad >> 1) is past NEXT_N
   // store nothing (SlotSums::stores) and read a meaningless entry of the slot's 4.
   auto slot_exponent_of = [&](int slot, int k) { return slot_exp[slot * 4 + 2 * k + (quad >> 1)] - 266 - kTwiceRelu; };
@@ -533,7 +571,7 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 #pragma unroll
     for (int i = 0; i < 4; ++i) reg_fence(head_sums[i]);
     // Column 2 quad is draft slot quad: head_sums[0] its sum for row row0, head_sums[2] for
-    // row0 + 8, each times 2^(M + Q_t - 266).
+    // row0 + 8, each times 2^(M + R_t - 266).
     if (quad < NEXT_N) {
       const int exponent = slot_exp[slot * 4 + quad] - 266;
       Out* slot_out = out + (static_cast<long long>(unit.b) * NEXT_N + quad) * out_stride +
@@ -544,10 +582,10 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
 #else
     // Epilogue, half by half as the MMA groups complete (no lane-dependent branch until the
     // last wait: ptxas serializes wgmmas in flight across one). float32: the folded weights w'
-    // (head scales inside) times relu(acc), summed, then 2^(M + Q_t - 266) once (two exact
+    // (head scales inside) times relu(acc), summed, then 2^(M + R_t - 266) once (two exact
     // power-of-two multiplies). float16/bfloat16: each head score is formed in float32 at its
     // true scale before the conversion, so the reduced-precision sums see the same numbers as
-    // the definition (and overflow where it would).
+    // the definition (and overflow where it would) while M + Q_t is in [156, 367].
     const float* w = weight_slots + slot * kWeightSlotFloats;
     SlotSums sums;
     sums.clear();
