@@ -322,6 +322,9 @@ __device__ __forceinline__ const int* schedule_rows(const int* schedule, const i
     return own_rows;
   }
   compute_schedule_rows(seq_lens, stride, batch_size, own_rows, reinterpret_cast<long long*>(scratch));
+  // The scratch is a KV stage, which TMA (the async proxy) writes next: order this thread's
+  // generic accesses to it before those writes (the caller's __syncthreads() orders the threads).
+  fence_proxy_async_smem();
   if (rows_out != nullptr && threadIdx.x < 2) {
     rows_out[2 * blockIdx.x + threadIdx.x] = own_rows[threadIdx.x];
     if (blockIdx.x == gridDim.x - 1) rows_out[2 * gridDim.x + threadIdx.x] = own_rows[2 + threadIdx.x];
