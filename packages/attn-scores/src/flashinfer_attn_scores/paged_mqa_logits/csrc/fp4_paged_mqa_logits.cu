@@ -285,9 +285,9 @@ __device__ __forceinline__ uint32_t row_tables(uint32_t sf0, uint32_t sf1, uint3
 
 // Decode request b's q (kN rows of 64 packed bytes + one scale word) into a q slot, and write
 // the slot's folded weights (TC_HEAD_SUM: into the head-sum tile), head scales and
-// per-draft-slot anchors R_t (Q_t for the float16 epilogue). Called by every staging warp with its `part`: rows
-// part*32 + lane + i*32*kStagingWarps, then (after the staging warps' barrier) draft slots
-// t = part, part + kStagingWarps, ...
+// per-draft-slot anchors R_t (Q_t for the float16 epilogue). Called by every staging warp
+// with its `part`: rows part*32 + lane + i*32*kStagingWarps, then (after the staging warps'
+// barrier) draft slots t = part, part + kStagingWarps, ...
 __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const uint32_t* q_sf,
                                         const float* weights, const uint2* luts, uint8_t* q_dst,
                                         float* weight_dst, float* head_scale_dst, int* slot_exp_dst,
