@@ -467,3 +467,18 @@ def test_sf_vec_size_larger_than_head_dim_is_blamed_on_sf_vec_size(call, arg, sf
 def test_sf_vec_size_is_checked_before_x(sf_vec_size, exc, match):
     with pytest.raises(exc, match=match):
         fl.quantize_mxfp4(torch.ones(2, 128), sf_vec_size=sf_vec_size)
+
+
+def test_q_pack_and_unpack_return_copies_not_the_callers_tensor():
+    """Their docstrings promise contiguous copies: writing into a result must leave the
+    caller's tensor alone (a plain `.contiguous()` of a contiguous input is the input)."""
+    packed = torch.randint(0, 256, (2, 1, 64, 64), dtype=torch.uint8)
+    scales = torch.randint(100, 150, (2, 1, 64, 4), dtype=torch.uint8)
+    q, q_sf = fl.pack_mxfp4_q(packed, scales)
+    before = packed.clone()
+    q.zero_()
+    assert torch.equal(packed, before)
+    q, q_sf = fl.pack_mxfp4_q(packed, scales)
+    unpacked, _ = fl.unpack_mxfp4_q(q, q_sf)
+    unpacked.zero_()
+    assert torch.equal(q, before)

@@ -194,7 +194,37 @@ def test_zero_matrix_and_tensor_global_scale():
         (
             lambda: fl.nvfp4_quantize(torch.ones(4, 32), 0.0),
             ValueError,
-            "a_global_sf must be a finite positive",
+            "a_global_sf must be finite and positive as a float32",
+        ),
+        # Finite and positive as Python floats, but not once rounded to float32.
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1e39), ValueError, "is inf in float32"),
+        (lambda: fl.nvfp4_quantize(torch.ones(4, 32), 1e-50), ValueError, "is 0.0 in float32"),
+        (
+            lambda: fl.nvfp4_quantize(torch.ones(4, 32), torch.tensor(1e39, dtype=torch.float64)),
+            ValueError,
+            "is inf in float32",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8),
+                torch.zeros(4, 1, dtype=torch.uint8),
+                1.0,
+                k="16",
+                swizzled=False,
+            ),
+            TypeError,
+            "k must be an int",
+        ),
+        (
+            lambda: fl.nvfp4_dequantize(
+                torch.zeros(4, 8, dtype=torch.uint8),
+                torch.zeros(4, 1, dtype=torch.uint8),
+                1.0,
+                m=True,
+                swizzled=False,
+            ),
+            TypeError,
+            "m must be an int",
         ),
         (lambda: fl.nvfp4_quantize(torch.ones(4, 32), float("inf")), ValueError, "a_global_sf"),
         (
@@ -378,3 +408,41 @@ def test_an_infinite_element_saturates_its_block_scale_at_448_and_itself_at_6():
     assert values[0, :2].tolist() == [0x01, 0x70]  # element 0 low nibble, element 3 high
     assert values[1, 10].item() == 0x0F  # element 20, low nibble: -6
     assert int(values.count_nonzero()) == 3
+
+
+def test_a_numpy_float32_global_scale_is_accepted():
+    np = pytest.importorskip("numpy")
+    a = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
+    expected = fl.nvfp4_quantize(a, 2.5)
+    got = fl.nvfp4_quantize(a, np.float32(2.5))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_global_scale_of_tiny_or_infinite_inputs_is_a_scale_quantize_accepts():
+    tiny = torch.full((1, 16), 1e-36)
+    assert float(fl.nvfp4_global_scale(tiny)) == torch.finfo(torch.float32).max
+    fl.nvfp4_quantize(tiny, fl.nvfp4_global_scale(tiny))  # accepted
+    with_inf = torch.ones(1, 16)
+    with_inf[0, 3] = float("inf")
+    assert float(fl.nvfp4_global_scale(with_inf)) == 1.0
+
+
+def test_small_elements_are_not_saturated_when_the_encode_factor_overflows_float32():
+    """global scale / block scale beyond float32's range: each element's code must still be
+    e2m1(x * global / scale), computed here in float64 independently of the package."""
+    x = torch.zeros(1, 16)
+    x[0, 0], x[0, 1] = 1e-38, 1e-40
+    global_sf = fl.nvfp4_global_scale(x)  # about 2.7e38
+    packed, scales = fl.nvfp4_quantize(x, global_sf, swizzled=False)
+    scale = float(scales.view(torch.float8_e4m3fn).float()[0, 0])
+    assert scale >= 2**-6 and float(global_sf) / scale > torch.finfo(torch.float32).max
+    v = [float(x[0, i]) * float(global_sf) / scale for i in (0, 1)]  # about 6.1 and 0.061
+    codes = [int(packed[0, 0]) & 0xF, int(packed[0, 0]) >> 4]
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    for value, code in zip(v, codes):
+        nearest = min(range(8), key=lambda c: abs(grid[c] - min(value, 6.0)))
+        assert code == nearest, (value, code)
+    back = fl.nvfp4_dequantize(packed, scales, global_sf, swizzled=False, dtype=torch.float64)
+    bound = [max(0.25, abs(value) / 4) * scale / float(global_sf) for value in v]
+    for i in (0, 1):
+        assert abs(float(back[0, i]) - float(x[0, i])) <= bound[i]

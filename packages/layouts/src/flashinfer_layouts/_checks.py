@@ -212,16 +212,20 @@ def output_float_dtype(name: str, value: object) -> torch.dtype:
 def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor:
     """Validate an NVFP4 global scale and return it as a 0-d float32 tensor on ``device``.
 
-    Python numbers and CPU tensors are checked to be finite and positive; a CUDA tensor's
-    value is not read (that would synchronise with the device).
+    Python and numpy numbers and CPU tensors are checked to be finite and positive once
+    rounded to float32 (1e39 would become inf there, 1e-50 zero); a CUDA tensor's value is not
+    read (that would synchronise with the device).
     """
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a float or a 1-element floating tensor; got bool")
-    if isinstance(value, (int, float)):
-        number = float(value)
-        if not (number > 0.0 and number != float("inf")):
-            raise ValueError(f"{name} must be a finite positive number; got {value}")
-        return torch.tensor(number, dtype=torch.float32, device=device)
+    if isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float64's range
+            number = math.inf
+        scale = torch.tensor(number, dtype=torch.float32)
+        _positive_float32(name, value, scale)
+        return scale.to(device)
     if isinstance(value, torch.Tensor):
         tensor(name, value)
         if not value.is_floating_point():
@@ -231,14 +235,22 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
                 f"{name} must hold exactly one element (0-d or 1-element tensor); "
                 f"got shape {tuple(value.shape)}"
             )
+        scale = value.reshape(()).to(dtype=torch.float32)
         if value.device.type == "cpu":
-            number = float(value.reshape(()).item())
-            if not (number > 0.0 and number != float("inf")):
-                raise ValueError(f"{name} must be finite and positive; got {number}")
-        return value.reshape(()).to(device=device, dtype=torch.float32)
+            _positive_float32(name, value.reshape(()).item(), scale)
+        return scale.to(device=device)
     raise TypeError(
         f"{name} must be a float or a 1-element floating tensor; got {type_name(value)}"
     )
+
+
+def _positive_float32(name: str, given: object, scale: torch.Tensor) -> None:
+    number = float(scale)
+    if not (0.0 < number < float("inf")):
+        raise ValueError(
+            f"{name} must be finite and positive as a float32 (between about 1.4e-45 and "
+            f"3.4e38); got {given!r}, which is {number} in float32"
+        )
 
 
 def device_data_checks_enabled(t: torch.Tensor) -> bool:

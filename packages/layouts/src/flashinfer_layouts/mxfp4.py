@@ -286,7 +286,7 @@ def pack_mxfp4_q(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tens
     expected = (*packed.shape[:3], Q_HEAD_DIM // MXFP4_SF_VEC_SIZE)
     _checks.same_shape("scales", scales, expected, "[batch_size, next_n, num_heads, 4]")
     _checks.same_device("scales", scales, "packed", packed)
-    return packed.contiguous(), le_bytes_to_int32(scales)
+    return packed.clone(memory_format=torch.contiguous_format), le_bytes_to_int32(scales)
 
 
 def _check_q_packed(q: torch.Tensor, q_sf: torch.Tensor) -> None:
@@ -317,7 +317,7 @@ def unpack_mxfp4_q(q: torch.Tensor, q_sf: torch.Tensor) -> tuple[torch.Tensor, t
         ValueError: a rank or shape is wrong, or the tensors are on different devices.
     """
     _check_q_packed(q, q_sf)
-    return q.contiguous(), int32_to_le_bytes(q_sf)
+    return q.clone(memory_format=torch.contiguous_format), int32_to_le_bytes(q_sf)
 
 
 def dequantize_mxfp4_q(

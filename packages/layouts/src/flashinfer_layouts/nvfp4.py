@@ -224,8 +224,10 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """The conventional encode global scale ``448 * 6 / amax(x)`` as a 0-d float32 tensor.
 
     ``amax`` is taken after rounding ``x`` to float32 and the quotient is correctly rounded
-    to float32 (the same bits on every device). An all-zero ``x`` (or a NaN ``amax``) gets
-    1.0. The result stays on ``x``'s device (no synchronisation).
+    to float32 (the same bits on every device). An all-zero ``x``, or one whose ``amax`` is
+    inf or NaN, gets 1.0; a quotient beyond float32's range (``amax`` below about 7.9e-36)
+    gets float32's largest finite value, so the result is always a scale `nvfp4_quantize`
+    accepts. The result stays on ``x``'s device (no synchronisation).
 
     Args:
         x: floating tensor of any shape.
@@ -242,7 +244,8 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     one = torch.ones((), dtype=torch.float32, device=x.device)
     # Not ``2688 / amax``: a Python number over a tensor is ``amax.reciprocal() * 2688``
     # (two roundings) in PyTorch; div_to_float32 rounds the true quotient once.
-    return torch.where(amax > 0, div_to_float32(E4M3_MAX * E2M1_MAX, amax), one)
+    quotient = div_to_float32(E4M3_MAX * E2M1_MAX, amax).clamp(max=torch.finfo(torch.float32).max)
+    return torch.where((amax > 0) & amax.isfinite(), quotient, one)
 
 
 def quantize_rows(
@@ -265,7 +268,16 @@ def quantize_rows(
     encode = torch.where(
         scale_f32 == 0, torch.zeros_like(scale_f32), div_to_float32(global_sf, scale_f32)
     )
-    codes = e2m1_encode(mul_to_float32(groups, encode.unsqueeze(-1))).reshape(*lead, k)
+    scaled = mul_to_float32(groups, encode.unsqueeze(-1))
+    # A global scale near float32's largest over a small block scale overflows the float32
+    # factor (the global scale is finite: checked). Those blocks take the product in float64
+    # instead, so their small elements are not saturated to 6; every other block keeps the
+    # float32 formula. Selected element-wise rather than branched on, which would read device
+    # data (a synchronisation) on CUDA.
+    factor64 = global_sf.to(torch.float64) / scale_f32.to(torch.float64)
+    wide = (groups.to(torch.float64) * factor64.unsqueeze(-1)).to(torch.float32)
+    scaled = torch.where(encode.isinf().unsqueeze(-1), wide, scaled)
+    codes = e2m1_encode(scaled).reshape(*lead, k)
     return pack_nibbles(codes), scale_bits
 
 
@@ -395,9 +407,9 @@ def nvfp4_dequantize(
     dtype = _checks.output_float_dtype("dtype", dtype)
     sf_vec_size = _check_sf_vec_size(sf_vec_size)
     rows, cols_k = a_fp4.shape[0], a_fp4.shape[1] * 2
-    if m is not None and m != rows:
+    if m is not None and _checks.exact_int("m", m) != rows:
         raise ValueError(f"m must equal a_fp4.shape[0] ({rows}); got {m}")
-    if k is not None and k != cols_k:
+    if k is not None and _checks.exact_int("k", k) != cols_k:
         raise ValueError(f"k must equal 2 * a_fp4.shape[1] ({cols_k}); got {k}")
     _checks.divisible("a_fp4", cols_k, sf_vec_size, "K (2 * a_fp4.shape[1])")
     _checks.same_device("a_sf", a_sf, "a_fp4", a_fp4)
