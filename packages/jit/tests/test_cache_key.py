@@ -215,7 +215,7 @@ def test_lineinfo_from_the_environment_changes_the_key_and_the_options(project, 
     assert program_options_kwargs(spec, "sm_90a")["lineinfo"] is True
 
 
-@pytest.mark.parametrize("value", ["", "0", "false", " "])
+@pytest.mark.parametrize("value", ["", "0", "false", " ", "False", "no", "off", "OFF"])
 def test_lineinfo_switched_off_keeps_the_key(project, monkeypatch, value):
     proj, inc = project
     monkeypatch.delenv("FLASHINFER_JIT_LINEINFO", raising=False)
@@ -304,3 +304,10 @@ def test_a_selftest_kernel_hashes_the_packages_own_header(spec):
     assert [(f.include_name, f.path) for f in files if f.path == hopper] == [
         ("flashinfer_jit/hopper.cuh", hopper)
     ]
+
+
+def test_a_cache_dir_argument_expands_a_leading_tilde(monkeypatch, tmp_path):
+    from flashinfer_jit.cache import cache_root
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_root("~/kernels") == tmp_path / "kernels"

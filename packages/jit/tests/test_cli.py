@@ -194,6 +194,12 @@ def test_an_empty_ptxas_option_fails_the_spec_not_the_process(spec_module, cache
         (["inspect", "jit_cli_specs:nope"], "AttributeError: module 'jit_cli_specs' has no"),
         (["inspect", "jit_cli_specs:NOT_SPECS"], "TypeError: jit_cli_specs:NOT_SPECS: expected"),
         (["compile-check", "-j", "0"], "argument -j/--jobs: expected a positive int, got '0'"),
+        (["compile-check", "--arch", "sm_9x"], "argument --arch: arch: expected a full SM target"),
+        (["inspect", "{dir}/good.cu", "--arch", "sm_9"], "argument --arch: arch: expected a full"),
+        (
+            ["inspect", "{dir}/good.cu", "-D", "SCALE=2", "-D", "SCALE=3"],
+            "-D SCALE given twice with different values: 2 and 3",
+        ),
     ],
 )
 def test_a_malformed_command_line_is_one_error_line_and_status_2(
@@ -205,3 +211,27 @@ def test_a_malformed_command_line_is_one_error_line_and_status_2(
     err = capsys.readouterr().err
     assert fragment in err.splitlines()[-1]
     assert "Traceback" not in err
+
+
+def test_inspect_finds_a_kernel_whose_launch_bounds_follow_void(tmp_path, cache_dir, capsys):
+    """The project's kernels write `extern "C" __global__ void __launch_bounds__(...) name`."""
+    path = tmp_path / "bounded.cu"
+    path.write_text(
+        "__host__ __device__ constexpr int threads() { return 64; }\n"
+        'extern "C" __global__ void __launch_bounds__(threads(), 1) bounded_kernel(float* x) {\n'
+        "  x[threadIdx.x] = 1.f;\n"
+        "}\n"
+    )
+    assert main(["inspect", str(path), "--cache-dir", str(cache_dir)]) == 0
+    assert "kernel bounded_kernel  <- entry point" in capsys.readouterr().out
+
+
+def test_a_define_that_is_not_a_canonical_decimal_is_passed_as_written(tmp_path, cache_dir, capsys):
+    """010 is octal 8 to the compiler; reading it as the int 10 would change the kernel."""
+    path = tmp_path / "octal.cu"
+    path.write_text(
+        'static_assert(X == 8, "X must arrive as written");\n'
+        'extern "C" __global__ void octal_kernel(int* x) { x[0] = X; }\n'
+    )
+    assert main(["inspect", str(path), "-D", "X=010", "--cache-dir", str(cache_dir)]) == 0
+    assert "== octal_kernel[X=010]" in capsys.readouterr().out

@@ -148,6 +148,9 @@ def test_supported_gpu_passes(monkeypatch):
         (-1, ValueError, "device: expected a non-negative CUDA device index, got -1"),
         ("cpu", ValueError, "device: expected a CUDA device, got cpu"),
         (1.0, TypeError, "device: expected None, an int, a torch.device or a str, got float"),
+        ("bogus", ValueError, r"device: cannot parse 'bogus' as a device \(.*\)"),
+        ("cuda:-1", ValueError, r"device: cannot parse 'cuda:-1' as a device \(.*\)"),
+        ("cuda:x", ValueError, r"device: cannot parse 'cuda:x' as a device \(.*\)"),
     ],
 )
 def test_bad_device_arguments(device, error, message):
@@ -185,6 +188,7 @@ def test_valid_tensor_map_arguments_pass():
         ({"global_dims": (), "global_strides_bytes": (), "box_dims": ()}, "rank 1 to 5"),
         ({"element_strides": (1, 9)}, r"element_strides\[1\] = 9"),
         ({"global_dims": (0, 200)}, r"global_dims\[0\] = 0"),
+        ({"address": -0x7F0000000000}, "not a 64-bit device address"),
     ],
 )
 def test_tensor_map_rules_give_readable_errors(change, fragment):

@@ -370,10 +370,19 @@ def test_driver_errors_become_kernel_launch_errors(kernel, fake_driver):
     assert "grid=(4, 1, 1) block=(1024, 1, 1)" in str(info.value)
 
 
-@pytest.mark.parametrize(("grid", "block"), [(0, 32), (1, (32, 0)), (1, (1, 2, 3, 4)), (1.0, 32)])
+@pytest.mark.parametrize(
+    ("grid", "block"),
+    [(0, 32), (1, (32, 0)), (1, (1, 2, 3, 4)), (1.0, 32), (2**32, 32), (1, (32, 2**32))],
+)
 def test_bad_launch_dimensions(kernel, grid, block):
     with pytest.raises(ValueError, match="positive int"):
         kernel.launch(grid, block, *_args())
+
+
+@pytest.mark.parametrize("shared_mem", [-1, True, 1.5])
+def test_bad_shared_memory_is_refused_before_the_driver(kernel, fake_driver, shared_mem):
+    with pytest.raises(ValueError, match="shared_mem: expected a non-negative int"):
+        kernel.launch(1, 32, *_args(), shared_mem=shared_mem)
 
 
 def test_tensor_map_encoded_on_a_thread_without_a_context_retries_in_the_primary_one(

@@ -158,6 +158,8 @@ def test_precompile_error_survives_pickling(tmp_path, cache_dir):
         ({"max_workers": True}, TypeError, "max_workers: expected a positive int"),
         ({"cache_dir": 5}, TypeError, "cache_dir: expected None, a str or a pathlib.Path"),
         ({"cache_dir": ""}, ValueError, "cache_dir: expected a folder"),
+        ({"arch": "sm_9"}, ValueError, "arch: expected a full SM target such as 'sm_90a'"),
+        ({"arch": 90}, TypeError, "arch: expected a str such as 'sm_90a', got int"),
     ],
 )
 def test_bad_arguments_are_rejected_before_any_work(
@@ -169,5 +171,10 @@ def test_bad_arguments_are_rejected_before_any_work(
     if arguments["specs"] == "one spec":
         arguments["specs"] = spec
     with pytest.raises(error, match=fragment):
-        precompile(arch="sm_90a", progress=False, **arguments)
+        precompile(**{"arch": "sm_90a", "progress": False, **arguments})
     assert sorted(p.name for p in tmp_path.iterdir()) == [source.name]
+
+
+def test_a_malformed_arch_with_no_specs_is_still_an_error(cache_dir):
+    with pytest.raises(ValueError, match="arch: expected a full SM target"):
+        precompile([], arch="garbage", cache_dir=cache_dir, progress=False)

@@ -83,7 +83,7 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
         )
     if not cache_dir:
         raise ValueError("cache_dir: expected a folder, got an empty str")
-    return Path(cache_dir)
+    return Path(cache_dir).expanduser()  # as FLASHINFER_JIT_CACHE_DIR is
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from .compiler import CompiledKernel, compile_kernel
+from .compiler import CompiledKernel, _check_arch, compile_kernel
 from .errors import KernelCompileError
 from .precompile import PrecompileSummary, precompile
 from .registry import ENTRY_POINT_GROUP, SpecSource, discover_registered_specs, load_target
@@ -23,13 +23,28 @@ from .spec import KernelSpec
 
 # Shared memory per block a kernel can opt in to, by arch family, for the inspect report.
 _OPTIN_SHARED_BYTES = {"sm_90": 232448, "sm_100": 232448, "sm_80": 166912, "sm_89": 101376}
+# __launch_bounds__(...) may sit before or after `void`; its arguments may hold one level of
+# parentheses (`__launch_bounds__(kThreads(), 1)`).
+_LAUNCH_BOUNDS = rb"__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s+"
 _EXTERN_C_KERNEL = re.compile(
-    rb'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)'
+    rb'extern\s+"C"\s+__global__\s+(?:'
+    + _LAUNCH_BOUNDS
+    + rb")?void\s+(?:"
+    + _LAUNCH_BOUNDS
+    + rb")?(\w+)"
 )
 
 
 class UsageError(Exception):
     """A bad command line: reported in one line with exit status 2, as argparse does."""
+
+
+def _arch(value: str) -> str:
+    try:
+        _check_arch(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _non_empty(value: str) -> str:
@@ -79,7 +94,16 @@ def _parse_defines(items: Sequence[str]) -> dict[str, str | int]:
             raise UsageError(f"-D expects NAME or NAME=VALUE, got {item!r}")
         if not sep:
             value = "1"
-        defines[name] = int(value) if re.fullmatch(r"-?\d+", value) else value
+        # A canonical decimal becomes an int (the label KernelSpec prints for it); any other
+        # text, such as 010 (octal 8 to the compiler), is passed through as written.
+        parsed: str | int = value
+        if re.fullmatch(r"-?\d+", value) and str(int(value)) == value:
+            parsed = int(value)
+        if name in defines and defines[name] != parsed:
+            raise UsageError(
+                f"-D {name} given twice with different values: {defines[name]!r} and {parsed!r}"
+            )
+        defines[name] = parsed
     return defines
 
 
@@ -349,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
         "target",
         help="'package.module:callable' returning KernelSpecs, or a .cu file",
     )
-    inspect.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
+    inspect.add_argument(
+        "--arch", type=_arch, default="sm_90a", help="target arch (default sm_90a)"
+    )
     inspect.add_argument(
         "-D",
         dest="define",
@@ -392,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
             "broken registration or register spill."
         ),
     )
-    check.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
+    check.add_argument("--arch", type=_arch, default="sm_90a", help="target arch (default sm_90a)")
     check.add_argument(
         "--specs",
         action="append",

@@ -42,9 +42,17 @@ _ALWAYS_PTXAS = ("-v",)
 _DEFAULT_STD = "c++17"
 
 
+_OFF = frozenset({"", "0", "false", "no", "off"})
+
+
+def _env_flag(name: str) -> bool:
+    """An on/off environment variable: unset, empty, 0, false, no and off (any case) are off."""
+    return os.environ.get(name, "").strip().lower() not in _OFF
+
+
 def verbose() -> bool:
     """Whether `FLASHINFER_JIT_VERBOSE` asks for a log line per compile and cache hit."""
-    return os.environ.get("FLASHINFER_JIT_VERBOSE", "").strip() not in ("", "0", "false")
+    return _env_flag("FLASHINFER_JIT_VERBOSE")
 
 
 def _log(message: str, *args: Any) -> None:
@@ -66,7 +74,7 @@ def base_options() -> tuple[str, ...]:
         is set (for source-level profiling). All of them are part of the cache key.
     """
     opts = [f"--std={_DEFAULT_STD}", "--ptxas-options=-v"]
-    if os.environ.get("FLASHINFER_JIT_LINEINFO", "").strip() not in ("", "0", "false"):
+    if _env_flag("FLASHINFER_JIT_LINEINFO"):
         opts.append("-lineinfo")
     return tuple(opts)
 
@@ -243,7 +251,9 @@ class CompiledKernel:
 
 
 def _check_arch(arch: str) -> None:
-    if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
+    if not isinstance(arch, str):
+        raise TypeError(f"arch: expected a str such as 'sm_90a', got {type(arch).__name__}")
+    if not _ARCH.fullmatch(arch):
         raise ValueError(f"arch: expected a full SM target such as 'sm_90a', got {arch!r}")
 
 

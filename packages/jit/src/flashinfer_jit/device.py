@@ -143,7 +143,8 @@ def resolve_device_index(device: Any = None) -> int:
 
     Raises:
         TypeError: `device` is of another type.
-        ValueError: The device is not a CUDA device or the index is negative.
+        ValueError: The device is not a CUDA device, the index is negative, or a string does
+            not parse as a device.
         RuntimeError: `device` names no index and PyTorch has no CUDA device.
     """
     if device is None:
@@ -155,7 +156,10 @@ def resolve_device_index(device: Any = None) -> int:
     if isinstance(device, str) or type(device).__name__ == "device":
         import torch
 
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except RuntimeError as err:  # "bogus", "cuda:-1", "cuda:x"
+            raise ValueError(f"device: cannot parse {device!r} as a device ({err})") from None
         if dev.type != "cuda":
             raise ValueError(f"device: expected a CUDA device, got {dev}")
         return dev.index if dev.index is not None else current_device_index()

@@ -90,16 +90,21 @@ def stream_handle(stream: Any) -> int:
     )
 
 
+# Launch dimensions are unsigned 32-bit in the driver API; the hardware limits below that
+# (grid y/z 65535, 1024 threads per block) are the driver's to report, as launch errors.
+_DIM_END = 2**32
+
+
 def _dim3(value: Any, what: str) -> tuple[int, int, int]:
     if type(value) is int:
-        if value > 0:
+        if 0 < value < _DIM_END:
             return value, 1, 1
     elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
         dims = tuple(value) + (1,) * (3 - len(value))
-        if all(type(d) is int and d > 0 for d in dims):
+        if all(type(d) is int and 0 < d < _DIM_END for d in dims):
             return dims  # type: ignore[return-value]
     raise ValueError(
-        f"{what}: expected a positive int or a tuple of 1-3 positive ints, got {value!r}"
+        f"{what}: expected a positive int below 2**32 or a tuple of 1-3 such ints, got {value!r}"
     )
 
 
@@ -217,9 +222,13 @@ class Kernel:
                 above what the device allows.
             KernelLaunchError: The driver refused the launch.
         """
-        gx, gy, gz = (grid, 1, 1) if type(grid) is int and grid > 0 else _dim3(grid, "grid")
-        bx, by, bz = (block, 1, 1) if type(block) is int and block > 0 else _dim3(block, "block")
-        if shared_mem > self._smem_limit:
+        gx, gy, gz = (
+            (grid, 1, 1) if type(grid) is int and 0 < grid < _DIM_END else _dim3(grid, "grid")
+        )
+        bx, by, bz = (
+            (block, 1, 1) if type(block) is int and 0 < block < _DIM_END else _dim3(block, "block")
+        )
+        if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
         handle = self._raw_stream(self.device_index) if stream is None else stream_handle(stream)
         buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched

@@ -341,8 +341,8 @@ def precompile(
 
     Raises:
         PrecompileError: Some configurations failed and `raise_on_error` is set.
-        TypeError: `specs` is not an iterable of KernelSpec, or `max_workers` or
-            `cache_dir` has the wrong type.
+        TypeError: `specs` is not an iterable of KernelSpec, or `max_workers`,
+            `cache_dir` or `arch` has the wrong type.
         ValueError: `max_workers` is not positive, `cache_dir` is empty, or `arch` is
             malformed.
         RuntimeError: `arch` is None (or `load` is set) and no GPU is available.
@@ -361,6 +361,10 @@ def precompile(
         from .device import device_arch
 
         arch = device_arch(device)
+    else:
+        from .compiler import _check_arch
+
+        _check_arch(arch)  # once, before any spec: not one failure per configuration
     results: list[PrecompileResult | None] = [None] * len(unique)
     bar = tqdm(
         total=len(unique), desc=f"flashinfer_jit {arch}", unit="kernel", disable=not progress

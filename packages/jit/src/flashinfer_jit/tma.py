@@ -166,6 +166,8 @@ def validate_tensor_map_args(
             f"box_dims={box}, element_strides={elems}"
         )
     base_align = 32 if interleave == "32B" else 16
+    if not 0 <= address < 2**64:
+        raise ValueError(f"tensor address {address} is not a 64-bit device address")
     if address % base_align:
         raise ValueError(f"tensor address 0x{address:x} must be {base_align}-byte aligned for TMA")
     for i, d in enumerate(dims):
