@@ -431,3 +431,23 @@ def test_publishing_sweeps_what_killed_processes_left(source, cache_dir):
         KernelSpec.make("add_value", source, {"VALUE": 9}), "sm_90a", cache_dir=cache_dir
     )
     assert sorted(p.name for p in tmp_parent.iterdir()) == [recent.name]
+
+
+@pytest.mark.parametrize("blocker", ["file", "symlink_loop"])
+def test_a_non_folder_at_the_shard_path_is_moved_aside(source, cache_dir, caplog, blocker):
+    """The entry's parent (the key's first two hex digits) blocked by a file or a looping
+    symlink: the next compile moves it aside and publishes, instead of failing every time."""
+    spec = KernelSpec.make("add_value", source, {"VALUE": 6})
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    shard = good.cache_path.parent
+    shutil.rmtree(shard)
+    if blocker == "file":
+        shard.write_text("a file where the shard folder should be")
+    else:
+        shard.symlink_to(shard)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert not again.from_cache and again.cubin == good.cubin
+    assert "cannot write" not in caplog.text  # (reading through the loop may warn)
+    assert shard.is_dir() and read_entry(cache_dir, good.key) is not None
+    assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache

@@ -283,6 +283,7 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
     final = entry_dir(root, digest)
     tmp_parent = schema_root(root) / "tmp"
     tmp_parent.mkdir(parents=True, exist_ok=True)
+    _clear_non_folder(root, final.parent)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}.", dir=tmp_parent))
     try:
@@ -309,6 +310,19 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
         shutil.rmtree(tmp, ignore_errors=True)
     sweep_stale_tmp(root)
     return final
+
+
+def _clear_non_folder(root: Path, path: Path) -> None:
+    """Move aside whatever is at the shard folder's path if it is not a folder (a file, a
+    dangling or looping symlink): else every publication under it would fail for good."""
+    if not os.path.lexists(path) or path.is_dir():
+        return
+    trash = schema_root(root) / "tmp" / f"corrupt.{path.name}.{uuid.uuid4().hex}"
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return  # another process moved it, or the cache is read-only: mkdir reports it
+    _remove(trash)
 
 
 def discard_entry(root: Path, digest: str) -> None:
