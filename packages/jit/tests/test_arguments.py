@@ -154,6 +154,7 @@ def test_packers_sharing_generated_code_keep_their_own_device_label_and_buffer()
         (i32, True, TypeError, r"i32: expected an integer, got bool \(True\)"),
         (f32, 1e39, ValueError, r"f32: 1e\+39 overflows float32"),
         (f32, "1.0", TypeError, r"f32: expected a real number, got str"),
+        (f32, True, TypeError, r"f32: expected a real number, got bool"),
     ],
 )
 def test_scalar_wrappers_check_their_range(wrapper, value, error, message):
@@ -196,3 +197,9 @@ def test_scalar_wrappers_refuse_tensors(wrapper):
     (an error inside CUDA-graph capture): the caller must say .item() if that is meant."""
     with pytest.raises(TypeError, match=r"expected a Python number, got a torch.Tensor on cpu"):
         wrapper(torch.tensor(7))
+
+
+def test_a_numpy_bool_is_no_real_number():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match="f32: expected a real number, got bool"):
+        f32(np.True_)

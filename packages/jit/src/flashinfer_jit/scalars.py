@@ -126,7 +126,8 @@ class u64(_Integer):
 
 def _real(wrapper: str, value: object) -> float:
     _refuse_tensor(wrapper, value)
-    if isinstance(value, bool) or not hasattr(value, "__float__"):
+    # numpy.bool_ is no Python bool but has __float__: refused by its type name, as bool is.
+    if isinstance(value, bool) or type(value).__name__ == "bool" or not hasattr(value, "__float__"):
         raise TypeError(
             f"{wrapper}: expected a real number, got {type(value).__name__} ({value!r})"
         )
