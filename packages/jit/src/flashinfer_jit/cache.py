@@ -315,14 +315,8 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
 def _clear_non_folder(root: Path, path: Path) -> None:
     """Move aside whatever is at the shard folder's path if it is not a folder (a file, a
     dangling or looping symlink): else every publication under it would fail for good."""
-    if not os.path.lexists(path) or path.is_dir():
-        return
-    trash = schema_root(root) / "tmp" / f"corrupt.{path.name}.{uuid.uuid4().hex}"
-    try:
-        os.rename(path, trash)
-    except OSError:
-        return  # another process moved it, or the cache is read-only: mkdir reports it
-    _remove(trash)
+    if os.path.lexists(path) and not path.is_dir():
+        _move_aside_and_remove(root, path, path.name)
 
 
 def discard_entry(root: Path, digest: str) -> None:
@@ -332,14 +326,20 @@ def discard_entry(root: Path, digest: str) -> None:
         root: Cache root.
         digest: Cache key digest of the damaged entry.
     """
-    final = entry_dir(root, digest)
+    _move_aside_and_remove(root, entry_dir(root, digest), digest[:16])
+
+
+def _move_aside_and_remove(root: Path, path: Path, tag: str) -> None:
+    """Rename `path` into the cache's tmp folder (atomic: no reader sees half of it), then
+    delete it. Gives up quietly if someone else already moved or replaced it, or the cache is
+    read-only (the caller's next write reports that)."""
     trash_parent = schema_root(root) / "tmp"
-    trash = trash_parent / f"corrupt.{digest[:16]}.{uuid.uuid4().hex}"
+    trash = trash_parent / f"corrupt.{tag}.{uuid.uuid4().hex}"
     try:
         trash_parent.mkdir(parents=True, exist_ok=True)
-        os.rename(final, trash)
+        os.rename(path, trash)
     except OSError:
-        return  # someone else already moved or replaced it, or the cache is read-only
+        return
     _remove(trash)
 
 

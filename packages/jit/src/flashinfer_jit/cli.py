@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from .compiler import CompiledKernel, _check_arch, compile_kernel
+from .compiler import CompiledKernel, check_arch, compile_kernel
 from .errors import KernelCompileError
 from .precompile import PrecompileSummary, precompile
 from .registry import ENTRY_POINT_GROUP, SpecSource, discover_registered_specs, load_target
@@ -41,7 +41,7 @@ class UsageError(Exception):
 
 def _arch(value: str) -> str:
     try:
-        _check_arch(value)
+        check_arch(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value

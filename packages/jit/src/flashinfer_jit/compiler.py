@@ -250,7 +250,8 @@ class CompiledKernel:
         return any(f.spills for f in self.functions.values())
 
 
-def _check_arch(arch: str) -> None:
+def check_arch(arch: str) -> None:
+    """Raise TypeError unless `arch` is a str, ValueError unless it names a full SM target."""
     if not isinstance(arch, str):
         raise TypeError(f"arch: expected a str such as 'sm_90a', got {type(arch).__name__}")
     if not _ARCH.fullmatch(arch):
@@ -435,7 +436,7 @@ def lookup_kernel(
         OSError: The source is a folder or cannot be read.
     """
     _check_spec(spec)
-    _check_arch(arch)
+    check_arch(arch)
     root = cache_root(cache_dir)
     return _from_cache(spec, arch, root, compute_key(spec, arch, base_options()))
 
@@ -468,7 +469,7 @@ def compile_kernel(
         OSError: The source is a folder or cannot be read.
     """
     _check_spec(spec)
-    _check_arch(arch)
+    check_arch(arch)
     root = cache_root(cache_dir)
     key: CacheKey = compute_key(spec, arch, base_options())
     cached = _from_cache(spec, arch, root, key)

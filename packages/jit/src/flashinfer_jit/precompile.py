@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .cache import cache_root
-from .compiler import CompiledKernel, compile_kernel, lookup_kernel
+from .compiler import CompiledKernel, check_arch, compile_kernel, lookup_kernel
 from .errors import KernelCompileError
 from .resources import FunctionResources
 from .spec import KernelSpec
@@ -362,9 +362,7 @@ def precompile(
 
         arch = device_arch(device)
     else:
-        from .compiler import _check_arch
-
-        _check_arch(arch)  # once, before any spec: not one failure per configuration
+        check_arch(arch)  # once, before any spec: not one failure per configuration
     results: list[PrecompileResult | None] = [None] * len(unique)
     bar = tqdm(
         total=len(unique), desc=f"flashinfer_jit {arch}", unit="kernel", disable=not progress
