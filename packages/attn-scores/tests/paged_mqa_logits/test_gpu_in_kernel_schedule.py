@@ -62,13 +62,13 @@ def run_with_rows_out(variant: str, case, block_size: int):
     return out[:, : case.max_seq_len], rows_out
 
 
-def make_case(variant: str, lens: list[int], block_size: int, seed: int):
+def make_case(variant: str, lens: list[int], block_size: int, seed: int, next_n: int = 1):
     if variant == "fp8":
         case = make_fp8_case(
-            lens, next_n=1, num_heads=64, head_dim=128, block_size=block_size, seed=seed
+            lens, next_n=next_n, num_heads=64, head_dim=128, block_size=block_size, seed=seed
         )
     else:
-        case = make_fp4_case(lens, next_n=1, block_size=block_size, seed=seed)
+        case = make_fp4_case(lens, next_n=next_n, block_size=block_size, seed=seed)
     return case.to("cuda")
 
 
@@ -80,9 +80,10 @@ def test_fp8_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
     got, rows = run_with_rows_out("fp8", case, 64)
     expected_rows = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=1, variant="fp8")
     assert torch.equal(rows, expected_rows), (rows.cpu().tolist(), expected_rows.cpu().tolist())
+    mask = valid_mask(case.seq_lens.cpu(), 1, case.max_seq_len)
+    assert not torch.isnan(got[mask.cuda()]).any(), "a unit of the schedule was not computed"
     if batch_size <= 256 and case.max_seq_len > 0:  # the logits, for the smaller batches
         args = case.fp8_args()
-        mask = valid_mask(case.seq_lens.cpu(), 1, case.max_seq_len)
         assert_rows_close(
             got,
             fp8_paged_mqa_logits_reference(*args),
@@ -93,7 +94,7 @@ def test_fp8_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
 
 
 @pytest.mark.parametrize("mix", ["half_zero", "one_huge", "random"])
-@pytest.mark.parametrize("batch_size", [1, 33, 128, 2048])
+@pytest.mark.parametrize("batch_size", [1, 33, 128, 2048, 12288])
 def test_fp4_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
     lens = lengths(mix, batch_size, seed=batch_size + 1)
     case = make_case("fp4", lens, 64, seed=batch_size + 1)
@@ -111,3 +112,33 @@ def test_fp4_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
             tolerance(torch.float32),
             magnitude_of(fp4_paged_mqa_logits_reference, args),
         )
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+@pytest.mark.parametrize("next_n", [3, 4])
+@pytest.mark.parametrize("batch_size", [33, 129])
+def test_in_kernel_rows_with_fewer_threads_and_strided_lengths(variant, next_n, batch_size):
+    """next_n 3 and 4 run 384-512 threads per CTA (both scan paths depend on the block size),
+    and `seq_lens` here is every other element of a wider tensor."""
+    lens = lengths("half_zero", batch_size, seed=batch_size + next_n)
+    case = make_case(variant, lens, 64, seed=batch_size + next_n, next_n=next_n)
+    wide = torch.full((2 * batch_size,), -5, dtype=torch.int32, device="cuda")
+    wide[::2] = case.seq_lens
+    case.seq_lens = wide[::2]
+    assert case.seq_lens.stride(0) == 2
+    got, rows = run_with_rows_out(variant, case, 64)
+    expected_rows = fa.compute_paged_mqa_logits_schedule(
+        case.seq_lens, next_n=next_n, variant=variant
+    )
+    assert torch.equal(rows, expected_rows), (rows.cpu().tolist(), expected_rows.cpu().tolist())
+    reference = (
+        fp8_paged_mqa_logits_reference if variant == "fp8" else fp4_paged_mqa_logits_reference
+    )
+    args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+    assert_rows_close(
+        got,
+        reference(*args),
+        valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len),
+        tolerance(torch.float32),
+        magnitude_of(reference, args),
+    )

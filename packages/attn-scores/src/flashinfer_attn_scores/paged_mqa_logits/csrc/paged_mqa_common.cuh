@@ -345,8 +345,12 @@ struct UnitWalker {
     seq_lens = lens;
     seq_lens_stride = stride;
     batch_size = batch;
-    b = rows[0];
-    u = rows[1];
+    // A caller's schedule_meta is not checked outside validate mode (and never inside graph
+    // capture, where an uninitialised buffer is the likely mistake): negative starts would
+    // index seq_lens, the block table and out before their first element. Clamped, any row
+    // values keep every access inside the problem; the walk is bounded by seq_lens.
+    b = max(rows[0], 0);
+    u = max(rows[1], 0);
     end_b = min(rows[2], batch_size);
     end_u = rows[3];
     if (rows_have_len) {
