@@ -325,6 +325,42 @@ def check_out(
     return t
 
 
+def byte_extent(t: torch.Tensor | None) -> int:
+    """Bytes from `t`'s first element to one past its last (0 for None or an empty tensor)."""
+    if t is None or t.numel() == 0:
+        return 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
+def out_written_bytes(out: torch.Tensor, rows: int, padded_cols: int) -> int:
+    """Bytes from out's first element to one past the last element a call may write."""
+    if rows == 0 or padded_cols == 0:
+        return 0
+    return ((rows - 1) * out.stride(0) + padded_cols) * out.element_size()
+
+
+def check_out_disjoint(
+    out: torch.Tensor, written_bytes: int, names: tuple, inputs: tuple, extents: tuple
+) -> None:
+    """The region of `out` a call writes must share no byte with an input: on CUDA other CTAs
+    still read the inputs while it is written (PyTorch's own out= ops refuse overlap too).
+    `extents` are `byte_extent` of `inputs`; both are fixed by the argument signature, so
+    this costs the addresses and a compare per input."""
+    start = out.data_ptr()
+    end = start + written_bytes
+    for name, t, extent in zip(names, inputs, extents, strict=True):
+        if extent and start < end:
+            first = t.data_ptr()
+            if first < end and start < first + extent:
+                raise ValueError(
+                    f"out overlaps {name}: the output region the call writes, bytes "
+                    f"[{start:#x}, {end:#x}), shares memory with {name}'s elements "
+                    f"[{first:#x}, {first + extent:#x}); pass an out that shares no memory "
+                    "with the inputs"
+                )
+
+
 def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> None:
     """The kernels address the output with 32-bit offsets: the span must stay below 2^31."""
     span = rows * padded_cols

@@ -11,6 +11,7 @@ import pytest
 import torch
 from attn_scores_cases import make_fp4_case, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import custom_ops, dispatch, launcher
+from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
 
 def _problem(rows: int, max_seq_len: int) -> dispatch.Problem:
@@ -37,12 +38,15 @@ def test_remembered_call_launches_into_the_callers_out_and_returns_the_sliced_vi
     out = buffer[2:]  # a row slice: the view must keep its storage offset
     problem = _problem(rows=3, max_seq_len=300)
     calls = []
-    eager = dispatch.EagerCall(_recording_run(calls), problem, out, allocates=False)
-    tensors = (torch.ones(1), torch.ones(2))
+    tensors = tuple(torch.ones(k) for k in range(1, 6))  # q, kv_fused, weights, tables, lens
     schedule = torch.zeros(133, 2, dtype=torch.int32)
+    check_out = dispatch.OutOverlapCheck("fp8", problem, (*tensors, schedule), out)
+    eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
+    version = out._version
     got = eager(tensors, schedule, out)
+    assert out._version > version  # autograd sees the in-place write, as through the op
     assert len(calls) == 1
-    assert calls[0][:2] == tensors and calls[0][2] is out and calls[0][3] is schedule
+    assert calls[0][:5] == tensors and calls[0][5] is out and calls[0][6] is schedule
     expected = out[:3, :300]
     assert got.shape == expected.shape and got.stride() == expected.stride()
     assert got.data_ptr() == expected.data_ptr()
@@ -52,11 +56,28 @@ def test_remembered_call_launches_into_the_callers_out_and_returns_the_sliced_vi
     assert buffer[2:5, 300:].abs().sum() == 0 and buffer[:2].abs().sum() == 0
 
 
+def test_remembered_call_refuses_an_out_that_overlaps_an_input():
+    problem = _problem(rows=3, max_seq_len=300)
+    width = problem.padded_cols  # out's written region: its first 3 * width elements
+    buffer = torch.zeros(4 * width)
+    out = buffer[: 3 * width].view(3, width)
+    tensors = tuple(torch.ones(k) for k in range(1, 6))
+    check_out = dispatch.OutOverlapCheck("fp8", problem, (*tensors, None), out)
+    calls = []
+    eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
+    weights = buffer[3 * width - 1 : 3 * width + 2]  # its first element is out's last written
+    with pytest.raises(ValueError, match=r"out overlaps weights: .* shares memory"):
+        eager((tensors[0], tensors[1], weights, tensors[3], tensors[4]), None, out)
+    assert calls == []
+    eager((tensors[0], tensors[1], buffer[3 * width :][:3], tensors[3], tensors[4]), None, out)
+    assert len(calls) == 1  # the next element on is fine
+
+
 def test_remembered_call_without_out_allocates_padded_storage_each_call():
     problem = _problem(rows=2, max_seq_len=1000)
     first = torch.empty(problem.rows, problem.padded_cols, dtype=torch.float16)
     calls = []
-    eager = dispatch.EagerCall(_recording_run(calls), problem, first, allocates=True)
+    eager = dispatch.EagerCall(_recording_run(calls), problem, first, None)
     a = eager((), None, None)
     b = eager((), None, None)
     storages = [call[0] for call in calls]
@@ -173,3 +194,49 @@ def test_fp4_cuda_kernel_function_forwards_every_argument(recorded):
         "epi_dtype": torch.float16,
         "is_kv_sf_interleaved": True,
     }
+
+
+def test_public_call_refuses_an_out_that_overlaps_weights():
+    import flashinfer_attn_scores as fa
+
+    case = make_fp8_case([70, 5], next_n=1, num_heads=64, head_dim=128, block_size=64)
+    padded = fa.padded_seq_len(case.max_seq_len)
+    buffer = torch.zeros(case.rows * padded)
+    weights = buffer[: case.weights.numel()].view(case.weights.shape).copy_(case.weights)
+    out = buffer.view(case.rows, padded)
+    args = list(case.fp8_args())
+    args[2] = weights
+    with pytest.raises(ValueError, match="out overlaps weights"):
+        fa.fp8_paged_mqa_logits(*args, out=out)
+    fa.fp8_paged_mqa_logits(*args, out=torch.zeros(case.rows, padded))  # disjoint: fine
+
+
+def test_no_signature_under_a_tracer_or_for_a_tensor_subclass():
+    """Only plain eager calls are remembered (and launched directly on CUDA): under
+    make_fx or a FakeTensorMode the call must reach the custom op, or the trace would record
+    an output nothing wrote."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t = torch.ones(3)
+    assert dispatch.signature("fp8", (t,), (), ()) is not None
+    assert dispatch.signature("fp8", (torch.nn.Parameter(t),), (), ()) is None
+    assert dispatch.signature("fp8", (t,), (), (torch.nn.Parameter(t),)) is None
+    with FakeTensorMode():
+        assert not dispatch.plain_eager()
+        assert dispatch.signature("fp8", (t,), (), ()) is None
+
+
+def test_symbolic_make_fx_records_the_custom_op():
+    import flashinfer_attn_scores as fa
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    case = make_fp8_case([70, 0, 5], next_n=1, num_heads=64, head_dim=128, block_size=64)
+
+    def call(*tensors):
+        return fa.fp8_paged_mqa_logits(*tensors, case.max_seq_len)
+
+    graph = make_fx(call, tracing_mode="symbolic")(*case.fp8_args()[:5])
+    targets = [str(node.target) for node in graph.graph.nodes]
+    assert any("fp8_paged_mqa_logits_into" in target for target in targets), targets
+    mask = valid_mask(case.seq_lens, 1, case.max_seq_len)  # empty requests' rows: unwritten
+    assert torch.equal(graph(*case.fp8_args()[:5])[mask], call(*case.fp8_args()[:5])[mask])

@@ -6,6 +6,8 @@ and swizzle each kernel asks for, and that a pool's descriptor is built once and
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import flashinfer_jit
 import pytest
 import torch
@@ -18,7 +20,7 @@ def built(monkeypatch):
     monkeypatch.setattr(
         flashinfer_jit, "make_tensor_map", lambda *a, **k: calls.append(k) or object()
     )
-    monkeypatch.setattr(fp8_sm90, "_tensor_maps", {})
+    monkeypatch.setattr(fp8_sm90, "_tensor_maps", OrderedDict())
     return calls
 
 
@@ -99,3 +101,19 @@ def test_an_unaligned_pool_address_is_refused(built):
     with pytest.raises(ValueError, match=r"kv_fused must start at a 16-byte aligned address"):
         fp8_sm90._kv_tensor_map(misaligned, fp8(32, 128))
     assert built == []
+
+
+def test_more_pools_than_the_bound_keep_the_most_recent_descriptors(built, monkeypatch):
+    """Least recently used out: with more pools than the table holds, the pools in use stay
+    cached (clearing the whole table would rebuild every map once the layers outnumbered it)."""
+    monkeypatch.setattr(fp8_sm90, "_TENSOR_MAPS_LIMIT", 3)
+    pools = [torch.zeros(2, 32, 1, 132, dtype=torch.uint8) for _ in range(4)]
+    config = fp8(32, 128)
+    maps = [fp8_sm90._kv_tensor_map(pool, config) for pool in pools[:3]]
+    assert fp8_sm90._kv_tensor_map(pools[0], config) is maps[0]  # now the most recent
+    fp8_sm90._kv_tensor_map(pools[3], config)  # drops pools[1], the least recently used
+    assert len(built) == 4
+    assert fp8_sm90._kv_tensor_map(pools[0], config) is maps[0]
+    assert fp8_sm90._kv_tensor_map(pools[2], config) is maps[2]
+    fp8_sm90._kv_tensor_map(pools[1], config)
+    assert len(built) == 5 and len(fp8_sm90._tensor_maps) == 3

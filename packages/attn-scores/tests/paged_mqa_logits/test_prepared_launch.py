@@ -116,7 +116,19 @@ def test_fp4_prepared_launch_adds_q_sf_after_q(recorded):
     assert args[13] is out and args[14] == flashinfer_jit.i64(256) and len(args) == 15
 
 
-@pytest.mark.parametrize("setting, expected", [(None, True), ("1", True), ("0", False)])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (None, True),
+        ("", True),
+        ("1", True),
+        ("on", True),
+        ("0", False),
+        (" False ", False),
+        ("no", False),
+        ("OFF", False),
+    ],
+)
 def test_programmatic_dependent_launch_follows_flashinfer_pdl(
     recorded, monkeypatch, setting, expected
 ):

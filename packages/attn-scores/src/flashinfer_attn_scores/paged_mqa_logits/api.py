@@ -142,17 +142,20 @@ def fp8_paged_mqa_logits(
             also what CUDA-graph capture needs. A supplied schedule is
             valid only while the contents of `seq_lens` and the device's SM count are
             unchanged (a fixed batch size is not enough); recompute it into the same buffer
-            whenever they change. A stale schedule can hang the kernel;
-            `FLASHINFER_VALIDATE_INPUTS=1` compares it with a fresh one.
+            whenever they change. A stale schedule leaves logits wrong or unwritten (the
+            spec lets it hang a kernel; this one bounds every walk by `seq_lens` and stays
+            inside the problem even for garbage rows); `FLASHINFER_VALIDATE_INPUTS=1`
+            compares it with a fresh one.
         out: Optional output storage, PyTorch `out=` style: on q's device, dtype
             `output_dtype`, 2-D with at least `batch_size*next_n` rows and
             `padded_seq_len(max_seq_len)` columns (the kernel may write into the padding
             columns: it stores whole 64-position units),
             rows contiguous (`stride(1) == 1`) and not overlapping
             (`stride(0) >= padded_seq_len(max_seq_len)`; a row slice of a wider buffer is
-            fine, an `expand()`ed or `as_strided()` overlapping buffer is not). Only the first
-            `batch_size*next_n` rows are written. Required for CUDA-graph capture; one
-            address-stable max-batch buffer can serve every capture.
+            fine, an `expand()`ed or `as_strided()` overlapping buffer is not). The region a
+            call writes must share no memory with any input (`ValueError`, checked on every
+            eager call). Only the first `batch_size*next_n` rows are written. Required for
+            CUDA-graph capture; one address-stable max-batch buffer can serve every capture.
 
     Returns:
         `[batch_size*next_n, max_seq_len]` tensor of `output_dtype`, always a view of the
@@ -175,7 +178,8 @@ def fp8_paged_mqa_logits(
             multiple of 32, `num_heads` not a multiple of 4, `next_n*num_heads` not a multiple
             of 8 in [8, 256], block size not 32/64/128, tensors on different devices, an
             unsupported `output_dtype`/`epi_dtype`/`acc_dtype`, `max_seq_len < 0`, a
-            `schedule_meta` or `out` of the wrong shape or layout, an output span of 2^31
+            `schedule_meta` or `out` of the wrong shape or layout, an `out` that overlaps an
+            input, an output span of 2^31
             elements or more, or (with `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data
             precondition or stale schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
@@ -378,13 +382,14 @@ def fp4_paged_mqa_logits(
             next_n=next_n, variant="fp4")` with this call's `next_n`. Leave it None
             (recommended, and what CUDA-graph capture needs). Reusable only while the
             contents of `seq_lens` and the SM count are unchanged; a stale or mismatched
-            schedule passes the shape checks but can hang the kernel
-            (`FLASHINFER_VALIDATE_INPUTS=1` detects it).
+            schedule passes the shape checks and leaves logits wrong or unwritten (the spec
+            lets it hang a kernel; this one cannot), `FLASHINFER_VALIDATE_INPUTS=1` detects it.
         out: Optional output storage with the same rules as for `fp8_paged_mqa_logits`: on q's
             device, dtype `output_dtype`, 2-D, at least `batch_size*next_n` rows and
             `padded_seq_len(max_seq_len)` columns, `stride(1) == 1`,
-            `stride(0) >= padded_seq_len(max_seq_len)`. Only the first `batch_size*next_n`
-            rows are written. Required for CUDA-graph capture.
+            `stride(0) >= padded_seq_len(max_seq_len)`, sharing no memory with the inputs.
+            Only the first `batch_size*next_n` rows are written. Required for CUDA-graph
+            capture.
 
     Returns:
         `[batch_size*next_n, max_seq_len]` tensor of `output_dtype`, a view of the padded

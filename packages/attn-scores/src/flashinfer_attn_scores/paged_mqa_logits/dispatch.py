@@ -31,6 +31,18 @@ def cuda_arch_error(op: str, device: torch.device) -> str:
     return ""
 
 
+def plain_eager() -> bool:
+    """Whether this call runs outside every tracer: not under torch.compile, `torch.jit.trace`,
+    nor a `TorchDispatchMode` (`make_fx`, `FakeTensorMode`, ...). Only then may a CUDA call
+    launch the kernel directly; under a tracer it must go through the custom op, or the
+    trace would record an output the kernel never wrote."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._get_tracing_state() is not None
+        or torch._C._len_torch_dispatch_stack()
+    )
+
+
 def device_data_checks_wanted() -> bool:
     """Whether to run the opt-in `FLASHINFER_VALIDATE_INPUTS` checks on this call.
 
@@ -61,8 +73,9 @@ def signature(
 ) -> tuple | None:
     """The memo key of a call: the variant, (dtype, device, shape, strides) of every tensor,
     (type, value) of every scalar argument (so True and 1 differ), None for an absent optional
-    tensor. None under torch.compile (dynamo guards the metadata itself) or when an argument
-    has an unexpected type (the checks will name it). Written out per argument kind, not with
+    tensor. None under a tracer (`plain_eager`; dynamo guards the metadata itself), for a
+    tensor subclass (a FakeTensor, a Parameter), or when an argument has an unexpected type
+    (the checks will name it). Written out per argument kind, not with
     isinstance per argument: this runs on every eager call (6.2 -> 4.3 us per key and lookup
     on a desktop CPU when the change was made).
 
@@ -71,14 +84,21 @@ def signature(
     the validation it is sent back to refuses it. The public functions pass weights and out,
     the float tensors public PyTorch can hand over negated (the `.imag` of a `conj()` view);
     the others would need `torch._neg_view`."""
-    if torch.compiler.is_compiling():
+    if not plain_eager():
         return None
     parts: list = [variant]
     try:
         for t in tensors:
+            if type(t) is not torch.Tensor:
+                return None
             parts.append((t.dtype, t.device, t.shape, t.stride()))
         for t in optional_tensors:
-            parts.append(None if t is None else (t.dtype, t.device, t.shape, t.stride()))
+            if t is None:
+                parts.append(None)
+                continue
+            if type(t) is not torch.Tensor:
+                return None
+            parts.append((t.dtype, t.device, t.shape, t.stride()))
         for t in negatable:
             if t is not None and t.is_neg():
                 return None
@@ -116,27 +136,60 @@ def validated(validate: Callable[[], Problem], key: tuple | None) -> Problem:
     return problem
 
 
+# The op's input tensors as `run` receives them (launch order), then schedule_meta.
+INPUT_NAMES = {
+    "fp8": ("q", "kv_fused", "weights", "block_tables", "seq_lens", "schedule_meta"),
+    "fp4": ("q", "q_sf", "kv_fused", "weights", "block_tables", "seq_lens", "schedule_meta"),
+}
+
+
+class OutOverlapCheck:
+    """`check_out_disjoint` for one argument signature: the byte extents of out's written
+    region and of every input are fixed by the signature, so a call only reads addresses."""
+
+    __slots__ = ("_extents", "_names", "_written")
+
+    def __init__(self, variant: str, problem: Problem, inputs: tuple, out: torch.Tensor) -> None:
+        self._names = INPUT_NAMES[variant]
+        self._extents = tuple(v.byte_extent(t) for t in inputs)
+        self._written = v.out_written_bytes(out, problem.rows, problem.padded_cols)
+
+    def __call__(self, inputs: tuple, out: torch.Tensor) -> None:
+        v.check_out_disjoint(out, self._written, self._names, inputs, self._extents)
+
+
 class EagerCall:
     """The whole eager CUDA call of one validated argument signature.
 
     It holds what the signature fixes (output geometry, the prepared kernel launch of
-    `launcher.prepare_*`), so a repeated call is: output storage, one launch, one view. The
+    `launcher.prepare_*`, the overlap check of a given `out`), so a repeated call is: output
+    storage (or out's checks), one launch, one view. The
     public functions look it up before anything else; only the opt-in validate mode, read on
     every call, sends a known signature back through `run`. Through `torch.library` the
     same call would cost about 100 us more on the H200 (2026-11-29, cProfile:
     `torch._library.custom_ops.backend_impl`) and buy nothing outside a torch.compile trace.
     """
 
-    __slots__ = ("_device", "_dtype", "_run", "_storage_shape", "_view_shape", "_view_stride")
+    __slots__ = (
+        "_check_out",
+        "_device",
+        "_dtype",
+        "_run",
+        "_storage_shape",
+        "_view_shape",
+        "_view_stride",
+    )
 
     def __init__(
         self,
         run: Callable[..., None],
         problem: Problem,
         storage: torch.Tensor,
-        allocates: bool,
+        check_out: OutOverlapCheck | None,
     ) -> None:
         self._run = run
+        self._check_out = check_out
+        allocates = check_out is None
         self._view_shape = (problem.rows, problem.max_seq_len)
         # The row stride is part of the signature (out's, or the fresh storage's padded width).
         self._view_stride = (storage.stride(0), 1)
@@ -149,12 +202,17 @@ class EagerCall:
         storage = out
         if storage is None:
             storage = torch.empty(self._storage_shape, dtype=self._dtype, device=self._device)
+        else:
+            self._check_out((*tensors, schedule_meta), out)
+            # As the custom op would: autograd sees out change in place.
+            torch.autograd.graph.increment_version(out)
         self._run(*tensors, storage, schedule_meta)
         # The same view as storage[:rows, :max_seq_len] (offset kept), in one call.
         return storage.as_strided(self._view_shape, self._view_stride)
 
 
 _EAGER_CALLS: dict[tuple, EagerCall] = {}
+_PLAIN = (torch.Tensor, type(None))  # a subclass (FakeTensor, Parameter) takes the custom op
 
 
 def eager_call(key: tuple | None) -> EagerCall | None:
@@ -201,6 +259,11 @@ def run(
         arch_error = cuda_arch_error(op, q.device)
         if arch_error:
             raise RuntimeError(arch_error)
+    check_out = None
+    eager = plain_eager()
+    if out is not None and eager:  # a trace has no addresses
+        check_out = OutOverlapCheck(variant, problem, (*tensors, schedule_meta), out)
+        check_out((*tensors, schedule_meta), out)
     storage = out
     if storage is None:
         storage = torch.empty(
@@ -212,13 +275,16 @@ def run(
     # reference still runs, so a length that would read a block is refused as elsewhere.
     if problem.rows == 0 or (problem.num_blocks == 0 and q.is_cuda):
         return logits
-    if q.is_cuda and not torch.compiler.is_compiling():
+    every_tensor = (*tensors, schedule_meta, out)
+    if q.is_cuda and eager and all(type(t) in _PLAIN for t in every_tensor):
         launch = prepare(storage)
+        if out is not None:
+            torch.autograd.graph.increment_version(out)
         launch(*tensors, storage, schedule_meta)
         if memoizable(key):
             if len(_EAGER_CALLS) >= _VALIDATED_LIMIT:
                 _EAGER_CALLS.clear()
-            _EAGER_CALLS[key] = EagerCall(launch, problem, storage, allocates=out is None)
+            _EAGER_CALLS[key] = EagerCall(launch, problem, storage, check_out)
     else:
         compute(storage)
     return logits

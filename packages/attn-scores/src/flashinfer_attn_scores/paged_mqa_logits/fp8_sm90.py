@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
@@ -341,7 +342,12 @@ def all_kernel_specs():
     return [config.spec for config in configs]
 
 
-_tensor_maps: dict[tuple, object] = {}
+# KV pool descriptors by (address, geometry), least recently used first. A model keeps one
+# pool per layer (61 indexer layers in DeepSeek-V3.2), so the bound leaves room for several
+# models; clearing the table instead would rebuild every layer's map on every call once the
+# layers outnumbered it.
+_tensor_maps: OrderedDict[tuple, object] = OrderedDict()
+_TENSOR_MAPS_LIMIT = 1024
 
 # TMA reads the pool from a 16-byte aligned address with strides that are multiples of 16
 # bytes; the scale regions' bulk copies need the same alignment.
@@ -382,7 +388,12 @@ def kv_values_tensor_map(
         swizzle,
     )
     tensor_map = _tensor_maps.get(key)
-    if tensor_map is None:
+    if tensor_map is not None:
+        try:
+            _tensor_maps.move_to_end(key)
+        except KeyError:  # dropped by another thread meanwhile; the map is still valid
+            pass
+    else:
         if address % POOL_ALIGNMENT:
             raise ValueError(
                 f"kv_fused must start at a {POOL_ALIGNMENT}-byte aligned address on CUDA (the "
@@ -399,9 +410,12 @@ def kv_values_tensor_map(
             box_dims=(box_bytes, min(TOKENS_PER_UNIT, block_size), 1),
             swizzle=swizzle,
         )
-        if len(_tensor_maps) > 64:  # pools are long-lived; keep the table small regardless
-            _tensor_maps.clear()
         _tensor_maps[key] = tensor_map
+        while len(_tensor_maps) > _TENSOR_MAPS_LIMIT:
+            try:
+                _tensor_maps.popitem(last=False)
+            except KeyError:  # emptied by another thread meanwhile
+                break
     return tensor_map
 
 
@@ -457,14 +471,19 @@ class PoolTensorMap:
         return entry[1]
 
 
+# The spellings that turn PDL off, as they turn the JIT runtime's switches off; an empty
+# value is a switch not set, which for PDL means on.
+_PDL_OFF = frozenset({"0", "false", "no", "off"})
+
+
 def programmatic_launch_enabled() -> bool:
     """Whether the logits kernels are launched with programmatic dependent launch (PDL): yes
-    unless `FLASHINFER_PDL=0`. Read when a call signature is first prepared, so set it before
-    the first call. With PDL a kernel's launch and prologue overlap the end of the kernel
+    unless `FLASHINFER_PDL` is 0/false/no/off (any case). Read when a call signature is first
+    prepared, so set it before the first call. With PDL a kernel's launch and prologue overlap the end of the kernel
     before it in the stream (the kernel waits for that one to complete before it touches
     memory); in a CUDA graph of back-to-back calls at small batches that saved 0.4-0.7 us per
     call (H200, 2026-11-29). It changes no result."""
-    return os.environ.get("FLASHINFER_PDL", "1") != "0"
+    return os.environ.get("FLASHINFER_PDL", "1").strip().lower() not in _PDL_OFF
 
 
 def launch_parts(

@@ -130,12 +130,14 @@ def check_fp8_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> N
     """The spec's last head-geometry restriction: q's two slots plus at least two KV stages
     must fit one SM90 CTA's shared memory.
 
-    Not while torch.compile traces: with dynamic shapes (`dynamic=True`) these sizes can be
-    symbols, which the shared-memory sizing cannot take, and dynamo cannot trace it anyway.
-    The custom op then runs the check itself, on the real sizes, whenever the compiled code
-    runs (`custom_ops.fp8_paged_mqa_logits_into`), so the error still comes on the first call.
+    Not while a tracer runs (torch.compile, `make_fx`): with dynamic shapes these sizes can
+    be symbols, which the shared-memory sizing cannot take, and dynamo cannot trace it
+    anyway. The custom op then runs the check itself, on the real sizes, whenever the traced
+    code runs (`custom_ops.fp8_paged_mqa_logits_into`), so the error still comes on the
+    first call.
     """
-    if not torch.compiler.is_compiling():
+    sizes = (num_heads, head_dim, next_n)
+    if not torch.compiler.is_compiling() and all(type(size) is int for size in sizes):
         fp8_sm90.check_shared_memory_fit(num_heads, head_dim, next_n)
 
 
