@@ -216,8 +216,48 @@ def test_fp8_pack_score_topk_on_gpu():
     assert_rows_close(
         logits, expected, mask, dot_magnitude=dot_magnitude, dot_tol=GPU_ACCUMULATION_ERROR
     )
-    # The kernel's reduced-precision FP8 accumulation (see the attn-scores GPU tolerance
-    # table) can reorder near-ties, so compare scores of the picks with the 2e-3 row bound.
+    assert_topk_scores_close(logits, expected, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("block_size", "interleaved"), [(64, False), (128, True)])
+def test_mxfp4_pack_score_topk_on_gpu(block_size, interleaved):
+    """The SM90 fp4 kernel scoring a cache written by `quantize_mxfp4_kv_cache`, against the
+    float64 expectation from the layouts package's dequantised cache and q."""
+    gen = torch.Generator().manual_seed(5)
+    lens, next_n, num_heads, head_dim = [1500, 0, 3000], 2, 64, 128
+    max_seq_len = 3072
+    table, num_blocks = shuffled_tables(gen, lens, block_size, spare=8)
+    group_scale = torch.exp(torch.randn(num_blocks, block_size, 4, 1, generator=gen))
+    k = (torch.randn(num_blocks, block_size, 4, 32, generator=gen) * group_scale).flatten(2)
+    kv_fused = fl.quantize_mxfp4_kv_cache(k.cuda(), interleaved=interleaved)
+    q_packed, q_sf = fl.quantize_mxfp4_q(
+        torch.randn(len(lens), next_n, num_heads, head_dim, generator=gen).cuda()
+    )
+    weights = torch.randn(len(lens) * next_n, num_heads, generator=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    logits = fa.fp4_paged_mqa_logits(
+        q_packed, q_sf, kv_fused, weights.cuda(), table.cuda(), seq_lens.cuda(), max_seq_len,
+        output_dtype=torch.float32, is_kv_sf_interleaved=interleaved,
+    ).cpu()  # fmt: skip
+    keys64 = fl.dequantize_mxfp4_kv_cache(
+        kv_fused.cpu(), interleaved=interleaved, dtype=torch.float64
+    )
+    q64 = fl.dequantize_mxfp4_q(q_packed.cpu(), q_sf.cpu(), dtype=torch.float64)
+    expected = expected_from_dequantised(q64, keys64, weights, table, lens, max_seq_len)
+    dot_magnitude = expected_from_dequantised(
+        q64.abs(), keys64.abs(), weights.abs(), table, lens, max_seq_len
+    )
+    mask = spec_valid_mask(lens, next_n, max_seq_len)
+    assert_rows_close(
+        logits, expected, mask, dot_magnitude=dot_magnitude, dot_tol=GPU_ACCUMULATION_ERROR
+    )
+    assert_topk_scores_close(logits, expected, mask)
+
+
+def assert_topk_scores_close(logits, expected, mask):
+    """The kernel's FP8 accumulation (see the attn-scores GPU tolerance table) can reorder
+    near-ties, so the picks are compared by their expected scores, with the 2e-3 row bound."""
     for row in range(logits.shape[0]):
         if not mask[row].any():
             continue

@@ -403,7 +403,9 @@ def test_fp8_compiled_fullgraph_matches_eager_on_gpu(with_out, with_schedule):
 def test_compiled_with_cuda_graphs_follows_new_seq_lens(variant):
     """torch.compile(mode="reduce-overhead"): inductor records the call into its own CUDA
     graph (the schedule derived inside), and later calls with new length contents replay
-    it; each result matches the eager call on the same inputs."""
+    it; each result matches the eager call on the same inputs. Every call gets fresh q, KV,
+    weights and block ids (same shapes, written in place), so a replay that computed nothing
+    or followed the lengths captured would keep an earlier call's logits and fail."""
     next_n = 2
     capture_lens = [700, 0, 700, 700, 65]
     make = make_fp8_case if variant == "fp8" else make_fp4_case
@@ -418,17 +420,24 @@ def test_compiled_with_cuda_graphs_follows_new_seq_lens(variant):
         return op(*tensors, max_seq_len)
 
     compiled = torch.compile(call, mode="reduce-overhead", fullgraph=True)
-    # Each new length fits the blocks the table maps for the request at capture.
-    # Calls 1-2 warm up and record; the later ones replay.
+    # Each new length fits the blocks the table maps for `capture_lens`. Calls 1-2 warm up
+    # and record, with short lengths; the later ones replay, the third growing past them.
     replays = (
-        [700, 0, 700, 700, 65],
-        [1, 0, 64, 650, 0],
-        [699, 0, 129, 1, 33],
         [2, 0, 3, 4, 5],
+        [1, 0, 64, 650, 0],
+        [700, 0, 700, 700, 65],
+        [699, 0, 129, 1, 33],
         [0, 0, 0, 0, 65],
         [700, 0, 700, 700, 65],
     )
-    for lens in replays:
+    for call_index, lens in enumerate(replays):
+        fresh = make(
+            capture_lens, next_n=next_n, block_size=64, seed=94 + call_index, spare_blocks=8,
+            **extra,
+        ).to("cuda")  # fmt: skip
+        fresh_args = fresh.fp8_args()[:5] if variant == "fp8" else fresh.fp4_args()[:6]
+        for captured, new in zip(args, fresh_args, strict=True):
+            captured.copy_(new)
         case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         got = compiled(*args).clone()  # the graph's output buffer is reused by the next replay
         expected = call(*args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,13 +63,8 @@ def tolerance(output_dtype, epi_dtype=torch.float32, acc_dtype=torch.float32) ->
 EDGE_LENGTHS = [1, 127, 0, 128, 129, 0, 256, 257, 1000]
 MAX_SEQ_LEN = 1300  # beyond every length
 
-FP8_DTYPES = [
-    (torch.float32, torch.float32, torch.float32),
-    (torch.float16, torch.float32, torch.float32),
-    (torch.float32, torch.float16, torch.float32),
-    (torch.float32, torch.float32, torch.float16),
-    (torch.float16, torch.float16, torch.float16),
-]
+# Every (output_dtype, epi_dtype, acc_dtype): each is its own compiled kernel.
+FP8_DTYPES = list(itertools.product((torch.float32, torch.float16), repeat=3))
 
 
 def poisoned_out(
@@ -110,7 +106,18 @@ def magnitude_of(reference, args, **kwargs):
     return reference(*q_args, **kwargs)
 
 
-def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None):
+def mark_empty_requests(out: torch.Tensor, seq_lens, next_n: int, max_seq_len: int) -> None:
+    """UNTOUCHED (finite) instead of NaN in the rows of a `poisoned_out` buffer that belong to
+    zero-length requests, so that a call writing NaN there shows too."""
+    padded = fa.padded_seq_len(max_seq_len)
+    for b, length in enumerate(seq_lens.tolist()):
+        if length == 0:
+            out[b * next_n : (b + 1) * next_n, :padded] = UNTOUCHED
+
+
+def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None, empty_marked=False):
+    """`got` against `expected` on the valid region; nothing of `out` written around it, nor
+    in the rows of empty requests (still NaN, or UNTOUCHED after `mark_empty_requests`)."""
     rows = seq_lens.shape[0] * next_n
     mask = valid_mask(seq_lens.cpu(), next_n, got.shape[1])
     assert_rows_close(got, expected, mask, tol, magnitude)
@@ -119,7 +126,8 @@ def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None):
     for b, length in enumerate(seq_lens.tolist()):
         if length == 0:
             empty_rows = out[b * next_n : (b + 1) * next_n, :padded]
-            assert torch.isnan(empty_rows).all(), f"rows of the empty request {b} were written"
+            untouched = (empty_rows == UNTOUCHED) if empty_marked else torch.isnan(empty_rows)
+            assert untouched.all(), f"rows of the empty request {b} were written"
     assert_nothing_written_around(out, rows, got.shape[1])
 
 
@@ -137,12 +145,15 @@ def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LE
     return case.to(str(device))
 
 
-def fp4_case(block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS, device="cuda"):
+def fp4_case(
+    block_size, next_n, seed, interleaved=False, lens=EDGE_LENGTHS, device="cuda", exponents=None
+):
     case = make_fp4_case(
         lens,
         next_n=next_n,
         block_size=block_size,
         interleaved=interleaved,
+        **({} if exponents is None else {"exponent_range": exponents}),
         max_seq_len=MAX_SEQ_LEN,
         spare_blocks=64,
         seed=seed,
@@ -193,6 +204,7 @@ def check_fp8_case(case, next_n, dtypes=(torch.float32,) * 3):
     (output_dtype, epi_dtype, acc_dtype)."""
     output_dtype, epi_dtype, acc_dtype = dtypes
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    mark_empty_requests(out, case.seq_lens, next_n, case.max_seq_len)
     got = fa.fp8_paged_mqa_logits(
         *case.fp8_args(),
         output_dtype=output_dtype,
@@ -203,7 +215,8 @@ def check_fp8_case(case, next_n, dtypes=(torch.float32,) * 3):
     assert got.shape == (case.rows, case.max_seq_len) and got.data_ptr() == out.data_ptr()
     expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
     magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(*dtypes), magnitude)
+    tol = tolerance(*dtypes)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, empty_marked=True)
 
 
 # (num_heads, head_dim, next_n) beyond DeepSeek's (64, 128): the kernel is parametric.
@@ -414,8 +427,14 @@ def test_float32_epilogue_is_more_precise_than_a_16_bit_one(variant, narrow_epil
     ("block_size", "interleaved"), [(32, False), (64, False), (128, False), (128, True)]
 )
 def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, epi_dtype):
-    case = fp4_case(block_size, next_n, seed=block_size + next_n, interleaved=interleaved)
+    # Group scales up to 14 binades apart, the edge of the exact decode (docs/numerics.md);
+    # the float16 epilogue keeps the narrower default spread (its head terms are float16).
+    spread = (120, 128) if epi_dtype == torch.float16 else (114, 128)
+    case = fp4_case(
+        block_size, next_n, seed=block_size + next_n, interleaved=interleaved, exponents=spread
+    )
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
+    mark_empty_requests(out, case.seq_lens, next_n, case.max_seq_len)
     got = fa.fp4_paged_mqa_logits(
         *case.fp4_args(),
         output_dtype=output_dtype,
@@ -428,7 +447,7 @@ def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, ep
         fp4_paged_mqa_logits_reference, case.fp4_args(), is_kv_sf_interleaved=interleaved
     )
     tol = tolerance(output_dtype, epi_dtype)
-    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, empty_marked=True)
 
 
 def many_short_lengths(batch: int, seed: int) -> list[int]:
@@ -564,16 +583,37 @@ def test_fp8_row_slice_of_a_wider_buffer():
     assert_rows_close(got, expected, mask, tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("variant", ["fp8", "fp4"])
-def test_deterministic(variant):
+DETERMINISM_DTYPES = {
+    # (output_dtype, epi_dtype[, acc_dtype]): the defaults and the 16-bit paths.
+    "fp8": [
+        (torch.float32,) * 3,
+        (torch.float16,) * 3,
+        (torch.float32, torch.float32, torch.float16),
+    ],
+    "fp4": [
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.bfloat16),  # the head sum on the tensor cores
+        (torch.float16, torch.float16),
+    ],
+}
+
+
+@pytest.mark.parametrize("next_n", [1, 2, 4])
+@pytest.mark.parametrize(
+    ("variant", "dtypes"),
+    [(variant, dtypes) for variant, choices in DETERMINISM_DTYPES.items() for dtypes in choices],
+)
+def test_deterministic(variant, dtypes, next_n):
     # Each call into its own NaN-poisoned `out`: a fresh allocation would reuse the storage
     # the first call's result was copied out of, and hold its bits whether or not the second
     # call wrote them.
     kind = VARIANTS[variant]
-    case = kind.make_case(64, 2, seed=5)
-    op, args, dtype = kind.op, kind.args(case), kind.output_dtype
-    outs = [poisoned_out(case.rows, case.max_seq_len, dtype) for _ in range(2)]
-    first, second = (op(*args, out=out) for out in outs)
+    case = kind.make_case(64, next_n, seed=5)
+    op, args = kind.op, kind.args(case)
+    names = ("output_dtype", "epi_dtype", "acc_dtype")
+    options = dict(zip(names, dtypes, strict=False))
+    outs = [poisoned_out(case.rows, case.max_seq_len, dtypes[0]) for _ in range(2)]
+    first, second = (op(*args, out=out, **options) for out in outs)
     mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
     assert torch.isfinite(first[mask]).all()
     assert torch.equal(first[mask], second[mask])  # NaN != NaN: an unwritten element fails
@@ -733,6 +773,37 @@ def test_a_given_schedule_is_the_one_followed(variant):
     mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
     assert torch.isfinite(got.cpu()[mask]).all()
     assert_nothing_written_around(out, case.rows, case.max_seq_len)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_negative_schedule_rows_stay_inside_the_problem(variant):
+    """Outside validate mode a caller's `schedule_meta` is trusted, and inside graph capture
+    never checked: an uninitialised buffer is the likely mistake. Negative rows must not move
+    a read or write outside the problem (the walkers clamp a negative start to 0). Here CTAs
+    0 and 1 get empty ranges and CTA 2 runs from the first unit to its helper end, so every
+    valid element is still written."""
+    next_n = 2
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, next_n, seed=9, lens=[300, 0, 129, 257])
+    args = kind.args(case)
+    dtype = torch.float32
+    schedule = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=next_n, variant=variant)
+    assert schedule[3, 0] >= 0  # the helper's end of CTA 2's range, kept
+    schedule[:3] = torch.tensor([[0, -3], [-2, 0], [-1, -100_000]], dtype=torch.int32)
+    padded, guard = fa.padded_seq_len(case.max_seq_len), 3
+    big = torch.full((case.rows + 2 * guard, padded + 256), UNTOUCHED, dtype=dtype, device="cuda")
+    big[guard : guard + case.rows, :padded] = float("nan")
+    got = kind.op(
+        *args, output_dtype=dtype, schedule_meta=schedule, out=big[guard : guard + case.rows]
+    )
+    torch.cuda.synchronize()
+    assert (big[:guard] == UNTOUCHED).all(), "written before out's first row"
+    assert (big[guard + case.rows :] == UNTOUCHED).all(), "written past out's last row"
+    assert (big[guard : guard + case.rows, padded:] == UNTOUCHED).all(), "written past the row"
+    mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    assert_rows_close(
+        got, kind.reference(*args), mask, tolerance(dtype), magnitude_of(kind.reference, args)
+    )
 
 
 def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: int = 0):

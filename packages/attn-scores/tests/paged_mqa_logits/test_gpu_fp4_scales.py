@@ -149,8 +149,11 @@ def test_every_scale_far_below_one(next_n, output_dtype, epi_dtype):
     check_against_expectation(case, output_dtype, epi_dtype, unit=2.0**-120)
 
 
-def _set_request_exponents(case, request: int, k_exponents, q_exponents, gen) -> None:
-    """Overwrite the UE8M0 bytes of one request's KV blocks and q rows (token-order scales)."""
+def _set_request_exponents(
+    case, request: int, k_exponents, q_exponents, gen, highest: int = 254
+) -> None:
+    """Overwrite the UE8M0 bytes of one request's KV blocks (each token drawn alike, so the
+    scale order does not matter) and q rows; k bytes are clamped to [0, `highest`]."""
     block_size = case.kv_fused.shape[1]
     n_blocks = -(-int(case.seq_lens[request]) // block_size)
     blocks = case.block_tables[request, :n_blocks].long()
@@ -158,7 +161,7 @@ def _set_request_exponents(case, request: int, k_exponents, q_exponents, gen) ->
     picked = torch.tensor(k_exponents, dtype=torch.int64)
     per_token = picked[torch.randint(0, len(picked), (n_blocks, block_size, 1), generator=gen)]
     jitter = torch.randint(0, 7, (n_blocks, block_size, 4), generator=gen)
-    k_bytes = (per_token + jitter).clamp(0, 254).to(torch.uint8)  # groups within 6 of each other
+    k_bytes = (per_token + jitter).clamp(0, highest).to(torch.uint8)  # groups within 6
     scale_region[blocks] = k_bytes.view(n_blocks, block_size * 4)
     low, high = q_exponents
     q_bytes = torch.randint(low, high + 1, (*case.q_sf[request].shape, 4), generator=gen)
@@ -186,6 +189,34 @@ def test_ue8m0_extremes_0_and_254():
             tolerance(output_dtype),
             magnitude(case.fp4_args()),
         )
+
+
+@pytest.mark.parametrize(("block_size", "interleaved"), [(64, False), (128, True)])
+def test_ue8m0_byte_255_reads_as_2_to_the_128(block_size, interleaved):
+    """OCP MX reserves byte 255 for NaN; here it is the exponent 128 (docs/layouts.md), in the
+    kernel as in the reference. k groups up to 2^128 against q near 2^-127, the mirror image,
+    and a request whose every k group is at 2^128."""
+    gen = torch.Generator().manual_seed(12)
+    case = make_fp4_case(
+        [300, 257, 64],
+        next_n=1,
+        block_size=block_size,
+        interleaved=interleaved,
+        spare_blocks=8,
+        seed=12,
+    )
+    _set_request_exponents(case, 0, [249], (0, 6), gen, highest=255)
+    _set_request_exponents(case, 1, [0, 6], (249, 255), gen, highest=255)
+    _set_request_exponents(case, 2, [255], (0, 6), gen, highest=255)
+    scale_bytes = case.kv_fused.view(case.kv_fused.shape[0], -1)[:, block_size * 64 :]
+    assert (scale_bytes == 255).any() and (case.q_sf.view(torch.uint8) == 255).any()
+    case = case.to("cuda")
+    for output_dtype in (torch.float32, torch.bfloat16):
+        got, out = run(case, output_dtype, interleaved=interleaved)
+        args = case.fp4_args()
+        expected = fp4_paged_mqa_logits_reference(*args, is_kv_sf_interleaved=interleaved)
+        size = magnitude(args, interleaved)
+        check_result(got, out, expected, case.seq_lens, 1, tolerance(output_dtype), size)
 
 
 def make_far_apart_heads_case(

@@ -35,6 +35,7 @@ from test_gpu import (
     FP8_DTYPES,
     assert_nothing_written_around,
     in_another_pool,
+    mark_empty_requests,
     poisoned_out,
     tolerance,
 )
@@ -415,6 +416,7 @@ def check_random_call(
         buffer = poisoned_out(case.rows + skipped_rows, case.max_seq_len, output_dtype, 1)
         buffer[:skipped_rows] = UNTOUCHED
         out = buffer[skipped_rows:]
+        mark_empty_requests(out, case.seq_lens, case.next_n, case.max_seq_len)
 
     def launch() -> torch.Tensor:
         """The call; with a given schedule, the schedule helper on the call's lengths first."""
@@ -463,7 +465,8 @@ def check_output(
 ) -> None:
     """`got` against the float64 expectation of `case` (at its current `seq_lens`); with
     `out`, nothing written outside the valid region of its buffer. The rows of empty requests
-    must still be NaN when `out` was given or the output `poisoned` before the call."""
+    must still be UNTOUCHED (`mark_empty_requests`) when `out` was given or the output
+    `poisoned` before the call."""
     output_dtype, next_n = call["dtypes"][0], case.next_n
     if variant == "fp8":
         _, epi_dtype, acc_dtype = call["dtypes"]
@@ -491,7 +494,7 @@ def check_output(
         for b, length in enumerate(lens.tolist()):
             if length == 0:
                 rows = written[b * next_n : (b + 1) * next_n]
-                assert torch.isnan(rows).all(), f"rows of the empty request {b} were written"
+                assert (rows == UNTOUCHED).all(), f"rows of the empty request {b} were written"
 
 
 def write_fresh_data(call: dict, variant: str, data_seed: int, inputs: dict, device="cuda"):
@@ -532,6 +535,7 @@ def check_graph_replays(
         inputs["seq_lens"].copy_(new_lens)
         case.seq_lens = new_lens
         writable.fill_(float("nan"))
+        mark_empty_requests(writable, new_lens, case.next_n, case.max_seq_len)
         graph.replay()
         torch.cuda.synchronize()
         try:

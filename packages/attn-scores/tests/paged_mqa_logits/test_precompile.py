@@ -6,6 +6,12 @@ import flashinfer_attn_scores as fa
 import numpy as np
 import pytest
 import torch
+from attn_scores_cases import assert_rows_close, make_fp4_case, make_fp8_case
+from flashinfer_attn_scores.paged_mqa_logits.reference import (
+    fp4_paged_mqa_logits_reference,
+    fp8_paged_mqa_logits_reference,
+    valid_mask,
+)
 
 
 def test_cpu_device_compiles_nothing():
@@ -180,3 +186,40 @@ def test_precompile_default_grid_on_sm90():
     # block size 128 (4 next_n x 2 dtypes).
     assert len(configs) == 12 + 24 + 8
     assert len(set(configs)) == len(configs)
+
+
+@pytest.mark.gpu
+def test_a_call_after_precompile_compiles_and_loads_nothing(monkeypatch):
+    """The point of precompiling: the kernels are loaded on the device by
+    `precompile_paged_mqa_logits` itself, and a serving call of a precompiled configuration
+    then neither compiles nor loads code (a cold load would raise here)."""
+    from flashinfer_attn_scores.paged_mqa_logits import launcher
+    from flashinfer_jit import kernel as jit_kernel
+
+    monkeypatch.setattr(jit_kernel, "_LOADED", {})  # as in a fresh process
+    configs = fa.precompile_paged_mqa_logits(
+        variants=("fp8", "fp4"),
+        block_sizes=(32,),
+        next_ns=(1, 3),
+        output_dtypes=(torch.float32,),
+    )
+    device = torch.cuda.current_device()
+    assert {(launcher.config_spec(c), device) for c in configs} <= set(jit_kernel._LOADED)
+
+    def cold_load(spec, index, cache_dir):
+        raise AssertionError(f"{spec.label} was compiled or loaded by a call after precompile")
+
+    monkeypatch.setattr(jit_kernel, "_load_cold", cold_load)
+    for next_n in (1, 3):
+        fp8 = make_fp8_case(
+            [5, 0, 70], next_n=next_n, num_heads=64, head_dim=128, block_size=32, seed=next_n
+        ).to("cuda")
+        fp4 = make_fp4_case([70, 0, 5], next_n=next_n, block_size=32, seed=next_n).to("cuda")
+        calls = (
+            (fa.fp8_paged_mqa_logits, fp8.fp8_args(), fp8_paged_mqa_logits_reference, fp8),
+            (fa.fp4_paged_mqa_logits, fp4.fp4_args(), fp4_paged_mqa_logits_reference, fp4),
+        )
+        for op, args, reference, case in calls:
+            got = op(*args, output_dtype=torch.float32)
+            mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+            assert_rows_close(got, reference(*args), mask, 2e-3)
