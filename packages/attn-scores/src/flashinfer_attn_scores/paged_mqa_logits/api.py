@@ -116,7 +116,10 @@ def fp8_paged_mqa_logits(
             checked error.
         seq_lens: `[batch_size]` int32 KV length per request, on q's device, any stride (so
             `seq_lens[::next_n]` works without a copy). No entry may exceed `max_seq_len`
-            (DeepGEMM calls this `context_lens`).
+            (DeepGEMM calls this `context_lens`). Entries must be >= 0: the CPU path and
+            validate mode refuse a negative one; the CUDA kernel, which cannot check without
+            a host sync, treats it as 0 (its rows are not written) and leaves the other
+            requests intact.
         max_seq_len: int, the logits' column count, `>= max(seq_lens)`. A smaller value is an
             out-of-bounds device write (undefined behaviour), not a checked error. On CUDA,
             both this and the table width are checked, on the host, only when the environment
