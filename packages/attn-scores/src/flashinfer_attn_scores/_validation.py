@@ -340,25 +340,15 @@ def out_written_bytes(out: torch.Tensor, rows: int, padded_cols: int) -> int:
     return ((rows - 1) * out.stride(0) + padded_cols) * out.element_size()
 
 
-def check_out_disjoint(
-    out: torch.Tensor, written_bytes: int, names: tuple, inputs: tuple, extents: tuple
-) -> None:
-    """The region of `out` a call writes must share no byte with an input: on CUDA other CTAs
-    still read the inputs while it is written (PyTorch's own out= ops refuse overlap too).
-    `extents` are `byte_extent` of `inputs`; both are fixed by the argument signature, so
-    this costs the addresses and a compare per input."""
-    start = out.data_ptr()
-    end = start + written_bytes
-    for name, t, extent in zip(names, inputs, extents, strict=True):
-        if extent and start < end:
-            first = t.data_ptr()
-            if first < end and start < first + extent:
-                raise ValueError(
-                    f"out overlaps {name}: the output region the call writes, bytes "
-                    f"[{start:#x}, {end:#x}), shares memory with {name}'s elements "
-                    f"[{first:#x}, {first + extent:#x}); pass an out that shares no memory "
-                    "with the inputs"
-                )
+def out_overlap_error(name: str, out_start: int, out_end: int, first: int, extent: int):
+    """The ValueError for an `out` whose written bytes [out_start, out_end) meet input `name`'s
+    elements [first, first + extent): on CUDA other CTAs still read the inputs while `out` is
+    written (PyTorch's own out= ops refuse overlap too)."""
+    return ValueError(
+        f"out overlaps {name}: the output region the call writes, bytes "
+        f"[{out_start:#x}, {out_end:#x}), shares memory with {name}'s elements "
+        f"[{first:#x}, {first + extent:#x}); pass an out that shares no memory with the inputs"
+    )
 
 
 def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> None:

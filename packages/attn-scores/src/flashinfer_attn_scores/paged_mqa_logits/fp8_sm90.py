@@ -479,9 +479,9 @@ _PDL_OFF = frozenset({"0", "false", "no", "off"})
 def programmatic_launch_enabled() -> bool:
     """Whether the logits kernels are launched with programmatic dependent launch (PDL): yes
     unless `FLASHINFER_PDL` is 0/false/no/off (any case). Read when a call signature is first
-    prepared, so set it before the first call. With PDL a kernel's launch and prologue overlap the end of the kernel
-    before it in the stream (the kernel waits for that one to complete before it touches
-    memory); in a CUDA graph of back-to-back calls at small batches that saved 0.4-0.7 us per
+    prepared, so set it before the first call. With PDL a kernel's launch and prologue
+    overlap the end of the kernel before it in the stream (the kernel waits for that one to
+    complete before it touches memory); in a CUDA graph of back-to-back calls at small batches that saved 0.4-0.7 us per
     call (H200, 2026-11-29). It changes no result."""
     return os.environ.get("FLASHINFER_PDL", "1").strip().lower() not in _PDL_OFF
 
