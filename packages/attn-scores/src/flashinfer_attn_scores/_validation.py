@@ -20,6 +20,7 @@ from __future__ import annotations
 import numbers
 import operator
 import os
+from collections.abc import Callable
 
 import torch
 from flashinfer_schedule import (
@@ -112,6 +113,26 @@ def python_int(value: object) -> object:
     return operator.index(value)
 
 
+def require(condition: object, what: str, error: Callable[[], Exception]) -> None:
+    """Raise `error()` unless the size comparison `condition` (described by `what`) holds.
+
+    While torch.compile traces, a size derived from device data (a `max_seq_len` taken with
+    `.item()`) has no value, and branching on it would need a guard that dynamo cannot build.
+    There `error()` is raised only when `condition` is known to be false; otherwise it becomes
+    a runtime assertion (`torch._check`), so the compiled code raises a RuntimeError naming the
+    failed comparison if a call breaks it.
+    """
+    if not torch.compiler.is_compiling():
+        if not condition:
+            raise error()
+        return
+    from torch.fx.experimental.symbolic_shapes import guard_or_true  # imports sympy
+
+    if not guard_or_true(condition):
+        raise error()
+    torch._check(condition, lambda: what)  # dynamo takes a closure of a constant only
+
+
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     """Return `value` as a Python int if it is a Python or numpy integer, else raise
     TypeError; ValueError below `minimum`. The schedule package's integer rule."""
@@ -119,8 +140,12 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     value = python_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r})")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if minimum is not None:
+        require(
+            value >= minimum,
+            f"{name} >= {minimum}",
+            lambda: ValueError(f"{name} must be >= {minimum}, got {value}"),
+        )
     return value
 
 
@@ -308,20 +333,26 @@ def check_out(
         raise ValueError(
             f"out must have at least batch_size*next_n = {rows} rows, got shape {_shape(t)}"
         )
-    if t.shape[1] < padded_cols:
-        raise ValueError(
+    require(
+        t.shape[1] >= padded_cols,
+        "out.shape[1] >= padded_seq_len(max_seq_len)",
+        lambda: ValueError(
             f"out must have at least padded_seq_len(max_seq_len) = {padded_cols} columns "
             f"(the kernel may write into the padding past max_seq_len), got shape {_shape(t)}"
-        )
+        ),
+    )
     if t.shape[1] > 1 and t.stride(1) != 1:
         raise ValueError(
             f"out must have contiguous rows (stride(1) == 1), got strides {t.stride()}"
         )
-    if t.stride(0) < padded_cols:
-        raise ValueError(
+    require(
+        t.stride(0) >= padded_cols,
+        "out.stride(0) >= padded_seq_len(max_seq_len)",
+        lambda: ValueError(
             f"out rows must not overlap: stride(0) must be >= padded_seq_len(max_seq_len) = "
             f"{padded_cols}, got strides {t.stride()} for shape {_shape(t)}"
-        )
+        ),
+    )
     return t
 
 
@@ -351,14 +382,28 @@ def out_overlap_error(name: str, out_start: int, out_end: int, first: int, exten
     )
 
 
+def inference_out_error() -> RuntimeError:
+    """The error for an eager CUDA call that would write an inference tensor (`out` created
+    under `torch.inference_mode()`) outside inference mode; PyTorch refuses such in-place
+    updates, and so do the custom op (CPU, torch.compile) paths."""
+    return RuntimeError(
+        "out is an inference tensor (created under torch.inference_mode()) and this call is "
+        "outside inference mode, where PyTorch allows no in-place update of it; make the call "
+        "inside torch.inference_mode(), or pass an out created outside it"
+    )
+
+
 def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> None:
     """The kernels address the output with 32-bit offsets: the span must stay below 2^31."""
     span = rows * padded_cols
-    if span >= OUTPUT_SPAN_LIMIT:
-        raise ValueError(
+    require(
+        span < OUTPUT_SPAN_LIMIT,
+        "batch_size*next_n * padded_seq_len(max_seq_len) < 2**31",
+        lambda: ValueError(
             f"output too large: batch_size*next_n * padded_seq_len(max_seq_len) = "
             f"{rows} * {padded_cols} = {span} elements must be < 2**31"
-        )
+        ),
+    )
     if out is not None and rows * out.stride(0) >= OUTPUT_SPAN_LIMIT:
         raise ValueError(
             f"out too wide: batch_size*next_n * out.stride(0) = {rows} * {out.stride(0)} = "

@@ -258,6 +258,53 @@ def test_dynamic_shapes_compile_once_and_match_eager(variant):
     assert counter.frame_count == 1
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_out", [False, True])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_max_seq_len_read_from_seq_lens_inside_the_compiled_function(variant, with_out, device):
+    """`max_seq_len = int(seq_lens.max())` inside the compiled function (with dynamo's
+    `capture_scalar_outputs`) is a size known only at run time: the size checks become runtime
+    assertions instead of guards dynamo cannot build, and each call matches eager at the
+    host value, in one graph for every batch."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    kind = VARIANTS[variant]
+    next_n = DYNAMIC_NEXT_N[variant]
+    counter = CompileCounterWithBackend("inductor")
+
+    def call(*args, out=None):
+        seq_lens = args[-1]
+        return kind.op(*args, int(seq_lens.max().item()), out=out)
+
+    compiled = torch.compile(call, backend=counter, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for seed, lens in enumerate(([37, 0, 400, 5, 90], [9, 700, 0, 1, 60])):
+            case = dynamic_case(variant, lens, seed=140 + seed).to(device)
+            args = kind.args(case)[:-1]  # without max_seq_len
+            out = None
+            if with_out:
+                cols = fa.padded_seq_len(max(lens))
+                out = poisoned(case.rows, cols, kind.output_dtype, device)
+            got = compiled(*args, out=out)
+            assert got.shape == (case.rows, max(lens))
+            if out is not None:
+                assert got.data_ptr() == out.data_ptr()
+                assert_empty_rows_untouched(out, case.seq_lens, next_n)
+            assert_same_valid_region(got, kind.op(*args, max(lens)), case.seq_lens, next_n)
+        if with_out:
+            # Eager's length-dependent out check, now at run time: an out one padded unit too
+            # narrow for the second batch's longest request.
+            cols = fa.padded_seq_len(max(lens)) - 256
+            narrow = poisoned(case.rows, cols, kind.output_dtype, device)
+            with pytest.raises(RuntimeError):
+                compiled(*args, out=narrow)
+            assert torch.isnan(narrow).all(), "a refused call wrote into out"
+    assert counter.frame_count == 1
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compiled_call_refuses_a_head_geometry_that_does_not_fit(dynamic):
     # At next_n * num_heads = 8 the largest head_dim that fits is 1600.

@@ -73,6 +73,45 @@ def test_remembered_call_refuses_an_out_that_overlaps_an_input():
     assert len(calls) == 1  # the next element on is fine
 
 
+def test_remembered_call_refuses_an_inference_out_outside_inference_mode():
+    """PyTorch allows no in-place update of an inference tensor outside inference mode; the
+    direct CUDA launch must refuse it as the custom op does, and allow it inside the mode."""
+    problem = _problem(rows=3, max_seq_len=300)
+    with torch.inference_mode():
+        out = torch.zeros(3, problem.padded_cols)
+    tensors = tuple(torch.ones(k) for k in range(1, 6))
+    check_out = dispatch.OutOverlapCheck("fp8", problem, (*tensors, None), out)
+    calls = []
+    eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
+    with pytest.raises(RuntimeError, match="out is an inference tensor"):
+        eager(tensors, None, out)
+    assert calls == []
+    with torch.inference_mode():
+        eager(tensors, None, out)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_public_call_refuses_an_inference_out_outside_inference_mode(variant):
+    import flashinfer_attn_scores as fa
+
+    if variant == "fp8":
+        case = make_fp8_case([70, 0, 5], next_n=2, num_heads=64, head_dim=128, block_size=64)
+        op, args, dtype = fa.fp8_paged_mqa_logits, case.fp8_args(), torch.float32
+    else:
+        case = make_fp4_case([70, 0, 5], next_n=2, block_size=64)
+        op, args, dtype = fa.fp4_paged_mqa_logits, case.fp4_args(), torch.bfloat16
+    with torch.inference_mode():
+        out = torch.full((case.rows, fa.padded_seq_len(case.max_seq_len)), -1.0, dtype=dtype)
+    with pytest.raises(RuntimeError, match="out is an inference tensor"):
+        op(*args, out=out)
+    assert (out == -1).all()
+    with torch.inference_mode():
+        got = op(*args, out=out)
+    mask = valid_mask(case.seq_lens, 2, case.max_seq_len)
+    assert torch.equal(got[mask], op(*args)[mask])
+
+
 def test_remembered_call_without_out_allocates_padded_storage_each_call():
     problem = _problem(rows=2, max_seq_len=1000)
     first = torch.empty(problem.rows, problem.padded_cols, dtype=torch.float16)

@@ -136,3 +136,23 @@ def test_validate_mode_still_checks_a_known_signature(variant, prepares, monkeyp
     case.seq_lens[0] = case.max_seq_len + 1  # same metadata, contents that break the contract
     with pytest.raises(ValueError, match="max_seq_len"):
         kind.op(*kind.args(case))
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_an_inference_out_is_written_only_inside_inference_mode(variant, prepares):
+    """Serving code allocates under torch.inference_mode(): there the remembered launch writes
+    an inference `out`; outside the mode, where PyTorch allows no in-place update of it, the
+    same signature raises before launching, as the custom op path does."""
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, 2, seed=39)
+    with torch.inference_mode():
+        out = poisoned_out(case.rows, case.max_seq_len, kind.output_dtype)
+        got = kind.op(*kind.args(case), out=out)
+    check(variant, case, got, out)
+    with torch.inference_mode():
+        fresh = poisoned_out(case.rows, case.max_seq_len, kind.output_dtype)
+    with pytest.raises(RuntimeError, match="out is an inference tensor"):
+        kind.op(*kind.args(case), out=fresh)
+    torch.cuda.synchronize()
+    assert torch.isnan(fresh[: case.rows, : fa.padded_seq_len(case.max_seq_len)]).all()
+    assert prepares[variant] == 1

@@ -127,7 +127,11 @@ def fp8_paged_mqa_logits(
             which run the reference, are always checked); the check is a
             development aid and is skipped during CUDA-graph capture and in code traced by
             `torch.compile` (it copies device data to the host, which would break the
-            graph), so validate in eager mode.
+            graph), so validate in eager mode. Inside a compiled function it may be a value
+            read from device data (`int(seq_lens.max())` with dynamo's
+            `capture_scalar_outputs`); the checks that depend on it (`>= 0`, `out`'s width,
+            the 2^31 span) then run when the compiled code does, as PyTorch runtime
+            assertions (RuntimeError naming the failed comparison).
         output_dtype: float32 (default) or float16. bfloat16 is refused on purpose: the FP8
             epilogue has no bfloat16 store path. `fp4_paged_mqa_logits` defaults to bfloat16,
             so pass `output_dtype` explicitly in code that calls both.
@@ -186,7 +190,9 @@ def fp8_paged_mqa_logits(
             elements or more, or (with `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data
             precondition or stale schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
-            on a device type other than CUDA/CPU.
+            on a device type other than CUDA/CPU; or `out` is an inference tensor (created
+            under `torch.inference_mode()`) and the call is made outside inference mode,
+            where PyTorch allows no in-place update of it.
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep every
@@ -366,7 +372,8 @@ def fp4_paged_mqa_logits(
             out-of-bounds device write. Set `FLASHINFER_VALIDATE_INPUTS=1` (read on each call,
             skipped during CUDA-graph capture and in code traced by `torch.compile`) to have
             these preconditions checked on CUDA; CPU tensors, which run the reference, are
-            always checked.
+            always checked. As for the FP8 variant, a compiled function may read it from
+            device data (its size checks then run as runtime assertions).
         sf_vec_size: FP4 values per UE8M0 scale; must be 32. Fixes the packing of both `q_sf`
             and the cache's scale bytes.
         output_dtype: bfloat16 (default), float32 or float16. The FP8 variant defaults to
@@ -416,7 +423,9 @@ def fp4_paged_mqa_logits(
             `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data precondition or stale
             schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
-            on a device type other than CUDA/CPU.
+            on a device type other than CUDA/CPU; or `out` is an inference tensor (created
+            under `torch.inference_mode()`) and the call is made outside inference mode,
+            where PyTorch allows no in-place update of it.
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep `q`,

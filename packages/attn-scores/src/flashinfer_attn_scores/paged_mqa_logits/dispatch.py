@@ -205,6 +205,8 @@ class EagerCall:
             storage = torch.empty(self._storage_shape, dtype=self._dtype, device=self._device)
         else:
             self._check_out((*tensors, schedule_meta), out)
+            if out.is_inference() and not torch.is_inference_mode_enabled():
+                raise v.inference_out_error()
             # As the custom op would: autograd sees out change in place.
             torch.autograd.graph.increment_version(out)
         self._run(*tensors, storage, schedule_meta)
@@ -265,6 +267,8 @@ def run(
         inputs = (*tensors, schedule_meta)
         check_out = OutOverlapCheck(variant, problem, inputs, out)
         check_out(inputs, out)
+        if out.is_inference() and not torch.is_inference_mode_enabled():
+            raise v.inference_out_error()
     storage = out
     if storage is None:
         storage = torch.empty(
