@@ -113,8 +113,8 @@ def python_int(value: object) -> object:
     return operator.index(value)
 
 
-def require(condition: object, what: str, error: Callable[[], Exception]) -> None:
-    """Raise `error()` unless the size comparison `condition` (described by `what`) holds.
+def require(condition: object, error: Callable[[], Exception]) -> None:
+    """Raise `error()` unless the size comparison `condition` holds.
 
     While torch.compile traces, a size derived from device data (a `max_seq_len` taken with
     `.item()`) has no value, and branching on it would need a guard that dynamo cannot build.
@@ -130,7 +130,9 @@ def require(condition: object, what: str, error: Callable[[], Exception]) -> Non
 
     if not guard_or_true(condition):
         raise error()
-    torch._check(condition, lambda: what)  # dynamo takes a closure of a constant only
+    # No message function: torch 2.11's dynamo refuses one that closes over anything, and
+    # the runtime assertion names the failed comparison itself.
+    torch._check(condition)
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
@@ -143,7 +145,6 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     if minimum is not None:
         require(
             value >= minimum,
-            f"{name} >= {minimum}",
             lambda: ValueError(f"{name} must be >= {minimum}, got {value}"),
         )
     return value
@@ -335,7 +336,6 @@ def check_out(
         )
     require(
         t.shape[1] >= padded_cols,
-        "out.shape[1] >= padded_seq_len(max_seq_len)",
         lambda: ValueError(
             f"out must have at least padded_seq_len(max_seq_len) = {padded_cols} columns "
             f"(the kernel may write into the padding past max_seq_len), got shape {_shape(t)}"
@@ -347,7 +347,6 @@ def check_out(
         )
     require(
         t.stride(0) >= padded_cols,
-        "out.stride(0) >= padded_seq_len(max_seq_len)",
         lambda: ValueError(
             f"out rows must not overlap: stride(0) must be >= padded_seq_len(max_seq_len) = "
             f"{padded_cols}, got strides {t.stride()} for shape {_shape(t)}"
@@ -398,7 +397,6 @@ def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> 
     span = rows * padded_cols
     require(
         span < OUTPUT_SPAN_LIMIT,
-        "batch_size*next_n * padded_seq_len(max_seq_len) < 2**31",
         lambda: ValueError(
             f"output too large: batch_size*next_n * padded_seq_len(max_seq_len) = "
             f"{rows} * {padded_cols} = {span} elements must be < 2**31"
