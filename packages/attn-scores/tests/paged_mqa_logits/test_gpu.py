@@ -806,6 +806,46 @@ def test_negative_schedule_rows_stay_inside_the_problem(variant):
     )
 
 
+@pytest.mark.parametrize(
+    ("variant", "block_size", "interleaved"),
+    [
+        ("fp8", 32, False),
+        ("fp8", 64, False),
+        ("fp8", 128, False),
+        ("fp4", 32, False),
+        ("fp4", 64, False),
+        ("fp4", 128, False),
+        ("fp4", 128, True),
+    ],
+)
+def test_a_negative_block_id_inside_a_length_costs_only_its_positions(
+    variant, block_size, interleaved
+):
+    """A -1 page inside a request's length is outside the contract, but serving stacks mark
+    unallocated pages that way, so one in the wrong place must not hang the GPU (the producer
+    expected its bytes and copied nothing, until 2026-12-02). The call completes, writes only
+    inside out's padded rows, and every position outside the bad page matches the reference
+    computed with the intact table."""
+    next_n = 2
+    kind = VARIANTS[variant]
+    lens = [300, 0, 129, 257]
+    if variant == "fp8":
+        case = fp8_case(block_size, next_n, seed=19, lens=lens)
+    else:
+        case = fp4_case(block_size, next_n, seed=19, interleaved=interleaved, lens=lens)
+    flags = {"is_kv_sf_interleaved": True} if interleaved else {}
+    expected = kind.reference(*kind.args(case), **flags)
+    magnitude = magnitude_of(kind.reference, kind.args(case), **flags)
+    case.block_tables[0, 1] = -1  # request 0's positions [block_size, 2 * block_size)
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    got = kind.op(*kind.args(case), output_dtype=torch.float32, out=out, **flags)
+    torch.cuda.synchronize()
+    assert_nothing_written_around(out.cpu(), case.rows, case.max_seq_len)
+    mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
+    mask[:next_n, block_size : 2 * block_size] = False
+    assert_rows_close(got, expected, mask, tolerance(torch.float32), magnitude)
+
+
 def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: int = 0):
     """The case's blocks moved into layer `layer` of a zeroed cache of `layers` interleaved
     layers ([num_blocks, layers, block bytes], so the pool view's pitch is `layers` blocks),

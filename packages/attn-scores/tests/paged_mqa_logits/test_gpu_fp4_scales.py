@@ -422,3 +422,86 @@ def test_fp4_precomputed_schedule_and_random_magnitudes(interleaved):
         tolerance(torch.bfloat16),
         magnitude(args, interleaved),
     )
+
+
+def make_fold_edge_case(next_n: int, edge: str, seed: int) -> PagedCase:
+    """Cases at the ends of the fold's exponent ranges (fold_anchor in the kernel). In every
+    draft slot 16 "anchor" heads have q scale bytes 255 and every q element < 0 (k >= 0, so
+    their ReLU is zero at every position) and weights that set the slot's anchor R_t; the other
+    48 heads make the logits.
+
+    - "anchor-253": anchor weights 2^92, so R_t = 92 + 255 - 94 = 253; the other heads have q
+      bytes 0 and weights of either sign near 2^126, so w_h 2^(Mq_h - R_t) needs 2^-253 (the
+      fold clamped it to 2^-252 and doubled those heads until 2026-12-02).
+    - "final-253": anchor weights 2^104, so R_t = 265 (kMaxAnchor); k's group 0 has byte 255
+      (M = 255) and groups 1-3 byte 241 (within the exact window), and the other heads read only
+      groups 1-3, with q bytes 120 and weights +-1: the float32 epilogue's final power of two is
+      2^(M + R_t - 267) = 2^253 (next_n 3 clamped it to 2^252 and halved every logit). Their
+      |w_h| 2^Mq_h is 2^239 below the anchor heads', beyond the documented 2^220 window, but
+      exact powers of two fold exactly in float32.
+    """
+    num_heads, head_dim, block_size = 64, 128, 64
+    gen = torch.Generator().manual_seed(seed)
+    lens = [300, 0, 129, 1, 64]
+    table, num_blocks = _paging(gen, lens, block_size, 8, None)
+    shape = (len(lens), next_n, num_heads)
+    anchor_head = torch.rand(*shape, generator=gen).argsort(dim=-1) < 16
+    negative = torch.randint(9, 16, (*shape, head_dim), generator=gen)  # sign set, nonzero
+    if edge == "anchor-253":
+        k_codes = torch.randint(0, 8, (num_blocks, block_size, head_dim), generator=gen)
+        k_exp = torch.randint(120, 129, (num_blocks, block_size, 4), generator=gen)
+        q_codes = torch.randint(0, 16, (*shape, head_dim), generator=gen)
+        small_exp, anchor_weight = 0, 2.0**92
+        small_weight = (1 + torch.rand(*shape, generator=gen)) * 2.0**126
+    else:
+        k_codes = torch.randint(0, 8, (num_blocks, block_size, head_dim), generator=gen)
+        k_codes[..., 32:] = torch.randint(0, 2, (num_blocks, block_size, 96), generator=gen)
+        k_exp = torch.tensor([255, 241, 241, 241]).expand(num_blocks, block_size, 4)
+        choices = torch.tensor([0, 0, 0, 1, 9])  # mostly 0, else +-0.5
+        q_codes = choices[torch.randint(0, 5, (*shape, head_dim), generator=gen)]
+        q_codes[..., :32] = 0  # k's group 0 (2^128) never meets a nonzero q element
+        small_exp, anchor_weight = 120, 2.0**104
+        small_weight = torch.ones(*shape)
+    sign = torch.where(torch.rand(*shape, generator=gen) < 0.5, -1.0, 1.0)
+    weights = torch.where(anchor_head, anchor_weight, sign * small_weight)
+    q_codes = torch.where(anchor_head[..., None], negative, q_codes)
+    q_exp = torch.where(anchor_head, 255, small_exp)[..., None].expand(*shape, 4)
+    kv_fused = torch.cat(
+        [pack_nibbles(k_codes).flatten(1), k_exp.to(torch.uint8).flatten(1)], dim=1
+    ).view(num_blocks, block_size, 1, head_dim // 2 + 4)
+    return PagedCase(
+        q=pack_nibbles(q_codes),
+        q_sf=q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1),
+        kv_fused=kv_fused,
+        weights=weights.reshape(len(lens) * next_n, num_heads).float(),
+        block_tables=table,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        max_seq_len=MAX_SEQ_LEN,
+        next_n=next_n,
+        q64=decode_mxfp4(q_codes, q_exp),
+        k64=decode_mxfp4(k_codes, k_exp),
+        token_scale64=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("edge", "output_dtype", "epi_dtype"),
+    [
+        ("anchor-253", torch.float32, torch.float32),
+        ("anchor-253", torch.bfloat16, torch.bfloat16),
+        ("final-253", torch.float32, torch.float32),
+    ],
+)
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_fold_at_the_ends_of_its_exponent_ranges(next_n, edge, output_dtype, epi_dtype):
+    """Found by reading the kernel (2026-12-02): the fold's and the next_n 3 epilogue's power
+    of two went through a helper that clamps its exponent to +-252."""
+    case = make_fold_edge_case(next_n, edge, seed=7 + next_n)
+    expected = case.expected()
+    valid = valid_mask(case.seq_lens, next_n, case.max_seq_len)
+    # The premise: normal float32 logits, most of them nonzero, far from overflow.
+    largest = expected[valid].abs().max()
+    assert 2.0**-100 < largest < 2.0**120, float(largest)
+    assert (expected[valid] != 0).float().mean() > 0.5
+    unit = 2.0 ** int(torch.log2(largest).floor())
+    check_against_expectation(case.to("cuda"), output_dtype, epi_dtype, unit=unit)

@@ -328,9 +328,11 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
     const float w_a = weights[static_cast<long long>(b) * kN + row_a];
     const float w_b = weights[static_cast<long long>(b) * kN + row_b];
 #if EPI_DTYPE == 0 || TC_HEAD_SUM
-    // Folded weights w'_h = w_h * 2^(Mq_h - R_t), exact where normal; see fold_anchor.
+    // Folded weights w'_h = w_h * 2^(Mq_h - R_t), exact where normal; see fold_anchor. Mq_h - R_t
+    // reaches -265, past scale_by_pow2's clamp (which overstated a weight near 2^127 by up to
+    // 2^13), so ldexpf: once per head and request.
     const int anchor = fold_anchor(w_a, exp_a, w_b, exp_b);
-    const float folded_a = scale_by_pow2(w_a, exp_a - anchor), folded_b = scale_by_pow2(w_b, exp_b - anchor);
+    const float folded_a = ldexpf(w_a, exp_a - anchor), folded_b = ldexpf(w_b, exp_b - anchor);
 #else
     const int anchor = __reduce_max_sync(0xffffffffu, max(exp_a, exp_b));  // Q_t
     const float scale_a = ldexpf(1.f, exp_a - anchor), scale_b = ldexpf(1.f, exp_b - anchor);  // in (0, 1]
@@ -376,7 +378,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
             head_scale_slots + slot * kN, slot_exp + slot * 4, smem + SharedLayout::kHeadSum + slot * kHeadSumSlotBytes);
   };
   auto issue = [&](int stage, const UnitWalker& unit, const int (&block_ids)[kBoxesPerTile], int boxes) {
-    const int scale_bytes = SF_INTERLEAVED ? kScaleBytes : boxes * kBoxRows * 4;
+    const int scale_bytes = SF_INTERLEAVED ? (boxes > 0 ? kScaleBytes : 0) : boxes * kBoxRows * 4;
     mbar_arrive_expect_tx(&bars.full[stage], boxes * kBoxRows * kRowBytes + scale_bytes);
 #pragma unroll
     for (int s = 0; s < kBoxesPerTile; ++s) {
@@ -674,7 +676,9 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
           *slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + slot_exponent[k]));
         } else {
           const int* q_exp = slot_exp + slot * 4;
-          *slot_out = to_out(scale_by_pow2(sums.lane_sums[k], row_max + q_exp[2 * k + (quad >> 1)] - 266 - kTwiceRelu));
+          // e reaches 254 (M 255, R_t 265), past scale_by_pow2's clamp; fold_anchor keeps it in
+          // scale_by_pow2_from's range.
+          *slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + q_exp[2 * k + (quad >> 1)] - 266 - kTwiceRelu));
         }
 #else
         *slot_out = to_out(to_float(sums.lane_sums[k]));

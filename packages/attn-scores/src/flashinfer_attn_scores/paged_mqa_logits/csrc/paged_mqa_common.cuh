@@ -625,7 +625,10 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
       block_ids[s] = -1;
       if (token < walk.len) {  // warp-uniform: every lane takes part in the lookup
         block_ids[s] = table.lookup(token / BLOCK_SIZE);
-        ++boxes;
+        // issue() copies no box of a negative id (a caller's "no page" mark inside a length,
+        // outside the contract): leaving it out of the expected bytes keeps the stage able
+        // to complete, so those positions get stale values instead of the CTA hanging.
+        boxes += block_ids[s] >= 0;
       }
     }
     if (lane == 0) issue(stage, walk, block_ids, boxes);
@@ -814,8 +817,10 @@ __device__ __forceinline__ Out to_out(float x) {
 #endif
 }
 
-// x * 2^e with two exact power-of-two factors (|e| clamped to 252, beyond which the result is
-// 0 or inf for any finite x of ours anyway); cheaper than ldexpf's general path.
+// x * 2^e with two exact power-of-two factors, cheaper than ldexpf's general path. Exact only
+// for |e| <= 252, where both factors are normal; e is clamped there, which is right for x = 1
+// (2^e then underflows to 0 or overflows to inf either way) and wrong for larger |x|, so
+// callers with such x keep e inside [-252, 252] or use ldexpf.
 __device__ __forceinline__ float scale_by_pow2(float x, int e) {
   e = max(min(e, 252), -252);
   const int half = e / 2;
