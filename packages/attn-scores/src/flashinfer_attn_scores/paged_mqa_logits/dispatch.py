@@ -274,7 +274,9 @@ def run(
         storage = torch.empty(
             problem.rows, problem.padded_cols, dtype=output_dtype, device=q.device
         )
-    logits = storage[: problem.rows, : problem.max_seq_len]
+    # narrow, not a slice: under torch.compile a slice to a max_seq_len read from device data
+    # has a size dynamo must bound with a new symbol (torch 2.11); narrow's size is the length.
+    logits = storage.narrow(0, 0, problem.rows).narrow(1, 0, problem.max_seq_len)
     # Nothing to launch. An empty pool leaves a valid call only zero-length requests, whose
     # rows are never written (and TMA cannot describe a pool of no blocks). On CPU the
     # reference still runs, so a length that would read a block is refused as elsewhere.
