@@ -225,6 +225,23 @@ def test_check_tolerance_is_the_loosest_of_output_epilogue_and_accumulator() -> 
     }
 
 
+def test_check_tolerances_are_the_gpu_tests_tolerances() -> None:
+    """The benchmark's correctness bounds are the GPU suite's (its own copy: tools/ cannot import
+    the tests); a bound tightened in one place must be tightened in the other."""
+    bench = _bench()
+    tests_dir = REPO / "packages/attn-scores/tests/paged_mqa_logits"
+    sys.path.insert(0, str(tests_dir))
+    try:
+        from test_gpu import TOLERANCES
+    finally:
+        sys.path.remove(str(tests_dir))
+    by_name = {str(dtype).split(".")[-1]: bound for dtype, bound in TOLERANCES["epilogue"].items()}
+    assert bench.check.TOLERANCE == TOLERANCES["output"]
+    assert bench.check.EPILOGUE_TOLERANCE == by_name
+    by_name = {str(d).split(".")[-1]: bound for d, bound in TOLERANCES["accumulator"].items()}
+    assert bench.check.ACCUMULATOR_TOLERANCE == by_name
+
+
 def test_bench_refuses_a_dtype_an_op_does_not_take(capsys: pytest.CaptureFixture[str]) -> None:
     cli = _bench().cli
     for argv, message in (

@@ -428,8 +428,8 @@ MUTANTS = [
     Mutant(
         "fp4-head-scale",
         FP4,
-        "scale_by_pow2(w_b, exp_b - anchor);",
-        "scale_by_pow2(w_b, exp_a - anchor);",
+        "ldexpf(w_b, exp_b - anchor);",
+        "ldexpf(w_b, exp_a - anchor);",
         ("fp4",),
         ("fp4", "fp4-il"),
         "float32 or bfloat16 epilogue: q rows (heads) of one slot whose largest group exponents"

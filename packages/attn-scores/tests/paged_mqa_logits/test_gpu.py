@@ -33,10 +33,17 @@ pytestmark = pytest.mark.gpu
 # row maximum; 2e-3 leaves a factor of two. An element-wise relative bound would be wrong:
 # logits near zero come from cancelling heads (weights of both signs) and keep the absolute
 # error of their large terms. float16/bfloat16 outputs add one rounding of 2**-11 / 2**-8
-# of the element, at most that of the row maximum. A float16 epilogue rounds each of the
-# 64 head terms and partial sums (random-walk ~sqrt(64) * 2**-11), a bfloat16 one the same
-# at 2**-8, and a float16 accumulator each of 128 product additions. These bounds are the
-# initial ones; tighten them once measured on the H200.
+# of the element, at most that of the row maximum: 2**-8 + 2e-3 = 5.9e-3 for bfloat16, so
+# 8e-3. A float16 epilogue rounds each of the 64 head terms and partial sums (random-walk
+# ~sqrt(64) * 2**-11). The bfloat16 epilogue (fp4 only) rounds each relu(score) and each
+# folded weight once to bfloat16 and sums their exact products in float32 (a tensor-core
+# MMA): at most 2 * 2**-8 of the row magnitude, 7.8e-3, plus the float32 path's 2e-3, so
+# 1.5e-2. A float16 accumulator rounds each of 128 product additions.
+# Measured (tools/tolerance_margins.py, the matrix's cases at every block size and next_n,
+# two seeds, H200, 2026-12-02): the largest error over the row magnitude was 1.5e-4 (fp8)
+# and 2.5e-4 (fp4) at float32, 3.7e-3 with fp4's bfloat16 output, 5.6e-3 with its bfloat16
+# output and epilogue, 1.1e-3 with a float16 epilogue and 3.5e-4 with fp8's float16
+# accumulator; until then the bfloat16 bounds were 2e-2 / 3e-2, guesses before measurement.
 #
 # The premise "the row's largest logit is a few times a typical head term" fails in rows of
 # very few terms (4 heads, one valid position): there every q_h . k can be a small remainder
@@ -45,8 +52,8 @@ pytestmark = pytest.mark.gpu
 # per element a measured fraction of sum_h |w_h| sum_d |q_hd k_d| (assert_rows_close's
 # dot_magnitude; attn_scores_cases.accumulation_error, which grows with head_dim).
 TOLERANCES = {
-    "output": {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2},
-    "epilogue": {torch.float32: 0.0, torch.float16: 5e-3, torch.bfloat16: 3e-2},
+    "output": {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 8e-3},
+    "epilogue": {torch.float32: 0.0, torch.float16: 5e-3, torch.bfloat16: 1.5e-2},
     "accumulator": {torch.float32: 0.0, torch.float16: 2e-2},
 }
 
