@@ -219,6 +219,31 @@ def test_ue8m0_byte_255_reads_as_2_to_the_128(block_size, interleaved):
         check_result(got, out, expected, case.seq_lens, 1, tolerance(output_dtype), size)
 
 
+def case_from_codes(
+    q_codes, q_exp, k_codes, k_exp, weights, table, lens: list[int], next_n: int
+) -> PagedCase:
+    """A PagedCase from E2M1 codes and UE8M0 bytes: q [B, next_n, H, D] / [B, next_n, H, 4],
+    K [blocks, block_size, D] / [blocks, block_size, 4] (token-major scales), weights
+    [B, next_n, H] or [B * next_n, H]."""
+    num_blocks, block_size, head_dim = k_codes.shape
+    kv_fused = torch.cat(
+        [pack_nibbles(k_codes).flatten(1), k_exp.to(torch.uint8).flatten(1)], dim=1
+    ).view(num_blocks, block_size, 1, head_dim // 2 + 4)
+    return PagedCase(
+        q=pack_nibbles(q_codes),
+        q_sf=q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1),
+        kv_fused=kv_fused,
+        weights=weights.reshape(len(lens) * next_n, -1).float(),
+        block_tables=table,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        max_seq_len=MAX_SEQ_LEN,
+        next_n=next_n,
+        q64=decode_mxfp4(q_codes, q_exp),
+        k64=decode_mxfp4(k_codes, k_exp),
+        token_scale64=None,
+    )
+
+
 def make_far_apart_heads_case(
     top: int, spread: int, weight_exponent: int, negative_top_heads: bool, next_n: int, seed: int
 ) -> PagedCase:
@@ -233,9 +258,6 @@ def make_far_apart_heads_case(
     table, num_blocks = _paging(gen, lens, block_size, 8, None)
     k_codes = torch.randint(0, 8, (num_blocks, block_size, head_dim), generator=gen)  # sign clear
     k_exp = torch.randint(120, 129, (num_blocks, block_size, 4), generator=gen)
-    kv_fused = torch.cat(
-        [pack_nibbles(k_codes).flatten(1), k_exp.to(torch.uint8).flatten(1)], dim=1
-    ).view(num_blocks, block_size, 1, head_dim // 2 + 4)
     shape = (len(lens), next_n, num_heads)
     top_head = torch.rand(*shape, generator=gen).argsort(dim=-1) < 48
     q_codes = torch.randint(0, 16, (*shape, head_dim), generator=gen)
@@ -245,19 +267,7 @@ def make_far_apart_heads_case(
     base = torch.where(top_head, top, top - spread)[..., None]
     q_exp = (base - torch.randint(0, 7, (*shape, 4), generator=gen)).clamp(0, 254)
     weights = torch.randn(len(lens) * next_n, num_heads, generator=gen) * 2.0**weight_exponent
-    return PagedCase(
-        q=pack_nibbles(q_codes),
-        q_sf=q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1),
-        kv_fused=kv_fused,
-        weights=weights,
-        block_tables=table,
-        seq_lens=torch.tensor(lens, dtype=torch.int32),
-        max_seq_len=MAX_SEQ_LEN,
-        next_n=next_n,
-        q64=decode_mxfp4(q_codes, q_exp),
-        k64=decode_mxfp4(k_codes, k_exp),
-        token_scale64=None,
-    )
+    return case_from_codes(q_codes, q_exp, k_codes, k_exp, weights, table, lens, next_n)
 
 
 # (top, spread, weight exponent, negative top heads): heads 100-200 binades below the largest
@@ -466,22 +476,7 @@ def make_fold_edge_case(next_n: int, edge: str, seed: int) -> PagedCase:
     weights = torch.where(anchor_head, anchor_weight, sign * small_weight)
     q_codes = torch.where(anchor_head[..., None], negative, q_codes)
     q_exp = torch.where(anchor_head, 255, small_exp)[..., None].expand(*shape, 4)
-    kv_fused = torch.cat(
-        [pack_nibbles(k_codes).flatten(1), k_exp.to(torch.uint8).flatten(1)], dim=1
-    ).view(num_blocks, block_size, 1, head_dim // 2 + 4)
-    return PagedCase(
-        q=pack_nibbles(q_codes),
-        q_sf=q_exp.to(torch.uint8).contiguous().view(torch.int32).squeeze(-1),
-        kv_fused=kv_fused,
-        weights=weights.reshape(len(lens) * next_n, num_heads).float(),
-        block_tables=table,
-        seq_lens=torch.tensor(lens, dtype=torch.int32),
-        max_seq_len=MAX_SEQ_LEN,
-        next_n=next_n,
-        q64=decode_mxfp4(q_codes, q_exp),
-        k64=decode_mxfp4(k_codes, k_exp),
-        token_scale64=None,
-    )
+    return case_from_codes(q_codes, q_exp, k_codes, k_exp, weights, table, lens, next_n)
 
 
 @pytest.mark.parametrize(
