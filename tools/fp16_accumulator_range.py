@@ -39,8 +39,10 @@ def main() -> None:
         "max |logit| | reference max |logit| |"
     )
     print("|---|---|---|---|---|")
-    for v in (8.0, 16.0, 22.0, 23.0, 32.0, 64.0, 448.0):
-        byte = torch.tensor([v]).to(torch.float8_e4m3fn).view(torch.uint8)
+    for wanted in (8.0, 16.0, 22.0, 24.0, 32.0, 64.0, 448.0):
+        stored = torch.tensor([wanted]).to(torch.float8_e4m3fn)
+        v = float(stored.float())  # the E4M3 value actually used (23 would round to 24)
+        byte = stored.view(torch.uint8)
         kv = case.kv_fused.clone()
         kv.view(kv.shape[0], -1)[:, : BLOCK_SIZE * HEAD_DIM] = byte
         q = torch.full(case.q.shape, v).to(torch.float8_e4m3fn)

@@ -382,9 +382,10 @@ def out_overlap_error(name: str, out_start: int, out_end: int, first: int, exten
 
 
 def inference_out_error() -> RuntimeError:
-    """The error for an eager CUDA call that would write an inference tensor (`out` created
-    under `torch.inference_mode()`) outside inference mode; PyTorch refuses such in-place
-    updates, and so do the custom op (CPU, torch.compile) paths."""
+    """The error for an eager call (CPU or CUDA) that would write an inference tensor (`out`
+    created under `torch.inference_mode()`) outside inference mode. PyTorch refuses such
+    in-place updates, and the custom op would too, with its own message; the direct CUDA
+    launch would not notice, so the eager path checks first."""
     return RuntimeError(
         "out is an inference tensor (created under torch.inference_mode()) and this call is "
         "outside inference mode, where PyTorch allows no in-place update of it; make the call "

@@ -295,14 +295,28 @@ def test_max_seq_len_read_from_seq_lens_inside_the_compiled_function(variant, wi
                 assert_empty_rows_untouched(out, case.seq_lens, next_n)
             assert_same_valid_region(got, kind.op(*args, max(lens)), case.seq_lens, next_n)
         if with_out:
-            # Eager's length-dependent out check, now at run time: an out one padded unit too
-            # narrow for the second batch's longest request.
-            cols = fa.padded_seq_len(max(lens)) - 256
-            narrow = poisoned(case.rows, cols, kind.output_dtype, device)
+            # Eager's length-dependent out check, now at run time: an out wide enough for
+            # max_seq_len (700) but not for the padded row (768) the kernel may write.
+            narrow = poisoned(case.rows, max(lens) + 4, kind.output_dtype, device)
             with pytest.raises(RuntimeError):
                 compiled(*args, out=narrow)
             assert torch.isnan(narrow).all(), "a refused call wrote into out"
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_negative_max_seq_len_read_from_device_data_raises_when_run(device):
+    """The `max_seq_len >= 0` check of a data-dependent value runs with the compiled code."""
+    case = dynamic_case("fp8", [37, 0, 400], seed=150).to(device)
+
+    def call(*args):
+        seq_lens = args[-1]
+        return fa.fp8_paged_mqa_logits(*args, int((seq_lens.max() - 1000).item()))
+
+    compiled = torch.compile(call, fullgraph=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        with pytest.raises(RuntimeError):
+            compiled(*case.fp8_args()[:-1])
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -143,8 +143,8 @@ def fp8_paged_mqa_logits(
             epilogue as well, 4-27 % faster than the defaults at next_n 2-4 on SM90, at the
             cost of the accumulator's rounding and range: each dot product of the raw FP8
             values (before the token scale) is summed in float16 and becomes inf once it
-            passes 65504, e.g. at head_dim 128 with |q|, |k| near 23 (K quantised per token to
-            E4M3's full range reaches 448). See the docs' numerics page.
+            passes 65504, e.g. at head_dim 128 once every |q|, |k| is 24 (K quantised per
+            token to E4M3's full range reaches 448). See the docs' numerics page.
         schedule_meta: Optional `[num_sms + 1, 2]` int32 contiguous CTA schedule on q's device,
             from `compute_paged_mqa_logits_schedule(seq_lens, device=q.device, next_n=next_n,
             variant="fp8")`. Leave it None (recommended): the logits kernel then derives the

@@ -676,8 +676,8 @@ __device__ __forceinline__ void consumer(int consumer_index, Out* out, long long
           *slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + slot_exponent[k]));
         } else {
           const int* q_exp = slot_exp + slot * 4;
-          // e reaches 254 (M 255, R_t 265), past scale_by_pow2's clamp; fold_anchor keeps it in
-          // scale_by_pow2_from's range.
+          // e reaches 253 (M 255, R_t 265, kTwiceRelu 1), past scale_by_pow2's clamp;
+          // fold_anchor keeps it in scale_by_pow2_from's range.
           *slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + q_exp[2 * k + (quad >> 1)] - 266 - kTwiceRelu));
         }
 #else
