@@ -40,7 +40,7 @@ def test_remembered_call_launches_into_the_callers_out_and_returns_the_sliced_vi
     calls = []
     tensors = tuple(torch.ones(k) for k in range(1, 6))  # q, kv_fused, weights, tables, lens
     schedule = torch.zeros(133, 2, dtype=torch.int32)
-    check_out = dispatch.OutOverlapCheck("fp8", problem, (*tensors, schedule), out)
+    check_out = dispatch.OutCheck("fp8", problem, (*tensors, schedule), out)
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     version = out._version
     got = eager(tensors, schedule, out)
@@ -62,7 +62,7 @@ def test_remembered_call_refuses_an_out_that_overlaps_an_input():
     buffer = torch.zeros(4 * width)
     out = buffer[: 3 * width].view(3, width)
     tensors = tuple(torch.ones(k) for k in range(1, 6))
-    check_out = dispatch.OutOverlapCheck("fp8", problem, (*tensors, None), out)
+    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     weights = buffer[3 * width - 1 : 3 * width + 2]  # its first element is out's last written
@@ -80,7 +80,7 @@ def test_remembered_call_refuses_an_inference_out_outside_inference_mode():
     with torch.inference_mode():
         out = torch.zeros(3, problem.padded_cols)
     tensors = tuple(torch.ones(k) for k in range(1, 6))
-    check_out = dispatch.OutOverlapCheck("fp8", problem, (*tensors, None), out)
+    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     with pytest.raises(RuntimeError, match="out is an inference tensor"):

@@ -137,10 +137,11 @@ INPUT_NAMES = {
 }
 
 
-class OutOverlapCheck:
-    """Refuses an `out` whose written region shares memory with an input. The byte extents of
+class OutCheck:
+    """Refuses an `out` whose written region shares memory with an input (the byte extents of
     that region and of every input are fixed by the argument signature, so a call only reads
-    addresses (0.7 us on a desktop CPU)."""
+    addresses: 0.7 us on a desktop CPU), and an inference-tensor `out` outside inference mode,
+    which the direct CUDA launch would otherwise write (the custom op refuses it)."""
 
     __slots__ = ("_checked", "_written")
 
@@ -157,6 +158,8 @@ class OutOverlapCheck:
             first = inputs[index].data_ptr()
             if first < end and start < first + extent:
                 raise v.out_overlap_error(name, start, end, first, extent)
+        if out.is_inference() and not torch.is_inference_mode_enabled():
+            raise v.inference_out_error()
 
 
 class EagerCall:
@@ -186,7 +189,7 @@ class EagerCall:
         run: Callable[..., None],
         problem: Problem,
         storage: torch.Tensor,
-        check_out: OutOverlapCheck | None,
+        check_out: OutCheck | None,
     ) -> None:
         self._run = run
         self._check_out = check_out
@@ -205,8 +208,6 @@ class EagerCall:
             storage = torch.empty(self._storage_shape, dtype=self._dtype, device=self._device)
         else:
             self._check_out((*tensors, schedule_meta), out)
-            if out.is_inference() and not torch.is_inference_mode_enabled():
-                raise v.inference_out_error()
             # As the custom op would: autograd sees out change in place.
             torch.autograd.graph.increment_version(out)
         self._run(*tensors, storage, schedule_meta)
@@ -265,10 +266,8 @@ def run(
     eager = plain_eager()
     if out is not None and eager:  # a trace has no addresses
         inputs = (*tensors, schedule_meta)
-        check_out = OutOverlapCheck(variant, problem, inputs, out)
+        check_out = OutCheck(variant, problem, inputs, out)
         check_out(inputs, out)
-        if out.is_inference() and not torch.is_inference_mode_enabled():
-            raise v.inference_out_error()
     storage = out
     if storage is None:
         storage = torch.empty(
