@@ -82,6 +82,48 @@ def _warm_up(calls: list[Callable[[], object]]) -> None:
     torch.cuda.synchronize()
 
 
+# Before each sample a GPU spin kernel holds the stream while the host queues the timed work,
+# so no kernel of it waits for the host: the samples hold no host launch time. The spin must
+# outlast the queueing (checked on every sample).
+SPIN_CYCLES_PER_GRAPH = 40_000  # about 20 us at 1.98 GHz
+
+
+class SpinTimer:
+    """Times work queued behind a GPU spin, lengthening the spin whenever the host's queueing
+    outlasted it (such a sample is taken again)."""
+
+    def __init__(self, spin_cycles: int) -> None:
+        self.spin_cycles = spin_cycles
+
+    def sample_ms(
+        self, launch: Callable[[], object], before: Callable[[], object] | None = None
+    ) -> float:
+        """Milliseconds between the spin's end and the end of what `launch` queued.
+
+        `before` (e.g. an L2 flush) is queued ahead of the spin on every attempt.
+        """
+        while True:
+            if before is not None:
+                before()
+            spin_start = torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            spin_start.record()
+            torch.cuda._sleep(self.spin_cycles)
+            start.record()
+            queue_began = time.perf_counter()
+            launch()
+            queue_s = time.perf_counter() - queue_began
+            end.record()
+            end.synchronize()
+            # With a 20 % margin: the spin starts on the GPU no earlier than it was queued.
+            if 1.2 * queue_s * 1e3 < spin_start.elapsed_time(start):
+                return start.elapsed_time(end)
+            self.spin_cycles *= 2  # the host may still have been queueing when the spin ended
+            if self.spin_cycles > 1 << 36:
+                raise RuntimeError("the spin kernel never outlasted the host's launches")
+
+
 def time_graph_replays(
     calls: list[Callable[[], object]],
     *,
@@ -89,6 +131,10 @@ def time_graph_replays(
     budget_s: float = SAMPLE_BUDGET_S,
 ) -> Timing:
     """Capture `calls` into one CUDA graph and time its replays with CUDA events.
+
+    Each replay is queued behind a spin kernel (`SpinTimer`), so a sample holds the graph's
+    device-side launch but not the host's: before the twenty-ninth run (2026-12-02) it held
+    both, which lengthened the samples of graphs with few calls (the largest shapes).
 
     Args:
         calls: Closures, one per rotation set; each launches one op call on the current stream.
@@ -108,20 +154,17 @@ def time_graph_replays(
         graph.replay()
     torch.cuda.synchronize()
 
+    timer = SpinTimer(SPIN_CYCLES_PER_GRAPH)
     per_call_us: list[float] = []
     spent_s = 0.0
     while len(per_call_us) < MAX_SAMPLES and (len(per_call_us) < min_samples or spent_s < budget_s):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        elapsed_ms = start.elapsed_time(end)
+        elapsed_ms = timer.sample_ms(graph.replay)
         spent_s += elapsed_ms * 1e-3
         per_call_us.append(elapsed_ms * 1e3 / len(calls))
     del graph
-    return _summarise(per_call_us, f"CUDA events over graph replays of {len(calls)} calls")
+    return _summarise(
+        per_call_us, f"CUDA events over graph replays of {len(calls)} calls, host launch hidden"
+    )
 
 
 # L2-warm samples of `time_single_replays` queue this many replays. Measured on the H200
@@ -129,9 +172,6 @@ def time_graph_replays(
 # took 27 us per graph (against 3.8 us with 32 queued).
 SINGLE_REPLAY_WINDOW = 32
 SINGLE_REPLAY_SAMPLES = 40
-# Before each sample a GPU spin kernel holds the stream while the host queues the replays, so
-# no replay waits for the host. It must outlast the queueing (checked on every sample).
-SPIN_CYCLES_PER_GRAPH = 40_000  # about 20 us at 1.98 GHz
 # A cold sample starts after a read of this many times the L2's size.
 L2_FLUSH_FACTOR = 4
 _l2_flush_buffers: dict[torch.device, torch.Tensor] = {}  # kept for the process (240 MB on an H200)
@@ -179,31 +219,16 @@ def time_single_replays(
     torch.cuda.synchronize()
 
     window = 1 if cold else SINGLE_REPLAY_WINDOW
-    spin_cycles = SPIN_CYCLES_PER_GRAPH * window
-    per_call_us: list[float] = []
-    while len(per_call_us) < samples:
-        if cold:
-            flush_l2(device)
-        spin_start = torch.cuda.Event(enable_timing=True)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        spin_start.record()
-        torch.cuda._sleep(spin_cycles)
-        start.record()
-        queue_began = time.perf_counter()
+    timer = SpinTimer(SPIN_CYCLES_PER_GRAPH * window)
+
+    def replay_window() -> None:
         for _ in range(window):
             graph.replay()
-        queue_s = time.perf_counter() - queue_began
-        end.record()
-        end.synchronize()
-        # With a 20 % margin: the spin starts on the GPU no earlier than it was queued.
-        if 1.2 * queue_s * 1e3 >= spin_start.elapsed_time(start):
-            spin_cycles *= 2  # the host may still have been queueing when the spin ended
-            if spin_cycles > 1 << 36:
-                raise RuntimeError("the spin kernel never outlasted the host's graph launches")
-            continue
-        per_call_us.append(start.elapsed_time(end) * 1e3 / window)
-    del graph
+
+    flush = (lambda: flush_l2(device)) if cold else None
+    per_call_us = [
+        timer.sample_ms(replay_window, before=flush) * 1e3 / window for _ in range(samples)
+    ]
     if cold:
         method = "CUDA events around one replay of a one-call graph after an L2 flush"
     else:
@@ -223,19 +248,11 @@ def time_host(call: Callable[[], object], repeats: int = 3) -> Timing:
 
 
 def _time_events(fn: Callable[[], object], repeats: int) -> float:
-    """Median seconds of `fn` measured with CUDA events, after one warm-up call."""
+    """Median seconds of `fn` measured with CUDA events behind a spin, after one warm-up call."""
     fn()
     torch.cuda.synchronize()
-    seconds = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        seconds.append(start.elapsed_time(end) * 1e-3)
-    return statistics.median(seconds)
+    timer = SpinTimer(SPIN_CYCLES_PER_GRAPH)
+    return statistics.median(timer.sample_ms(fn) * 1e-3 for _ in range(repeats))
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 20) -> float:
