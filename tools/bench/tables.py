@@ -576,7 +576,9 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
         low, high = _lowest_and_highest(speedups)
         items.append(
             f"fp8 against the peer at block {PEER_BLOCK_SIZE}, {len(speedups)} of its "
-            f"{len(PEER_FP8_US)} published shapes: geometric-mean speed-up "
+            f"{len(PEER_FP8_US)} published shapes, our time from graphs of many back-to-back "
+            f"calls (their launches overlap through PDL; the peer was timed one call per graph "
+            f"replay, as in the one-replay lines below): geometric-mean speed-up "
             f"{_against_speedup_target(geomean(speedups.values()))} (peer time / our time; above "
             f"1 is faster than the peer), from {speedups[low]:.2f}x ({_shape_text(*low, None)}) to "
             f"{speedups[high]:.2f}x ({_shape_text(*high, None)})."
