@@ -29,6 +29,7 @@ RUN25_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run25.json"
 RUN26_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run26.json"
 RUN27_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run27.json"
 RUN28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run28.json"
+RUN29_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-02-run29.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
@@ -223,7 +224,8 @@ def test_peer_speedup_at_equal_copy_of_the_published_runs() -> None:
     """The figures the performance page quotes, from each run's own JSON."""
     t = _tables()
     published = {RUN25_JSON: (1.256, 1.268), RUN26_JSON: (1.263, 1.282),
-                 RUN27_JSON: (1.247, 1.260), RUN28_JSON: (1.2496, 1.261)}  # fmt: skip
+                 RUN27_JSON: (1.247, 1.260), RUN28_JSON: (1.2496, 1.261),
+                 RUN29_JSON: (1.281, 1.289)}  # fmt: skip
     for results, (raw, at_equal_copy) in published.items():
         payload = t.load_results(results)
         assert t.geomean(t.peer_speedups(payload).values()) == pytest.approx(raw, abs=5e-4)
@@ -255,7 +257,8 @@ def test_peer_speedup_one_replay_of_the_published_runs() -> None:
     (pages in L2, after an L2 flush), from each run's own JSON."""
     t = _tables()
     published = {RUN25_JSON: (1.216, 1.080), RUN26_JSON: (1.230, 1.091),
-                 RUN27_JSON: (1.211, 1.073), RUN28_JSON: (1.212, 1.076)}  # fmt: skip
+                 RUN27_JSON: (1.211, 1.073), RUN28_JSON: (1.212, 1.076),
+                 RUN29_JSON: (1.241, 1.101)}  # fmt: skip
     for results, (warm, flushed) in published.items():
         payload = t.load_results(results)
         speedups = t.peer_speedups_one_replay(payload, "single_replay_warm")
@@ -423,7 +426,8 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
-    (RUN28_JSON, [PERFORMANCE_MD]),
+    (RUN29_JSON, [PERFORMANCE_MD]),
+    (RUN28_JSON, [HISTORY_MD]),
     (RUN27_JSON, [HISTORY_MD]),
     (RUN26_JSON, [HISTORY_MD]),
     (RUN25_JSON, [HISTORY_MD]),
