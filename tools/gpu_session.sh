@@ -10,6 +10,7 @@
 #   HOST_AB=ab_old SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   EXPERIMENTS="large fp4" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   WGMMA_RATE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+#   FLOOR=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   RANDOM_CASES="3000 2000 3000" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   READ_RATE="paths hop writes write-volume epochs" EXPERIMENTS=load-path SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 # Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), EXPERIMENTS
@@ -113,6 +114,13 @@ if [ "${WGMMA_RATE:-0}" = 1 ]; then
   timeout 200 python tools/wgmma_rate.py > "$OUT/wgmma-rate.log" 2>&1
   echo "wgmma_rate: exit $?"
   cat "$OUT/wgmma-rate.log"
+fi
+if [ "${FLOOR:-0}" = 1 ]; then
+  # The floor under the small-batch row: an empty kernel and a one-element add_, one call per
+  # graph replay, cold and L2-warm, beside the op at B 1, L 4k (tools/small_batch_floor.py).
+  timeout 200 python tools/small_batch_floor.py > "$OUT/small-batch-floor.log" 2>&1
+  echo "small_batch_floor: exit $?"
+  cat "$OUT/small-batch-floor.log"
 fi
 if [ -n "${READ_RATE:-}" ]; then
   # READ_RATE ("paths hop writes write-volume epochs"): the read rate of a paged gather by load
