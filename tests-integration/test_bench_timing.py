@@ -12,6 +12,18 @@ def _timing():
     return timing
 
 
+def _spin_alone_us(cycles: int) -> float:
+    """A spin kernel's own length, from events around it in a stream of many."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)
+    start.record()
+    for _ in range(20):
+        torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / 20
+
+
 @pytest.mark.gpu
 def test_single_replays_time_one_call_alone_without_the_host_launch() -> None:
     timing = _timing()
@@ -26,18 +38,6 @@ def test_single_replays_time_one_call_alone_without_the_host_launch() -> None:
         # The call itself plus a graph launch on the device: a few microseconds, never the
         # host's launch latency of each replay (which the spin hides).
         assert alone_us * 0.95 <= measured.median_us <= alone_us + 8.0, (cold, measured, alone_us)
-
-
-def _spin_alone_us(cycles: int) -> float:
-    """A spin kernel's own length, from events around it in a stream of many."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(cycles)
-    start.record()
-    for _ in range(20):
-        torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / 20
 
 
 @pytest.mark.gpu
