@@ -8,7 +8,12 @@ packages | tar -x -C old`). For every round and tree, a child process imports th
 from that tree's `packages/*/src`, builds each case from a fixed seed (so both trees see the
 same bytes), times it (median of CUDA-graph replays of 4 back-to-back calls, pages from a pool
 larger than L2) and hashes the valid region of its output. The trees alternate, so drift of
-the GPU clock or of the machine shows up as a difference between rounds of one tree. With
+the GPU clock or of the machine shows up as a difference between rounds of one tree, and
+they swap places every round (old first in rounds 1, 3, ..., new first in rounds 2, 4, ...).
+At latency-bound shapes one child process differs from the next by more than most kernel
+changes: on the H200 (2026-12-02) two trees with bitwise-equal output and one-replay times
+within 1 % read fp8 B 1, L 4k at 3.8-3.9 us in some processes and 4.1-4.5 us in others,
+whichever tree and position. Use more rounds there, or `--single`. With
 `--preheat S` each case first runs back to back for S seconds, so it is timed at the clock the
 700 W power cap settles at under a sustained load (the benchmark's long runs see that clock;
 short bursts run at up to 1980 MHz). The table printed last gives each tree's time per round, new / old of the best rounds, and
@@ -167,7 +172,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="an even number puts each tree first as often"
+    )
     parser.add_argument("--preheat", type=float, default=0.0, metavar="S")
     parser.add_argument("--single", action="store_true", help="one call per graph replay")
     parser.add_argument("--shapes", default=None)
@@ -176,7 +183,8 @@ def main() -> None:
     child_args = ["--child-single"] if args.single else ["--child", str(args.preheat)]
     results: dict[str, list[list[dict]]] = {"old": [], "new": []}
     for round_index in range(args.rounds):
-        for name, root in (("old", args.old), ("new", args.new)):
+        trees = (("old", args.old), ("new", args.new))
+        for name, root in trees if round_index % 2 == 0 else trees[::-1]:
             rows = _run_tree(root, child_args, shapes)
             results[name].append(rows)
             for row in rows:
