@@ -17,7 +17,10 @@ cold reading apart, queued ahead of the timed replay:
 - "after a flush and itself": the flush, then one untimed replay of the same graph, so whatever
   that graph reads (code, parameters, data) is back in L2;
 - "one replay, no flush": nothing, so the previous sample's replay left everything in L2; this
-  differs from the window only in being one replay alone behind the spin;
+  differs from the window only in being one replay alone behind the spin. Its samples spread
+  most: on 2026-12-02 some rounds read 4-12 us, more than after a flush, and the others read
+  as "after a flush and itself". With no flush the GPU has little to do between samples while
+  the host prepares the next one (only the spin, on one SM); the cause was not measured;
 - for the op, "then code reloaded": after the flush a graph of the op on the case's second
   rotation set (its own q, table and pages) runs, so the kernel's instructions are back in L2
   and the first set's data is not; "then data reloaded": torch reads the first set's q, weights,
