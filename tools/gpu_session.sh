@@ -116,8 +116,8 @@ if [ "${WGMMA_RATE:-0}" = 1 ]; then
   cat "$OUT/wgmma-rate.log"
 fi
 if [ "${FLOOR:-0}" = 1 ]; then
-  # The floor under the small-batch row: an empty kernel and a one-element add_, one call per
-  # graph replay, cold and L2-warm, beside the op at B 1, L 4k (tools/small_batch_floor.py).
+  # The floor under the small-batch row: an empty kernel, a one-element add_ and the op at B 1,
+  # L 4k, one call per graph replay, the cold reading taken apart (tools/small_batch_floor.py).
   timeout 200 python tools/small_batch_floor.py > "$OUT/small-batch-floor.log" 2>&1
   echo "small_batch_floor: exit $?"
   cat "$OUT/small-batch-floor.log"
