@@ -6,6 +6,7 @@
 #   bash tools/gpu_session.sh [extra pytest args...]
 #   SKIP_TESTS=shards SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh   # whole suite, 4 processes
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
+#   SANITIZE=1 SANITIZE_RANDOM="20 12 4861000" RANDOM_BATCHES=large SANITIZE_CONTROLS=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   HOST_AB=ab_old SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   EXPERIMENTS="large fp4" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
@@ -20,6 +21,9 @@
 # SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
 # (110 s per tool run; five runs then fit one 600 s device call even if each one times out),
 # SANITIZE_CASE_ARGS (tools/sanitize_cases.py arguments for every run, e.g. "--only structures"),
+# SANITIZE_RANDOM ("fp8 fp4 first-seed": random_cases.py calls instead, drawn with the RANDOM_*
+# knobs), SANITIZE_KERNELS (paged_mqa_logits: the --kernel-name kns= filter; empty for none),
+# SANITIZE_CONTROLS (1: also tools/sanitizer_controls.py, planted bugs each tool must report),
 # SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
@@ -200,32 +204,51 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # --report-api-errors no: host API calls that fail by design are not kernel errors
   # (cuda-bindings probes optional driver entry points with cuGetProcAddress, and
   # flashinfer_jit reads kernel parameter info until cuKernelGetParamInfo says "invalid value").
-  # tools/sanitize_cases.py: a handful of small fp8 (and, once built, fp4) calls checked against
-  # the float64 reference; exit 1 on a mismatch, 9 (--error-exitcode) on a sanitizer error.
+  # --kernel-name kns=$SANITIZE_KERNELS: only our kernels are instrumented (PyTorch's run at
+  # full speed; large batches under memcheck went from past 240 s to 21 s for 14 calls);
+  # tools/sanitizer_controls.py (SANITIZE_CONTROLS=1) shows the filter still sees planted bugs.
+  # The calls: tools/sanitize_cases.py (a handful of small fp8 and fp4 calls), or with
+  # SANITIZE_RANDOM ("fp8 fp4 first-seed") that many tools/random_cases.py calls drawn with the
+  # RANDOM_* knobs below (no replays: memcheck runs without the caching allocator). Each call is
+  # checked against the float64 reference; exit 1 on a mismatch, 9 on a sanitizer error.
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  # shellcheck disable=SC2086  # SANITIZE_CASE_ARGS is a word list on purpose (e.g. "--only structures")
-  timeout "${SANITIZE_PLAIN_TIMEOUT:-100}" python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-plain.log" 2>&1
-  echo "sanitize cases without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
+  if [ -n "${SANITIZE_RANDOM:-}" ]; then
+    read -r san_fp8 san_fp4 san_seed <<< "$SANITIZE_RANDOM"
+    calls=(tools/random_cases.py --fp8 "$san_fp8" --fp4 "${san_fp4:-0}" --first-seed "${san_seed:-100000}"
+      --shapes "${RANDOM_SHAPES:-suite}" --batches "${RANDOM_BATCHES:-small}"
+      --scales "${RANDOM_SCALES:-suite}" --layouts "${RANDOM_LAYOUTS:-suite}" --chunk 1)
+  else
+    # shellcheck disable=SC2206  # SANITIZE_CASE_ARGS is a word list on purpose (e.g. "--only structures")
+    calls=(tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-})
+  fi
+  # The plain run also compiles every configuration, so the tools' runs time only the calls.
+  timeout "${SANITIZE_PLAIN_TIMEOUT:-100}" python "${calls[@]}" > "$OUT/sanitize-plain.log" 2>&1
+  echo "sanitize calls without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
   if [ -z "$SANITIZER" ]; then
     echo "compute-sanitizer not found on PATH or in /usr/local/cuda/bin: sanitizer runs skipped"
   else
+    filter=()
+    [ -n "${SANITIZE_KERNELS-paged_mqa_logits}" ] && filter=(--kernel-name "kns=${SANITIZE_KERNELS-paged_mqa_logits}")
     runs="${SANITIZE_TOOLS:-memcheck racecheck synccheck}"
     [ "${SANITIZE_NOCACHE:-1}" = 1 ] && case " $runs " in *" memcheck "*) runs="$runs memcheck-nocache" ;; esac
     for run in $runs; do
       tool=${run%-nocache}
-      if [ "$run" = memcheck-nocache ]; then
-        # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
-        env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" \
-          --report-api-errors no --error-exitcode 9 python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-$run.log" 2>&1
-      else
-        timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 \
-          python tools/sanitize_cases.py ${SANITIZE_CASE_ARGS:-} > "$OUT/sanitize-$run.log" 2>&1
-      fi
+      nocache=()
+      # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
+      [ "$run" = memcheck-nocache ] && nocache=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+      "${nocache[@]}" timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" "${filter[@]}" \
+        --report-api-errors no --error-exitcode 9 python "${calls[@]}" > "$OUT/sanitize-$run.log" 2>&1
       rc=$?
       # memcheck/synccheck print "ERROR SUMMARY", racecheck "RACECHECK SUMMARY"
       summary=$(grep -m1 -E "(ERROR|RACECHECK) SUMMARY" "$OUT/sanitize-$run.log" || echo "no summary line (see sanitize-$run.log)")
-      echo "$run: exit $rc; ${summary#========= }; $(grep -E "cases match the reference" "$OUT/sanitize-$run.log" | tail -n 1)"
+      echo "$run: exit $rc; ${summary#========= }; $(grep -E "cases match the reference|^random cases" "$OUT/sanitize-$run.log" | tail -n 1)"
     done
+    if [ "${SANITIZE_CONTROLS:-0}" = 1 ]; then
+      timeout "${SANITIZE_CONTROLS_TIMEOUT:-400}" python tools/sanitizer_controls.py \
+        --kernels "${SANITIZE_KERNELS-paged_mqa_logits}" --logs "$OUT/sanitizer-controls" > "$OUT/sanitizer-controls.log" 2>&1
+      echo "sanitizer controls: exit $?"
+      tail -n 8 "$OUT/sanitizer-controls.log"
+    fi
   fi
 fi
 if [ "${BENCH:-1}" = 1 ]; then
