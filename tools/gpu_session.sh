@@ -23,7 +23,8 @@
 # SANITIZE_CASE_ARGS (tools/sanitize_cases.py arguments for every run, e.g. "--only structures"),
 # SANITIZE_RANDOM ("fp8 fp4 first-seed": random_cases.py calls instead, drawn with the RANDOM_*
 # knobs), SANITIZE_KERNELS (paged_mqa_logits: the --kernel-name kns= filter; empty for none),
-# SANITIZE_CONTROLS (1: also tools/sanitizer_controls.py, planted bugs each tool must report),
+# SANITIZE_CONTROLS (1: also tools/sanitizer_controls.py, planted bugs each tool must report;
+# SANITIZE_CONTROLS_TIMEOUT 400 s),
 # SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
 set -uo pipefail
@@ -209,8 +210,9 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # tools/sanitizer_controls.py (SANITIZE_CONTROLS=1) shows the filter still sees planted bugs.
   # The calls: tools/sanitize_cases.py (a handful of small fp8 and fp4 calls), or with
   # SANITIZE_RANDOM ("fp8 fp4 first-seed") that many tools/random_cases.py calls drawn with the
-  # RANDOM_* knobs below (no replays: memcheck runs without the caching allocator). Each call is
-  # checked against the float64 reference; exit 1 on a mismatch, 9 on a sanitizer error.
+  # RANDOM_* knobs of RANDOM_CASES above (no replays: memcheck runs without the caching
+  # allocator). Each call is checked against the float64 reference; exit 1 on a mismatch, 9 on
+  # a sanitizer error.
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   if [ -n "${SANITIZE_RANDOM:-}" ]; then
     read -r san_fp8 san_fp4 san_seed <<< "$SANITIZE_RANDOM"
