@@ -6,6 +6,8 @@ and the tool passed to compute-sanitizer."""
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,18 @@ def test_no_kernel_filter_when_kernels_is_empty(tmp_path) -> None:
     sc.check(control, str(sanitizer), "", 60, tmp_path)
     log = (tmp_path / f"{control.mutant.name}.log").read_text()
     assert "--tool synccheck" in log and "--kernel-name" not in log
+
+
+def test_every_planted_bug_compiles_and_changes_the_cubin() -> None:
+    """NVRTC on the CPU: a kernel edit that leaves a control's text in place but its code dead
+    (the cubin unchanged) or uncompilable would make the control's next GPU run meaningless."""
+    tools = Path(__file__).resolve().parent.parent / "tools"
+    done = subprocess.run(
+        [sys.executable, str(tools / "sanitizer_controls.py"), "--compile-only"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ok = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
+    assert len(ok) == len(_controls().CONTROLS), done.stdout

@@ -3,6 +3,7 @@
     python tools/sanitizer_controls.py [--only memcheck-store,racecheck-scan] [--timeout 150]
     python tools/sanitizer_controls.py --kernels ""      # no kernel filter: every kernel checked
     python tools/sanitizer_controls.py --list
+    python tools/sanitizer_controls.py --compile-only   # CPU: each bug compiles, changes the cubin
 
 "0 errors" from compute-sanitizer is only a verdict if the tool saw the kernels' accesses. The
 GPU sessions run the tools with `--kernel-name kns=paged_mqa_logits` (only the logits kernels
@@ -43,7 +44,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernel_mutants import COMMON, FP8, Mutant, apply, check_applies, copy_tree, tree_env
+from kernel_mutants import (
+    COMMON,
+    FP8,
+    Mutant,
+    apply,
+    check_applies,
+    compile_only,
+    copy_tree,
+    tree_env,
+)
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,11 @@ def check(control: Control, sanitizer: str, kernels: str, timeout: float, logs: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="list the controls and exit")
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="compile each planted bug for sm_90a (NVRTC, no GPU) and check it changes the cubin",
+    )
     parser.add_argument("--only", help="comma-separated control names")
     parser.add_argument(
         "--kernels",
@@ -188,6 +203,8 @@ def main() -> int:
         for control in controls:
             print(f"{control.mutant.name:32} {control.tool:10} {control.mutant.catch}")
         return 0
+    if args.compile_only:
+        return compile_only([control.mutant for control in controls])
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
