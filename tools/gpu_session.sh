@@ -229,8 +229,9 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   if [ -z "$SANITIZER" ]; then
     echo "compute-sanitizer not found on PATH or in /usr/local/cuda/bin: sanitizer runs skipped"
   else
+    kernels=${SANITIZE_KERNELS-paged_mqa_logits}
     filter=()
-    [ -n "${SANITIZE_KERNELS-paged_mqa_logits}" ] && filter=(--kernel-name "kns=${SANITIZE_KERNELS-paged_mqa_logits}")
+    [ -n "$kernels" ] && filter=(--kernel-name "kns=$kernels")
     runs="${SANITIZE_TOOLS:-memcheck racecheck synccheck}"
     [ "${SANITIZE_NOCACHE:-1}" = 1 ] && case " $runs " in *" memcheck "*) runs="$runs memcheck-nocache" ;; esac
     for run in $runs; do
@@ -247,7 +248,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     done
     if [ "${SANITIZE_CONTROLS:-0}" = 1 ]; then
       timeout "${SANITIZE_CONTROLS_TIMEOUT:-400}" python tools/sanitizer_controls.py \
-        --kernels "${SANITIZE_KERNELS-paged_mqa_logits}" --logs "$OUT/sanitizer-controls" > "$OUT/sanitizer-controls.log" 2>&1
+        --kernels "$kernels" --logs "$OUT/sanitizer-controls" > "$OUT/sanitizer-controls.log" 2>&1
       echo "sanitizer controls: exit $?"
       tail -n 8 "$OUT/sanitizer-controls.log"
     fi

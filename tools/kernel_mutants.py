@@ -799,6 +799,27 @@ def compile_only(mutants: list[Mutant]) -> int:
 NOT_RUN = {"random": {2}, "pytest": {2, 3, 4, 5}}
 
 
+def run_in_tree(
+    command: list[str], tree: Path, env: dict[str, str], timeout: float
+) -> tuple[str, int | None]:
+    """(output, exit status) of `command` run from `tree`, stdout and stderr together; the
+    status is None when it ran past `timeout` s and was killed with its process group."""
+    with subprocess.Popen(
+        command,
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the compile workers die with it
+    ) as child:
+        try:
+            return child.communicate(timeout=timeout)[0], child.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            return child.communicate()[0], None
+
+
 def run_check(
     label: str, kind: str, command: list[str], tree: Path, timeout: float
 ) -> tuple[str, str]:
@@ -806,27 +827,15 @@ def run_check(
     detail): "passed"; "failed" (a failing call or test, or a crash); "timeout" (killed with
     its process group after `timeout` s: a hang, or a GPU shared by too many jobs); "error"
     (it could not run: NOT_RUN)."""
-    with subprocess.Popen(
-        command,
-        cwd=tree,
-        env=tree_env(tree),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: the compile workers die with it
-    ) as child:
-        try:
-            output, _ = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
-            return "timeout", f"{label}: no result within {timeout:.0f} s"
-    if child.returncode == 0:
+    output, returncode = run_in_tree(command, tree, tree_env(tree), timeout)
+    if returncode is None:
+        return "timeout", f"{label}: no result within {timeout:.0f} s"
+    if returncode == 0:
         return "passed", ""
     lines = output.splitlines()
     failing = [line for line in lines if line.startswith(("FAIL", "FAILED", "ERROR"))] or lines[-1:]
-    detail = f"{label}: {failing[0][:240] if failing else f'exit status {child.returncode}'}"
-    return ("error" if child.returncode in NOT_RUN[kind] else "failed"), detail
+    detail = f"{label}: {failing[0][:240] if failing else f'exit status {returncode}'}"
+    return ("error" if returncode in NOT_RUN[kind] else "failed"), detail
 
 
 def checks(args: argparse.Namespace, variants: tuple[str, ...]) -> list[tuple[str, str, list[str]]]:

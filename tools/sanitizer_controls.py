@@ -33,11 +33,8 @@ control reports, 1 otherwise, 2 without an SM90 GPU or compute-sanitizer.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +49,7 @@ from kernel_mutants import (
     check_applies,
     compile_only,
     copy_tree,
+    run_in_tree,
     tree_env,
 )
 
@@ -130,20 +128,6 @@ def reported(log: str) -> int | None:
     return int(match.group(1) or match.group(2))
 
 
-def run(command: list[str], tree: Path, env: dict[str, str], timeout: float) -> tuple[str, bool]:
-    """(output, finished) of `command` run from `tree`; killed with its process group (the
-    compile workers too) after `timeout` s."""
-    with subprocess.Popen(
-        command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    ) as child:  # fmt: skip
-        try:
-            return child.communicate(timeout=timeout)[0], True
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            return child.communicate()[0], False
-
-
 def check(control: Control, sanitizer: str, kernels: str, timeout: float, logs: Path | None):
     """Run one control in a mutated copy of the repository. Returns (verdict, detail, s)."""
     began = time.perf_counter()
@@ -153,19 +137,19 @@ def check(control: Control, sanitizer: str, kernels: str, timeout: float, logs: 
         apply(control.mutant, tree)
         env = tree_env(tree)
         calls = [sys.executable, "tools/random_cases.py", *control.calls]
-        run(calls, tree, env, timeout)  # compiles the copy's configurations; result ignored
+        run_in_tree(calls, tree, env, timeout)  # compiles the copy's configurations; result ignored
         if control.no_caching_allocator:
             env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         command = [sanitizer, "--tool", control.tool, "--report-api-errors", "no"]
         if kernels:
             command += ["--kernel-name", f"kns={kernels}"]
-        output, finished = run([*command, *calls], tree, env, timeout)
+        output, returncode = run_in_tree([*command, *calls], tree, env, timeout)
     if logs is not None:
         (logs / f"{control.mutant.name}.log").write_text(output)
     seconds = time.perf_counter() - began
     count = reported(output)
     if count is None:
-        why = f"no result within {timeout:.0f} s" if not finished else "no summary line"
+        why = f"no result within {timeout:.0f} s" if returncode is None else "no summary line"
         return "error", why, seconds
     if count == 0:
         return "SILENT", "0 reported", seconds
