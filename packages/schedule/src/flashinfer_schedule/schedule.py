@@ -318,8 +318,10 @@ def compute_paged_mqa_logits_schedule(
     Pass the result to `fp8_paged_mqa_logits` / `fp4_paged_mqa_logits` as `schedule_meta` to
     skip the per-call schedule computation. Treat it as opaque: it depends on the contents of
     `seq_lens`, on `next_n`, on the variant and on the target device's SM count, so recompute
-    it (into the same buffer under CUDA graphs) whenever any of those change. A stale
-    schedule can hang the kernel.
+    it (into the same buffer under CUDA graphs) whenever any of those change. The spec leaves
+    a stale schedule undefined (it may hang another kernel); the SM90 kernels of
+    `flashinfer-attn-scores` bound every walk by `seq_lens`, but leave logits wrong or
+    unwritten.
 
     On CUDA tensors the computation is one small kernel with no host synchronisation, so it
     can be captured in a CUDA graph. On the CPU the same policy runs with plain torch ops and
