@@ -504,5 +504,5 @@ def check_device_data(
                 f"schedule_meta is stale: row {i} is {schedule_meta[i].tolist()} but "
                 f"compute_paged_mqa_logits_schedule(seq_lens, next_n={next_n}, "
                 f"variant={variant!r}) gives {fresh[i].tolist()}; recompute it whenever the "
-                "contents of seq_lens change (a stale schedule leaves logits wrong or unwritten)"
+                "contents of seq_lens change (a stale schedule can leave logits wrong or unwritten)"
             )

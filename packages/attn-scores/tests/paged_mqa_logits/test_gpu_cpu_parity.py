@@ -21,7 +21,7 @@ Documented differences, asserted as such instead of counted as failures:
    CUDA only with FLASHINFER_VALIDATE_INPUTS=1. Mutations that break them run on both
    devices in validate mode, and on the CPU alone without it (`validate=True`); a CUDA call
    that breaks them without validate mode would access memory out of bounds and never runs.
-   A stale caller schedule is likewise only caught in validate mode (it leaves logits wrong
+   A stale caller schedule is likewise only caught in validate mode (it can leave logits wrong
    or unwritten on CUDA).
 3. A pool of zero blocks with nonzero lengths: the CPU raises; on CUDA the contract leaves it
    undefined (no kernel runs and the rows stay unwritten); without validate mode it runs on
@@ -804,7 +804,7 @@ MUTATIONS: dict[str, Mutation] = {
         lambda a: {"schedule_meta": schedule(lambda s: s.to(other_device(s.device)))},
         raises(ValueError, "schedule_meta must be on q's device (cpu|cuda:0), got (cpu|cuda:0)"),
     ),
-    # A stale schedule leaves CUDA's logits wrong or unwritten: only validate mode may see one
+    # A stale schedule can leave CUDA's logits wrong or unwritten: only validate mode may see one
     # on CUDA.
     "schedule_stale": M(
         lambda a: {"schedule_meta": schedule(lens=lens_with(a, 4, 64)["seq_lens"])},

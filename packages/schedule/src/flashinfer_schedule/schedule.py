@@ -320,7 +320,7 @@ def compute_paged_mqa_logits_schedule(
     `seq_lens`, on `next_n`, on the variant and on the target device's SM count, so recompute
     it (into the same buffer under CUDA graphs) whenever any of those change. The spec leaves
     a stale schedule undefined (it may hang another kernel); the SM90 kernels of
-    `flashinfer-attn-scores` bound every walk by `seq_lens`, but leave logits wrong or
+    `flashinfer-attn-scores` bound every walk by `seq_lens`, but can leave logits wrong or
     unwritten.
 
     On CUDA tensors the computation is one small kernel with no host synchronisation, so it
