@@ -1,6 +1,6 @@
 """Planted bugs each compute-sanitizer tool must report: is a clean sanitizer run a real check?
 
-    python tools/sanitizer_controls.py [--only memcheck-store,racecheck-scan] [--timeout 150]
+    python tools/sanitizer_controls.py [--only memcheck-store-past-out,synccheck-syncwarp-mask] [--timeout 150]
     python tools/sanitizer_controls.py --kernels ""      # no kernel filter: every kernel checked
     python tools/sanitizer_controls.py --list
     python tools/sanitizer_controls.py --compile-only   # CPU: each bug compiles, changes the cubin
