@@ -237,7 +237,8 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     for run in $runs; do
       tool=${run%-nocache}
       nocache=()
-      # Every tensor its own cudaMalloc, so memcheck sees exact bounds (the graph case skips).
+      # Every tensor its own cudaMalloc, so memcheck sees exact bounds (sanitize_cases.py skips
+      # its graph case then; SANITIZE_RANDOM draws no replays).
       [ "$run" = memcheck-nocache ] && nocache=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
       "${nocache[@]}" timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" "${filter[@]}" \
         --report-api-errors no --error-exitcode 9 python "${calls[@]}" > "$OUT/sanitize-$run.log" 2>&1
