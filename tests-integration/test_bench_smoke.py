@@ -269,3 +269,27 @@ def test_bench_cpu_run_with_float16_dtypes_records_them(tmp_path: Path) -> None:
     assert {(r["epi_dtype"], r["acc_dtype"], r["check"]["tolerance"]) for r in results} == {
         ("float16", "float16", 2e-2)
     }
+
+
+def test_environment_records_the_cuda_device_and_its_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+
+    class Properties:  # the fields torch.cuda.get_device_properties gives
+        name, major, minor = "NVIDIA H200", 9, 0
+        multi_processor_count, total_memory, L2_cache_size = 132, 141 << 30, 60 << 20
+        uuid = "97236da7-4baf-95b3-e1f5-eeb8a7e3fe53"
+
+    monkeypatch.setattr(
+        bench.report.torch.cuda, "get_device_properties", lambda device: Properties()
+    )
+    device = bench.report.environment("full", torch.device("cuda", 0))["device"]
+    assert device == {
+        "name": "NVIDIA H200",
+        "capability": "9.0",
+        "sm_count": 132,
+        "memory_bytes": 141 << 30,
+        "l2_bytes": 60 << 20,
+        "uuid": "97236da7-4baf-95b3-e1f5-eeb8a7e3fe53",
+    }
+    del Properties.uuid  # an older torch without the field
+    assert bench.report.environment("full", torch.device("cuda", 0))["device"]["uuid"] is None

@@ -46,7 +46,7 @@ if [ -n "${KNOB_DEFAULTS:-}" ]; then
     echo "KNOB_DEFAULTS: $(grep -h "^#define ${knob%%=*} " "$csrc"/*.cu "$csrc"/*.cuh | sort -u | tr '\n' ' ')"
   done
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
+nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
 date -u
 
 if [ "${SKIP_TESTS:-0}" = shards ]; then

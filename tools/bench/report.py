@@ -110,6 +110,9 @@ def environment(mode: str, device: torch.device) -> dict[str, object]:
             "sm_count": props.multi_processor_count,
             "memory_bytes": props.total_memory,
             "l2_bytes": props.L2_cache_size,
+            # Runs of unchanged kernels differ by a few % between machines at the power cap;
+            # the UUID tells a machine from a run.
+            "uuid": str(props.uuid) if hasattr(props, "uuid") else None,
         }
     else:
         info["device"] = {"name": platform.processor() or platform.machine(), "capability": None}
