@@ -612,3 +612,20 @@ def test_dtype_choice_is_named_and_never_merged_across(payload) -> None:
     fp4_half = {**fp4_run, "results": [{**r, "epi_dtype": "float16"} for r in fp4_run["results"]]}
     with pytest.raises(ValueError, match="different \\(epi_dtype, acc_dtype\\) choices"):
         t.merge_runs([fp8_run, fp4_half])
+
+
+def test_merge_joins_runs_on_two_machines_of_one_model(payload) -> None:
+    t = _tables()
+    fp8_run, fp4_run = _split_by_op(payload)
+    fp8_run = {**fp8_run, "device": {**fp8_run["device"], "uuid": "GPU-a"}}
+    same = {**fp4_run, "device": {**fp4_run["device"], "uuid": "GPU-a"}}
+    assert t.merge_runs([fp8_run, same])["device"]["uuid"] == "GPU-a"
+    other = {**fp4_run, "device": {**fp4_run["device"], "uuid": "GPU-b"}}
+    merged = t.merge_runs([fp8_run, other])
+    assert merged["device"] == {**payload["device"], "uuid": None}
+    assert merged["results"] == fp8_run["results"] + other["results"]
+    older = {**fp4_run, "device": {k: v for k, v in fp4_run["device"].items() if k != "uuid"}}
+    assert t.merge_runs([fp8_run, older])["device"]["uuid"] is None
+    renamed = {**other, "device": {**other["device"], "name": "NVIDIA H100"}}
+    with pytest.raises(ValueError, match="different devices"):
+        t.merge_runs([fp8_run, renamed])

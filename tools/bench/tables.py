@@ -67,7 +67,7 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Join runs of the benchmark on one device into one payload, in the order given.
+    """Join runs of the benchmark on one device model into one payload, in the order given.
 
     Each record keeps the fractions of its own run's copy ceiling; the joined payload lists
     every run's date, ops and copy ceiling under "runs" (the run description prints them) and
@@ -86,9 +86,13 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if len(payloads) < 2:
         raise ValueError(f"merging needs at least two results files, got {len(payloads)}")
-    devices = [p.get("device") for p in payloads]
-    if any(device != devices[0] for device in devices):
-        raise ValueError(f"the runs were made on different devices: {devices}")
+    # The same model on another machine (another UUID) may join: each record keeps its own
+    # run's copy fraction. The joined payload keeps a UUID only where every run shares it.
+    models = [_without_uuid(p.get("device")) for p in payloads]
+    if any(model != models[0] for model in models):
+        raise ValueError(f"the runs were made on different devices: {models}")
+    uuids = {(p.get("device") or {}).get("uuid") for p in payloads}
+    device = payloads[0].get("device") if len(uuids) == 1 else {**models[0], "uuid": None}
     choices = sorted({dtype_choice(r) for p in payloads for r in p["results"]})
     if len(choices) > 1:
         raise ValueError(
@@ -116,7 +120,8 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         }
     first = payloads[0]
     return {
-        **{k: first.get(k) for k in ("date", "mode", "python", "torch", "cuda", "device")},
+        **{k: first.get(k) for k in ("date", "mode", "python", "torch", "cuda")},
+        "device": device,
         "complete": all(p.get("complete", True) for p in payloads),
         "runs": [
             {
@@ -130,6 +135,10 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "host_time": host_time,
         "results": [record for p in payloads for record in p["results"]],
     }
+
+
+def _without_uuid(device: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return None if device is None else {k: v for k, v in device.items() if k != "uuid"}
 
 
 def dtype_choice(record: Record) -> tuple[str, str]:
