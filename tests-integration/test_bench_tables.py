@@ -629,3 +629,60 @@ def test_merge_joins_runs_on_two_machines_of_one_model(payload) -> None:
     renamed = {**other, "device": {**other["device"], "name": "NVIDIA H100"}}
     with pytest.raises(ValueError, match="different devices"):
         t.merge_runs([fp8_run, renamed])
+
+
+def _compare():
+    from bench import compare
+
+    return compare
+
+
+def test_compare_groups_time_ratios_by_op_next_n_and_size(payload) -> None:
+    c = _compare()
+    assert [c.size_group(b, length) for b, length in ((64, 65536), (8, 65536), (64, 4096))] == [
+        ">= 4M",
+        "512k-4M",
+        "< 512k",
+    ]
+    factors = {}
+    slower = []
+    for i, record in enumerate(payload["results"]):
+        record = dict(record)
+        if record["status"] == "PASS":
+            factors[i] = 1.0 + 0.01 * (i % 5)
+            record["timing"] = {"median_us": record["timing"]["median_us"] * factors[i]}
+        slower.append(record)
+    new = {**payload, "results": slower, "device": {**payload["device"], "uuid": "GPU-b"}}
+    ratios = c.time_ratios(payload, new)
+    expected = {}
+    for i, record in enumerate(payload["results"]):
+        if i in factors:
+            key = (record["op"], record["next_n"], c.size_group(record["batch"], record["avg_len"]))
+            expected.setdefault(key, []).append(factors[i])
+    assert ratios.keys() == expected.keys()
+    for key, values in expected.items():
+        assert ratios[key] == pytest.approx(values)
+    text = c.compare_report(payload, new)
+    assert "UUID GPU-b" in text and "UUID not recorded" in text
+    assert text.count("\n| fp") == len({(op, n) for op, n, _ in expected})
+
+
+def test_compare_skips_cases_of_other_dtypes_and_refuses_no_common_case(payload) -> None:
+    c = _compare()
+    other = [{**r, "epi_dtype": "float16"} for r in payload["results"]]
+    with pytest.raises(ValueError, match="no case in common"):
+        c.time_ratios(payload, {**payload, "results": other})
+    failed = [{**r, "status": "FAIL"} for r in payload["results"]]
+    with pytest.raises(ValueError, match="no case in common"):
+        c.compare_report(payload, {**payload, "results": failed})
+
+
+def test_compare_cli_prints_the_table_and_rejects_a_missing_file(tmp_path, capsys) -> None:
+    from bench import cli
+
+    run = REPO / "docs" / "assets" / "bench" / "session80-h200-2026-12-04" / "results-fp8.json"
+    assert cli.main(["--compare", str(run), str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "| fp8 | 1 | 1.000-1.000, median 1.000 (6) |" in out
+    assert cli.main(["--compare", str(run), str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err

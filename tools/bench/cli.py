@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .check import check_case
+from .compare import compare_report
 from .data import GIB, CaseData, CaseTooLarge, build_case
 from .gather import KINDS, GatherCeiling, PagedGather, geometry_for
 from .host_time import BATCH as HOST_BATCH
@@ -130,6 +131,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         nargs="+",
         metavar="RESULTS.json",
         help="print one results.json joining runs split by --ops (no benchmark is run)",
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs=2,
+        metavar=("OLD.json", "NEW.json"),
+        help="print new / old time ratios of the cases two results.json share, by op, next_n "
+        "and B x L (no benchmark is run)",
     )
     parser.add_argument(
         "--device",
@@ -300,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench --merge: {err}", file=sys.stderr)
             return 2
         print(json.dumps(merged, indent=1))
+        return 0
+    if args.compare is not None:
+        try:
+            old, new = (load_results(path) for path in args.compare)
+            report = compare_report(old, new)
+        except ValueError as err:
+            print(f"bench --compare: {err}", file=sys.stderr)
+            return 2
+        print(report, end="")
         return 0
     if args.markdown is not None:
         try:
