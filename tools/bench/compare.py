@@ -77,7 +77,7 @@ def compare_report(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """Markdown: each run's device and start, then the new / old time ratios by group.
 
     Raises:
-        ValueError: If the runs have no timed, passing case in common.
+        ValueError: As `time_ratios`.
     """
     ratios = time_ratios(old, new)
     rows = sorted({(op, next_n) for op, next_n, _ in ratios})
