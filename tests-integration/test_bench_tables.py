@@ -32,6 +32,7 @@ RUN28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-01-run28.json"
 RUN29_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-02-run29.json"
 RUN34_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run34.json"
 RUN35_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run35.json"
+RUN36_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run36.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
@@ -428,7 +429,8 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
-    (RUN35_JSON, [PERFORMANCE_MD]),
+    (RUN36_JSON, [PERFORMANCE_MD]),
+    (RUN35_JSON, [HISTORY_MD]),
     (RUN34_JSON, [HISTORY_MD]),
     (RUN29_JSON, [HISTORY_MD]),
     (RUN28_JSON, [HISTORY_MD]),
