@@ -377,6 +377,10 @@ def test_host_time_table_and_caption_come_from_the_section(payload) -> None:
         "Host wall-clock time per eager call (median of 3 loops of 300 back-to-back calls), "
         "B = 1, L = 4096, next_n = 1, block 64, `out=` given."
     )
+    payload["host_time"]["cpu"] = {"model": "Example CPU 9000", "logical_cpus": 16}
+    assert t.host_time_caption(payload).endswith(
+        "block 64, `out=` given. Host CPU: Example CPU 9000, 16 logical CPUs."
+    )
     payload["host_time"] = {"status": "skipped", "detail": "needs an SM90 GPU", "results": []}
     assert t.host_time_table(payload) == "Host time not measured: skipped (needs an SM90 GPU)."
     assert t.host_time_caption(payload) == ""
@@ -567,6 +571,19 @@ def test_merge_joins_runs_split_by_op(payload) -> None:
     assert _tables_of(t.markdown_report(merged)) == _tables_of(t.markdown_report(payload))
     fp4_run["complete"] = False
     assert t.merge_runs([fp8_run, fp4_run])["complete"] is False
+
+
+def test_merge_names_every_host_cpu_that_timed_rows(payload) -> None:
+    t = _tables()
+    fp8_run, fp4_run = _split_by_op(payload)
+    fp8_run["host_time"] = {**fp8_run["host_time"], "cpu": {"model": "A", "logical_cpus": 16}}
+    fp4_run["host_time"] = {**fp4_run["host_time"], "cpu": {"model": "A", "logical_cpus": 16}}
+    merged = t.merge_runs([fp8_run, fp4_run])
+    assert merged["host_time"]["cpu"] == {"model": "A", "logical_cpus": 16}
+    assert t.host_time_caption(merged).endswith("Host CPU: A, 16 logical CPUs.")
+    fp4_run["host_time"]["cpu"] = {"model": "B", "logical_cpus": 32}
+    merged = t.merge_runs([fp8_run, fp4_run])
+    assert t.host_time_caption(merged).endswith("Host CPU: A / B.")
 
 
 def test_merge_refuses_one_run_a_repeated_case_or_two_devices(payload) -> None:

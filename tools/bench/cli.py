@@ -21,7 +21,7 @@ from .host_time import BLOCK_SIZE as HOST_BLOCK_SIZE
 from .host_time import LENGTH as HOST_LENGTH
 from .host_time import NEXT_N as HOST_NEXT_N
 from .host_time import TARGET_US as HOST_TARGET_US
-from .host_time import HostTime, host_time_table, measure_host_times
+from .host_time import HostTime, host_cpu, host_time_table, measure_host_times
 from .models import work_model
 from .ops import op_call
 from .report import (
@@ -282,6 +282,7 @@ def host_time_section(
             "block_size": HOST_BLOCK_SIZE,
             "out": True,
         },
+        "cpu": host_cpu(),
     }
     if not_sm90:
         reason = f"needs an SM90 GPU; {not_sm90}"

@@ -118,6 +118,11 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             **host_sections[0],
             "results": [row for section in host_sections for row in section["results"]],
         }
+        cpus = [section.get("cpu") for section in host_sections]
+        if any(cpu != cpus[0] for cpu in cpus):
+            # Rows timed on different hosts: the caption names them all, not the first alone.
+            models = list(dict.fromkeys(str((cpu or {}).get("model")) for cpu in cpus))
+            host_time["cpu"] = {"model": " / ".join(models), "logical_cpus": None}
     first = payloads[0]
     return {
         **{k: first.get(k) for k in ("date", "mode", "python", "torch", "cuda")},
@@ -721,12 +726,17 @@ def host_time_caption(payload: Mapping[str, Any]) -> str:
     if section.get("status") != "done" or not problem or not measured:
         return ""
     out = ", `out=` given" if problem.get("out") else ""
-    return (
+    caption = (
         f"Host wall-clock time per eager call (median of {measured[0]['repeats']} loops of "
         f"{measured[0]['calls']} back-to-back calls), B = {problem['batch']}, "
         f"L = {problem['seq_len']}, next_n = {problem['next_n']}, block "
         f"{problem['block_size']}{out}."
     )
+    cpu = section.get("cpu") or {}
+    if cpu.get("model"):
+        count = f", {cpu['logical_cpus']} logical CPUs" if cpu.get("logical_cpus") else ""
+        caption += f" Host CPU: {cpu['model']}{count}."
+    return caption
 
 
 def run_description(payload: Mapping[str, Any]) -> str:
