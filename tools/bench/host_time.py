@@ -48,8 +48,9 @@ SCHEDULE_MODES = ("schedule_meta=None", "precomputed schedule")
 def host_cpu() -> dict[str, object]:
     """The CPU that timed the calls: its model and how many logical CPUs this process sees.
 
-    Host time is Python and the driver's launch path, so it follows the host: the same package
-    code read 15.5 to 30.4 us per call on different H200 machines (benchmark runs, 2026-12-04).
+    Host time is Python and the driver's launch path, so the figure belongs with the host that
+    measured it: one package version read 15.5 to 30.4 us per call across H200 machines
+    (benchmark runs of 2026-12-04). Virtual machines may report a generic model name.
     """
     model = None
     try:
