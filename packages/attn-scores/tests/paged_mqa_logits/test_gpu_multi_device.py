@@ -9,6 +9,9 @@ tensors' device and matches the float64 reference there, bitwise equal to the sa
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import flashinfer_attn_scores as fa
 import pytest
 import torch
@@ -42,6 +45,7 @@ pytestmark = [
 ]
 
 SECOND = torch.device("cuda", 1)
+CALLS_PER_THREAD = 3
 
 
 def poisoned(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -219,3 +223,57 @@ def test_a_capture_on_another_devices_stream_is_refused():
             fa.fp8_paged_mqa_logits(*case.fp8_args(), out=out)
     torch.cuda.synchronize(SECOND)
     assert_nothing_written(out, case.rows, MAX_SEQ_LEN)
+
+
+@pytest.mark.parametrize("stream_kind", ["default-stream", "own-stream"])
+@pytest.mark.parametrize("current", ["as-found", "other-device"])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_one_thread_per_device_at_once(variant, current, stream_kind):
+    """A thread per GPU calling at the same time, the same inputs on both, in a configuration
+    the other tests here do not build for cuda:1 (its first calls there load the kernel while
+    the other thread launches). The current device is the one the thread finds (cuda:0 and no
+    driver context for a fresh thread on the default stream; the stream's device inside
+    `torch.cuda.stream`) or the other GPU, set last, so a default-stream launch must find its
+    own device's context. Each device's results match the float64 reference and each other,
+    bit for bit."""
+    make, run, check = (
+        (fp8_case, run_fp8, check_fp8) if variant == "fp8" else (fp4_case, run_fp4, check_fp4)
+    )
+    block_size, next_n = (32, 3) if variant == "fp8" else (32, 4)
+    devices = [torch.device("cuda", 0), SECOND]
+    cases = [make(block_size, next_n, seed=31, device=d) for d in devices]
+    for d in devices:
+        torch.cuda.synchronize(d)
+    start = threading.Barrier(len(devices))
+    results: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in devices]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        device = devices[i]
+        try:
+            with contextlib.ExitStack() as scope:
+                if stream_kind == "own-stream":
+                    # Also makes `device` current; the current stream is kept per device.
+                    scope.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
+                if current == "other-device":
+                    torch.cuda.set_device(devices[1 - i])
+                start.wait()
+                for _ in range(CALLS_PER_THREAD):
+                    results[i].append(run(cases[i], device))
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as exc:  # re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(devices))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for i, device in enumerate(devices):
+        assert len(results[i]) == CALLS_PER_THREAD
+        for got, out in results[i]:
+            assert got.device == device
+            check(cases[i], got, out, next_n)
+    for (got0, _), (got1, _) in zip(results[0], results[1]):
+        assert same_valid_bits(cases[0], got1, got0)
