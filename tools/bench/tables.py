@@ -121,7 +121,8 @@ def merge_runs(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         cpus = [section.get("cpu") for section in host_sections]
         if any(cpu != cpus[0] for cpu in cpus):
             # Rows timed on different hosts: the caption names them all, not the first alone.
-            models = list(dict.fromkeys(str((cpu or {}).get("model")) for cpu in cpus))
+            named = ((cpu or {}).get("model") or "CPU not recorded" for cpu in cpus)
+            models = list(dict.fromkeys(named))
             host_time["cpu"] = {"model": " / ".join(models), "logical_cpus": None}
     first = payloads[0]
     return {
