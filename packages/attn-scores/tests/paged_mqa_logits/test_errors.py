@@ -462,6 +462,13 @@ FP4_ERRORS = {
         ValueError,
         r"q_sf.shape\[0\] must be batch_size \(q.shape\[0\]\) = 2, got 1",
     ),
+    # The recipe's [..., 1] form is squeezed before the checks; the message shows it as given.
+    "q_sf_batch_of_the_recipe_shape": (
+        lambda c: {"q_sf": c.q_sf[:1, ..., None]},
+        ValueError,
+        r"q_sf.shape\[0\] must be batch_size \(q.shape\[0\]\) = 2, got 1 "
+        r"\(q_sf shape \[1, 2, 64, 1\]\)",
+    ),
     "q_sf_next_n": (
         lambda c: {"q_sf": c.q_sf[:, :1]},
         ValueError,

@@ -449,6 +449,7 @@ def fp4_paged_mqa_logits(
         max_seq_len = v.python_int(max_seq_len)
     if type(sf_vec_size) is not int:
         sf_vec_size = v.python_int(sf_vec_size)
+    q_sf_given = q_sf  # what the messages show
     if isinstance(q_sf, torch.Tensor) and q_sf.dim() == 4 and q_sf.shape[3] == 1:
         # The spec's recipe, a [B, next_n, H, 4] uint8 tensor .view(torch.int32), has this shape.
         q_sf = q_sf.squeeze(3)
@@ -473,9 +474,9 @@ def fp4_paged_mqa_logits(
         head_dim = 2 * half_dim
         v.check_dtype("q_sf", q_sf, torch.int32)
         v.check_ndim("q_sf", q_sf, 3, "[batch_size, next_n, num_heads] (or [..., 1])")
-        v.check_dim("q_sf", q_sf, 0, batch_size, "batch_size (q.shape[0])")
-        v.check_dim("q_sf", q_sf, 1, next_n, "next_n (q.shape[1])")
-        v.check_dim("q_sf", q_sf, 2, num_heads, "num_heads (q.shape[2])")
+        v.check_dim("q_sf", q_sf_given, 0, batch_size, "batch_size (q.shape[0])")
+        v.check_dim("q_sf", q_sf_given, 1, next_n, "next_n (q.shape[1])")
+        v.check_dim("q_sf", q_sf_given, 2, num_heads, "num_heads (q.shape[2])")
         if num_heads != FP4_NUM_HEADS:
             raise ValueError(
                 f"num_heads (q.shape[2]) must be {FP4_NUM_HEADS} for the FP4 kernel, got {num_heads}"
