@@ -162,6 +162,30 @@ def test_module_entry_point_runs(cache_dir):
     assert f"cache root: {cache_dir}" in result.stdout
 
 
+def test_compile_check_fails_when_the_cache_cannot_be_written(spec_module, tmp_path, capsys):
+    """A cache built to be shipped must not pass the check empty."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file where the cache root should be")
+    assert main(_check("jit_cli_specs:good", blocker, "-j", "1")) == 1
+    out = capsys.readouterr().out
+    assert "NOT STORED" in out and "the kernel cache could not be written" in out
+    assert "3 compiled, 3 not stored (the cache could not be written)" in out
+    assert "compile-check FAILED" in out
+
+
+def test_cache_info_expands_a_leading_tilde(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["cache-info", "--cache-dir", "~/kernels"]) == 0
+    assert f"cache root: {tmp_path / 'kernels'}" in capsys.readouterr().out
+
+
+def test_cache_info_on_a_file_is_an_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a cache")
+    assert main(["cache-info", "--cache-dir", str(blocker)]) == 1
+    assert f"the cache root {blocker} is not a folder" in capsys.readouterr().err
+
+
 def test_compile_check_reports_a_folder_source_as_one_failed_spec(spec_module, cache_dir, capsys):
     assert main(_check("jit_cli_specs:with_a_folder", cache_dir, "-j", "2")) == 1
     out = capsys.readouterr().out

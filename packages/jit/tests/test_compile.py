@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import multiprocessing
@@ -348,6 +349,59 @@ def test_a_name_that_is_not_an_entry_point_of_a_shared_entry_is_an_error(source,
         read_entry(cache_dir, good.key).manifest["created_unix"]
         == json.loads((good.cache_path / MANIFEST_FILE).read_text())["created_unix"]
     )
+
+
+TWO_KERNELS = """\
+extern "C" __global__ void first_kernel(int* out) { out[threadIdx.x] = VALUE; }
+extern "C" __global__ void second_kernel(int* out) { out[threadIdx.x] = 2 * VALUE; }
+"""
+
+
+def test_a_shared_entry_whose_report_lost_a_kernel_is_recompiled(tmp_path, cache_dir, caplog):
+    """The second extern "C" kernel of a shared entry is in the cubin: a report without it
+    is damage (recompiled and replaced), not a missing entry point."""
+    path = tmp_path / "two.cu"
+    path.write_text(TWO_KERNELS)
+    first = KernelSpec.make("first_kernel", path, {"VALUE": 4})
+    second = KernelSpec.make("second_kernel", path, {"VALUE": 4})
+    good = compile_kernel(first, "sm_90a", cache_dir=cache_dir)
+    if not good.functions:
+        pytest.skip("this NVRTC/cuda-core returned no ptxas report: no functions to damage")
+    assert compile_kernel(second, "sm_90a", cache_dir=cache_dir).from_cache
+    _edit_manifest(good.cache_path, lambda m: m["functions"].pop("second_kernel"))
+
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        assert lookup_kernel(second, "sm_90a", cache_dir=cache_dir) is None
+        again = compile_kernel(second, "sm_90a", cache_dir=cache_dir)
+    assert not again.from_cache and again.cubin == good.cubin
+    assert "is in the cubin but not in the manifest's functions" in caplog.text
+    for spec in (first, second):
+        assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache
+
+
+def test_an_entry_published_while_it_is_read_is_a_hit_not_damage(source, tmp_path, caplog):
+    """Another process renames the entry into place between this reader's failed manifest
+    read and its check that the folder exists."""
+    spec = KernelSpec.make("add_value", source, {"VALUE": 6})
+    elsewhere = compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "elsewhere")
+    root = tmp_path / "racing"
+    cache_module = importlib.import_module("flashinfer_jit.cache")
+    read_file = cache_module._read_entry_file
+
+    def read_then_lose_the_race(folder: Path, name: str) -> bytes:
+        try:
+            return read_file(folder, name)
+        finally:
+            if not folder.exists():
+                manifest = json.loads((elsewhere.cache_path / MANIFEST_FILE).read_text())
+                cache_module.publish_entry(root, elsewhere.key, elsewhere.cubin, manifest)
+
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cache_module, "_read_entry_file", read_then_lose_the_race)
+            hit = lookup_kernel(spec, "sm_90a", cache_dir=root)
+    assert hit is not None and hit.from_cache and hit.cubin == elsewhere.cubin
+    assert caplog.text == ""
 
 
 def test_unwritable_cache_still_compiles(source, tmp_path, caplog):

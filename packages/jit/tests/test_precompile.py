@@ -32,13 +32,28 @@ def test_precompile_in_worker_processes_then_everything_is_cached(source, cache_
         specs + specs[:1], arch="sm_90a", max_workers=2, progress=False, cache_dir=cache_dir
     )
     assert (summary.total, summary.compiled, summary.cached) == (3, 3, 0)
-    assert summary.failures == [] and summary.spills == []
+    assert summary.failures == [] and summary.spills == [] and summary.not_stored == []
+    assert all(r.stored for r in summary.results)
     assert [r.spec for r in summary.results] == specs
     for spec in specs:
         assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache
     again = precompile(specs, arch="sm_90a", progress=False, cache_dir=cache_dir)
     assert (again.compiled, again.cached) == (0, 3)
     assert "3 cached, 0 compiled, 0 failed" in str(again)
+
+
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_configurations_the_cache_could_not_store_are_reported(source, tmp_path, max_workers):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file where the cache root should be")
+    specs = [KernelSpec.make("fill", source, {"VALUE": v}) for v in range(2)]
+    summary = precompile(
+        specs, arch="sm_90a", max_workers=max_workers, progress=False, cache_dir=blocker
+    )
+    assert summary.compiled == 2 and summary.failures == []
+    assert [r.spec for r in summary.not_stored] == specs
+    assert all(r.ok and not r.stored for r in summary.results)
+    assert "2 compiled, 2 not stored (the cache could not be written), 0 failed" in str(summary)
 
 
 def test_failures_are_collected_then_raised(source, tmp_path, cache_dir):

@@ -221,12 +221,18 @@ def read_entry(root: Path, digest: str) -> CacheEntry | None:
         OSError: The cache cannot be read (permissions, I/O error).
     """
     folder = entry_dir(root, digest)
-    try:
-        manifest_bytes = _read_entry_file(folder, MANIFEST_FILE)
-    except (FileNotFoundError, NotADirectoryError):
-        if not os.path.lexists(folder):
-            return None  # no entry, or another process moved a damaged one aside meanwhile
-        raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
+    # Twice: between a read that finds no entry and the check that the folder exists,
+    # another process may publish the entry (its rename is atomic). A second miss with the
+    # folder there is damage.
+    for attempt in range(2):
+        try:
+            manifest_bytes = _read_entry_file(folder, MANIFEST_FILE)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.lexists(folder):
+                return None  # no entry, or another process moved a damaged one aside meanwhile
+            if attempt:
+                raise CorruptEntry(f"{folder}: no {MANIFEST_FILE}") from None
     manifest = _parse_manifest(folder, manifest_bytes, digest)
     try:
         cubin = _read_entry_file(folder, CUBIN_FILE)

@@ -280,7 +280,8 @@ def report_compile_check(
         out: Where to write.
 
     Returns:
-        0 when everything compiled without spills and every source loaded, else 1.
+        0 when everything compiled without spills into the cache and every source loaded,
+        else 1.
     """
     status = 0
     for source in sources:
@@ -299,6 +300,13 @@ def report_compile_check(
                 f"{function.spill_store_bytes} bytes stores / {function.spill_load_bytes} "
                 f"bytes loads per thread\n"
             )
+        status = 1
+    for result in summary.not_stored:
+        # A cache built to be shipped would be missing these.
+        out.write(
+            f"NOT STORED {result.spec.label}: compiled, but the kernel cache could not be "
+            f"written (the warning above says why)\n"
+        )
         status = 1
     out.write(f"{summary}\n")
     out.write("compile-check " + ("passed" if status == 0 else "FAILED") + "\n")
@@ -342,9 +350,12 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_info(args: argparse.Namespace) -> int:
-    from .cache import default_cache_dir, schema_root
+    from .cache import cache_root, schema_root
 
-    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    root = cache_root(args.cache_dir)
+    if root.exists() and not root.is_dir():
+        print(f"cache-info: the cache root {root} is not a folder", file=sys.stderr)
+        return 1
     folder = schema_root(root)
     entries = [p for p in folder.glob("??/*") if p.is_dir()] if folder.exists() else []
     size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())

@@ -375,7 +375,19 @@ def _cached_fields(
         raise CorruptEntry(f"{publisher!r}, which published the entry, is not an entry point of it")
     if not functions and parse_ptxas_report(log):
         raise CorruptEntry("no functions, although the log holds a ptxas report")
+    # extern "C" kernels of one source share the entry. Asking it for a name the cubin lacks
+    # is the caller's mistake (`_check_entry` names it); a name the cubin holds but the report
+    # does not list contradicts the report.
+    if functions and entry_name not in functions and _symbol_in_cubin(entry_name, entry.cubin):
+        raise CorruptEntry(f"{entry_name!r} is in the cubin but not in the manifest's functions")
     return functions, entry_name, log, float(manifest["compile_seconds"])
+
+
+def _symbol_in_cubin(name: str, cubin: bytes) -> bool:
+    """Whether the cubin's string tables hold `name` whole: as a string of its own, or ending a
+    section name (`.text.<name>`), never as the tail of a longer name."""
+    encoded = name.encode() + b"\0"
+    return b"\0" + encoded in cubin or b"." + encoded in cubin
 
 
 def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> CompiledKernel | None:

@@ -36,8 +36,10 @@ class PrecompileResult:
     Attributes:
         spec: The configuration.
         arch: Target arch.
-        ok: True when a cubin is in the cache.
+        ok: True when the configuration compiled (or was already cached).
         from_cache: True when it was already cached.
+        stored: True when its cubin is in the disk cache: False on failure, and when it
+            compiled but the cache could not be written (the compile logs why).
         compile_seconds: NVRTC time (of the original compile for cache hits).
         functions: Per-function resources (empty on failure).
         error: The error message on failure, else None.
@@ -47,6 +49,7 @@ class PrecompileResult:
     arch: str
     ok: bool
     from_cache: bool = False
+    stored: bool = False
     compile_seconds: float = 0.0
     functions: dict[str, FunctionResources] = field(default_factory=dict)
     error: str | None = None
@@ -92,14 +95,22 @@ class PrecompileSummary:
         return [r for r in self.results if not r.ok]
 
     @property
+    def not_stored(self) -> list[PrecompileResult]:
+        """Configurations that compiled but are not in the disk cache (it could not be
+        written), so the next process compiles them again."""
+        return [r for r in self.results if r.ok and not r.stored]
+
+    @property
     def spills(self) -> list[PrecompileResult]:
         """Compiled configurations with register spills."""
         return [r for r in self.results if r.ok and r.spilling_functions]
 
     def __str__(self) -> str:
+        not_stored = len(self.not_stored)
+        unstored = f", {not_stored} not stored (the cache could not be written)" * bool(not_stored)
         return (
             f"{self.total} kernel configuration(s) for {self.arch}: {self.cached} cached, "
-            f"{self.compiled} compiled, {len(self.failures)} failed, "
+            f"{self.compiled} compiled{unstored}, {len(self.failures)} failed, "
             f"{len(self.spills)} spilling; {self.seconds:.1f} s"
         )
 
@@ -127,6 +138,7 @@ def _result_from(compiled: CompiledKernel) -> PrecompileResult:
         arch=compiled.arch,
         ok=True,
         from_cache=compiled.from_cache,
+        stored=compiled.cache_path is not None,
         compile_seconds=compiled.compile_seconds,
         functions=compiled.functions,
     )
