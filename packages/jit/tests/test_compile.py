@@ -404,6 +404,32 @@ def test_an_entry_published_while_it_is_read_is_a_hit_not_damage(source, tmp_pat
     assert caplog.text == ""
 
 
+def test_a_header_edited_during_the_compile_is_not_cached(tmp_path, cache_dir, caplog):
+    """NVRTC reads headers after they were hashed: a cubin that may be of the edited text
+    must not be published under the key of the original one."""
+    header = tmp_path / "value.cuh"
+    header.write_text("#define VALUE 1\n")
+    path = tmp_path / "uses_header.cu"
+    path.write_text('#include "value.cuh"\n' + KERNEL)
+    spec = KernelSpec.make("add_value", path)
+    compiler_module = importlib.import_module("flashinfer_jit.compiler")
+    nvrtc_compile = compiler_module._nvrtc_compile
+
+    def edit_while_compiling(*args, **kwargs):
+        header.write_text("#define VALUE 2\n")
+        return nvrtc_compile(*args, **kwargs)
+
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(compiler_module, "_nvrtc_compile", edit_while_compiling)
+            compiled = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert compiled.cache_path is None
+    assert "changed while it compiled; not cached" in caplog.text
+    assert read_entry(cache_dir, compiled.key) is None
+    header.write_text("#define VALUE 1\n")
+    assert lookup_kernel(spec, "sm_90a", cache_dir=cache_dir) is None
+
+
 def test_unwritable_cache_still_compiles(source, tmp_path, caplog):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache root should be")

@@ -513,12 +513,18 @@ def compile_kernel(
         "compile_seconds": seconds,
         "created_unix": time.time(),
     }
-    path: Path | None
-    try:
-        path = publish_entry(root, key.digest, cubin, manifest)
-    except OSError as exc:
-        logger.warning("flashinfer_jit: cannot write the kernel cache at %s: %s", root, exc)
-        path = None
+    path: Path | None = None
+    # NVRTC reads the headers from disk after they were hashed: if one changed meanwhile, the
+    # cubin may be of text other than the key's, so it is used but not published under it.
+    if compute_key(spec, arch, base_options()).digest != key.digest:
+        logger.warning(
+            "flashinfer_jit: a source of %s changed while it compiled; not cached", spec.label
+        )
+    else:
+        try:
+            path = publish_entry(root, key.digest, cubin, manifest)
+        except OSError as exc:
+            logger.warning("flashinfer_jit: cannot write the kernel cache at %s: %s", root, exc)
     return CompiledKernel(
         spec=spec,
         arch=arch,
