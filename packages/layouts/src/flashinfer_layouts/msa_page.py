@@ -152,7 +152,8 @@ def pack_nvfp4_msa_pages(
 
     Args:
         k: ``[num_pages, num_kv_heads, 128, 128]`` float16, bfloat16, float32 or float64.
-        v: same shape, dtype family and device as ``k``.
+        v: same shape and device as ``k``, any of the same floating dtypes (quantised on
+            its own, so it may differ from ``k``'s).
         k_global_sf: K's ENCODE global scale (e.g. ``nvfp4_global_scale(k)``); a positive
             float or 1-element floating tensor. The decode kernel's ``k_global_scale`` is its
             reciprocal.
