@@ -200,6 +200,17 @@ def test_dequantize_rounds_the_float32_product_once_then_casts(dtype):
     assert torch.equal(got, expected)
 
 
+def test_float64_dequantisation_is_the_exact_product():
+    """e4m3 values (4 significant bits) times float32 scales (24) fit float64's 53: the float64
+    result is the exact product, which a float32 product on the way would round."""
+    values = torch.tensor([[[1.125, -3.25, 448.0, 2.0**-9]]]).to(torch.float8_e4m3fn)
+    scales = torch.tensor([[1.0 + 2.0**-23]])
+    got = fl.dequantize_fp8_kv_cache(fl.pack_fp8_kv_cache(values, scales), dtype=torch.float64)
+    exact = torch.tensor([[[1.125, -3.25, 448.0, 2.0**-9]]], dtype=torch.float64) * (1.0 + 2.0**-23)
+    assert torch.equal(got, exact)
+    assert not torch.equal(got, exact.float().double())  # a float32 detour would differ
+
+
 @pytest.mark.parametrize("mode", ["pow2", "amax"])
 def test_float64_input_is_rounded_to_float32_first(mode):
     """A float64 row quantises exactly as the same row rounded to float32 does."""

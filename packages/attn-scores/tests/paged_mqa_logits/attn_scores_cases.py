@@ -169,8 +169,12 @@ def make_fp8_case(
     max_seq_len: int | None = None,
     spare_blocks: int = 3,
     table_width: int | None = None,
+    negative_scales: bool = False,
     seed: int = 0,
 ) -> PagedCase:
+    """`negative_scales` flips the sign of about half the per-token scales (drawn after
+    everything else, so a seed's other data stay the same): the spec's formula multiplies
+    the head sum by the scale, which only a scale applied after the ReLU honours."""
     gen = torch.Generator().manual_seed(seed)
     batch_size = len(lens)
     table, num_blocks = _paging(gen, lens, block_size, spare_blocks, table_width)
@@ -179,14 +183,16 @@ def make_fp8_case(
     )
     # Per-token scales spanning a few binades so a misplaced scale is visible.
     scales = torch.rand(num_blocks, block_size, generator=gen) * 3.9 + 0.1
-    # The spec's two-region recipe: all values of a block, then all its float32 scales.
-    kv_fused = torch.cat(
-        [values.view(torch.uint8).flatten(1), scales.view(torch.uint8).flatten(1)], dim=1
-    ).view(num_blocks, block_size, 1, head_dim + 4)
     q = (torch.randn(batch_size, next_n, num_heads, head_dim, generator=gen) * 1.5).to(
         torch.float8_e4m3fn
     )
     weights = torch.randn(batch_size * next_n, num_heads, generator=gen)  # both signs
+    if negative_scales:
+        scales = torch.where(torch.rand(scales.shape, generator=gen) < 0.5, -scales, scales)
+    # The spec's two-region recipe: all values of a block, then all its float32 scales.
+    kv_fused = torch.cat(
+        [values.view(torch.uint8).flatten(1), scales.view(torch.uint8).flatten(1)], dim=1
+    ).view(num_blocks, block_size, 1, head_dim + 4)
     return PagedCase(
         q=q,
         kv_fused=kv_fused,

@@ -73,6 +73,24 @@ def test_remembered_call_refuses_an_out_that_overlaps_an_input():
     assert len(calls) == 1  # the next element on is fine
 
 
+def test_an_input_ending_at_outs_first_element_overlaps_and_one_ending_before_it_does_not():
+    """The other edge: an input's last element on out's first (refused), and an input
+    that ends where out begins (no byte shared: accepted)."""
+    problem = _problem(rows=3, max_seq_len=300)
+    width = problem.padded_cols
+    buffer = torch.zeros(3 + 3 * width)
+    out = buffer[3:].view(3, width)
+    tensors = tuple(torch.ones(k) for k in range(1, 6))
+    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
+    calls = []
+    eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
+    with pytest.raises(ValueError, match=r"out overlaps weights: .* shares memory"):
+        eager((tensors[0], tensors[1], buffer[1:4], tensors[3], tensors[4]), None, out)
+    assert calls == []
+    eager((tensors[0], tensors[1], buffer[:3], tensors[3], tensors[4]), None, out)
+    assert len(calls) == 1
+
+
 def test_remembered_call_refuses_an_inference_out_outside_inference_mode():
     """PyTorch allows no in-place update of an inference tensor outside inference mode; the
     direct CUDA launch must refuse it as the custom op does, and allow it inside the mode."""

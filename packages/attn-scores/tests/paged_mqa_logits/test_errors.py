@@ -349,6 +349,11 @@ FP8_ERRORS = {
         ValueError,
         r"out must have contiguous rows \(stride\(1\) == 1\)",
     ),
+    "out_two_strided_columns_at_max_seq_len_0": (
+        lambda c: {"out": torch.zeros(4, 4)[:, ::2], "max_seq_len": 0, "seq_lens": c.seq_lens * 0},
+        ValueError,
+        r"out must have contiguous rows \(stride\(1\) == 1\), got strides \(4, 2\)",
+    ),
     "out_expanded_row": (
         lambda c: {"out": torch.zeros(1, 256).expand(4, 256)},
         ValueError,
@@ -413,6 +418,14 @@ FP8_GEOMETRY_ERRORS = {
     "rows_above_256": (
         {"num_heads": 128, "next_n": 4},
         r"must be a multiple of 8 in \[8, 256\], got next_n=4 \* num_heads=128 = 512",
+    ),
+    "next_n_0": (
+        {"next_n": 0},
+        r"next_n \* num_heads must be a multiple of 8 in \[8, 256\], got next_n=0 \* num_heads=8 = 0",
+    ),
+    "head_dim_0": (
+        {"head_dim": 0, "lens": [0, 0]},
+        r"head_dim \(q.shape\[3\]\) must be a positive multiple of 32, got 0",
     ),
     "block_size_16": (
         {"block_size": 16},

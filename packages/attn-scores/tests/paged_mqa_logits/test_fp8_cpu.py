@@ -80,6 +80,26 @@ def test_token_scale_multiplies_after_the_relu_head_sum():
     assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
 
 
+def test_a_negative_token_scale_multiplies_the_head_sum():
+    """The formula's scale[pos] * sum_h w relu(q . k): with a negative scale, applying it to
+    the keys before the ReLU would give other numbers."""
+    case = make_fp8_case([150, 64], next_n=2, num_heads=16, head_dim=64, negative_scales=True)
+    assert (case.token_scale64 < 0).any() and (case.token_scale64 > 0).any()
+    got = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    mask = valid_mask(case.seq_lens, case.next_n, case.max_seq_len)
+    assert_rows_close(got, case.expected(), mask, FP32_CPU_TOL)
+    keys_scaled_first = expected_logits(
+        case.q64,
+        case.k64 * case.token_scale64.unsqueeze(-1),
+        None,
+        case.weights,
+        case.block_tables,
+        case.seq_lens,
+        case.max_seq_len,
+    )
+    assert not torch.allclose(got[mask].double(), keys_scaled_first[mask], rtol=1e-3)
+
+
 @pytest.mark.parametrize("block_size", [32, 64, 128])
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 def test_block_sizes_and_draft_depths(block_size, next_n):
