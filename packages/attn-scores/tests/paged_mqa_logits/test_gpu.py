@@ -206,6 +206,27 @@ def test_fp8_matches_reference(block_size, next_n, output_dtype, epi_dtype, acc_
     check_fp8_case(case, next_n, (output_dtype, epi_dtype, acc_dtype))
 
 
+@pytest.mark.parametrize(("output_dtype", "epi_dtype", "acc_dtype"), FP8_DTYPES)
+@pytest.mark.parametrize("next_n", [1, 4])
+def test_fp8_negative_token_scales_multiply_the_head_sum(
+    next_n, output_dtype, epi_dtype, acc_dtype
+):
+    """Per-token scales of both signs: the spec's scale[pos] * sum_h w relu(q . k). A scale
+    folded into the keys, or applied before the ReLU, gives other numbers."""
+    case = make_fp8_case(
+        EDGE_LENGTHS,
+        next_n=next_n,
+        num_heads=64,
+        head_dim=128,
+        block_size=64,
+        max_seq_len=MAX_SEQ_LEN,
+        spare_blocks=64,
+        negative_scales=True,
+        seed=90 + next_n,
+    ).to("cuda")
+    check_fp8_case(case, next_n, (output_dtype, epi_dtype, acc_dtype))
+
+
 def check_fp8_case(case, next_n, dtypes=(torch.float32,) * 3):
     """One fp8 call into a NaN-poisoned `out` against the float64 reference; `dtypes` is
     (output_dtype, epi_dtype, acc_dtype)."""
