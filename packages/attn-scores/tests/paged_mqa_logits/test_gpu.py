@@ -138,7 +138,15 @@ def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None, empt
     assert_nothing_written_around(out, rows, got.shape[1])
 
 
-def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LEN, device="cuda"):
+def fp8_case(
+    block_size,
+    next_n,
+    seed,
+    lens=EDGE_LENGTHS,
+    max_seq_len=MAX_SEQ_LEN,
+    device="cuda",
+    negative_scales=False,
+):
     case = make_fp8_case(
         lens,
         next_n=next_n,
@@ -147,6 +155,7 @@ def fp8_case(block_size, next_n, seed, lens=EDGE_LENGTHS, max_seq_len=MAX_SEQ_LE
         block_size=block_size,
         max_seq_len=max_seq_len,
         spare_blocks=64,  # a pool larger than needed, blocks in shuffled order
+        negative_scales=negative_scales,
         seed=seed,
     )
     return case.to(str(device))
@@ -213,17 +222,7 @@ def test_fp8_negative_token_scales_multiply_the_head_sum(
 ):
     """Per-token scales of both signs: the spec's scale[pos] * sum_h w relu(q . k). A scale
     folded into the keys, or applied before the ReLU, gives other numbers."""
-    case = make_fp8_case(
-        EDGE_LENGTHS,
-        next_n=next_n,
-        num_heads=64,
-        head_dim=128,
-        block_size=64,
-        max_seq_len=MAX_SEQ_LEN,
-        spare_blocks=64,
-        negative_scales=True,
-        seed=90 + next_n,
-    ).to("cuda")
+    case = fp8_case(64, next_n, seed=90 + next_n, negative_scales=True)
     check_fp8_case(case, next_n, (output_dtype, epi_dtype, acc_dtype))
 
 
