@@ -370,7 +370,7 @@ def _cached_fields(
     except RuntimeError as exc:
         raise CorruptEntry(str(exc)) from None
     # The symbol is in the cubin's ELF string table; this holds without a ptxas report too.
-    in_cubin = f"{published_entry}\0".encode() in entry.cubin
+    in_cubin = _symbol_in_cubin(published_entry, entry.cubin)
     if not (in_cubin and _is_entry_point(published_entry, functions)):
         raise CorruptEntry(f"{publisher!r}, which published the entry, is not an entry point of it")
     if not functions and parse_ptxas_report(log):
