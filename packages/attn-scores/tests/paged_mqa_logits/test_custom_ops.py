@@ -305,6 +305,38 @@ def test_max_seq_len_read_from_seq_lens_inside_the_compiled_function(variant, wi
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_out", [False, True])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_one_row_with_max_seq_len_read_inside_the_compiled_function(variant, with_out, device):
+    """Batch 1, next_n 1 (a single-request decode step) with `max_seq_len` read from
+    `seq_lens` in the compiled function. Inductor (torch 2.13) failed to schedule the op on a
+    fresh `torch.empty(1, n)` of data-dependent width (KeyError 'op<k>'); the storage is now
+    allocated with explicit strides."""
+    kind = VARIANTS[variant]
+
+    def call(*args, out=None):
+        return kind.op(*args, int(args[-1].max().item()), out=out)
+
+    compiled = torch.compile(call, fullgraph=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for seed, length in enumerate((300, 77)):
+            if variant == "fp8":
+                case = make_fp8_case([length], num_heads=64, head_dim=128, seed=160 + seed)
+            else:
+                case = make_fp4_case([length], block_size=64, seed=160 + seed)
+            case = case.to(device)
+            args = kind.args(case)[:-1]
+            out = None
+            if with_out:
+                out = poisoned(1, fa.padded_seq_len(length), kind.output_dtype, device)
+            got = compiled(*args, out=out)
+            assert got.shape == (1, length)
+            if out is not None:
+                assert got.data_ptr() == out.data_ptr()
+            assert_same_valid_region(got, kind.op(*args, length), case.seq_lens, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_negative_max_seq_len_read_from_device_data_raises_when_run(device):
     """The `max_seq_len >= 0` check of a data-dependent value runs with the compiled code."""
     case = dynamic_case("fp8", [37, 0, 400], seed=150).to(device)

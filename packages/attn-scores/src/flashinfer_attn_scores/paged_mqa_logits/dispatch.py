@@ -270,8 +270,14 @@ def run(
         check_out(inputs, out)
     storage = out
     if storage is None:
-        storage = torch.empty(
-            problem.rows, problem.padded_cols, dtype=output_dtype, device=q.device
+        # Strides given, not derived: torch.compile's Inductor (2.13) fails to schedule a
+        # mutating custom op on torch.empty(1, n) when n comes from device data (KeyError
+        # 'op<k>' in compute_ancestors); the stride it derives for the one row is Max(1, n).
+        storage = torch.empty_strided(
+            (problem.rows, problem.padded_cols),
+            (problem.padded_cols, 1),
+            dtype=output_dtype,
+            device=q.device,
         )
     # narrow, not a slice: under torch.compile a slice to a max_seq_len read from device data
     # has a size dynamo must bound with a new symbol (torch 2.11); narrow's size is the length.
