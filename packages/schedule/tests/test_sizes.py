@@ -75,6 +75,15 @@ def test_integer_tensors_are_refused(bad):
         min_block_table_width(8000, bad)
 
 
+def test_a_tensor_size_error_says_how_to_pass_it():
+    # The spec writes min_block_table_width(max(seq_lens), block_size); max() of a tensor is a
+    # 0-d tensor, so the error tells the caller what to pass instead.
+    seq_lens = torch.tensor([5, 8000], dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"got torch\.Tensor .*; pass a Python int such as int\("):
+        min_block_table_width(max(seq_lens), 32)
+    assert min_block_table_width(int(max(seq_lens)), 32) == 250
+
+
 def test_numpy_zero_d_arrays_are_refused():
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match=r"max_seq_len must be an int, got numpy\.ndarray"):

@@ -141,7 +141,10 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     # bool is an int subclass, but True as a size is always a caller bug.
     value = python_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r})")
+        hint = ""
+        if isinstance(value, torch.Tensor):  # e.g. max_seq_len=seq_lens.max()
+            hint = "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
+        raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r}){hint}")
     if minimum is not None:
         require(
             value >= minimum,

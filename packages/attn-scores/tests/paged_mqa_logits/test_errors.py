@@ -298,7 +298,7 @@ FP8_ERRORS = {
     "max_seq_len_tensor": (
         lambda c: {"max_seq_len": torch.tensor(64)},
         TypeError,
-        r"max_seq_len must be an int, got torch\.Tensor",
+        r"max_seq_len must be an int, got torch\.Tensor .*; pass a Python int such as int\(t",
     ),
     "max_seq_len_numpy_negative": (
         lambda c: {"max_seq_len": np.int64(-1)},

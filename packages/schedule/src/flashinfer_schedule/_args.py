@@ -6,6 +6,8 @@ import builtins
 import numbers
 import operator
 
+import torch
+
 
 def type_name(value: object) -> str:
     """Name of `value`'s type, module-qualified unless it is a builtin (`numpy.bool`, `int`)."""
@@ -26,4 +28,14 @@ def check_int(name: str, value: object, expected: str = "an int") -> int:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return operator.index(value)
-    raise TypeError(f"{name} must be {expected}, got {type_name(value)} ({value!r})")
+    raise TypeError(
+        f"{name} must be {expected}, got {type_name(value)} ({value!r}){tensor_hint(value)}"
+    )
+
+
+def tensor_hint(value: object) -> str:
+    """A sentence for an integer argument given as a tensor: how to pass its value (the spec
+    writes sizes such as `max(seq_lens)`, which is a 0-d tensor)."""
+    if not isinstance(value, torch.Tensor):
+        return ""
+    return "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
