@@ -394,9 +394,12 @@ def fp4_paged_mqa_logits(
             from `compute_paged_mqa_logits_schedule(seq_lens, device=q.device,
             next_n=next_n, variant="fp4")` with this call's `next_n`. Leave it None
             (recommended, and what CUDA-graph capture needs). Reusable only while the
-            contents of `seq_lens` and the SM count are unchanged; a stale or mismatched
-            schedule passes the shape checks and leaves logits wrong or unwritten (the spec
-            lets it hang a kernel; this one cannot), `FLASHINFER_VALIDATE_INPUTS=1` detects it.
+            contents of `seq_lens` and the SM count are unchanged; a stale schedule passes
+            the shape checks and leaves logits wrong or unwritten (the spec lets it hang a
+            kernel; this one cannot), `FLASHINFER_VALIDATE_INPUTS=1` detects it. On SM90 the
+            schedule does not depend on `variant` or `next_n` (every configuration scores all
+            draft slots in one pass over the KV), so one built with other values of those two
+            is the same tensor and is not an error.
         out: Optional output storage with the same rules as for `fp8_paged_mqa_logits`: on q's
             device, dtype `output_dtype`, 2-D, at least `batch_size*next_n` rows and
             `padded_seq_len(max_seq_len)` columns, `stride(1) == 1`,
