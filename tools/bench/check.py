@@ -30,10 +30,11 @@ from .ops import reference_logits
 #   float16 epilogue: each of the 64 head terms and partial sums rounded; bfloat16 (fp4's
 #            tensor-core head sum): each relu(score) and weight rounded once, 2 * 2^-8, plus
 #            the bfloat16 output's 2^-8 and the float32 path's 2e-3: 1.37e-2 at worst.
-#   float16 accumulator: each of the 128 product additions rounded.
+#   float16 accumulator: each of the 128 product additions rounded; 5e-3 is 14x the largest
+#            error measured on the suite's cases (3.5e-4, 2026-12-04; 2e-2 before).
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 8e-3}
 EPILOGUE_TOLERANCE = {"float32": 0.0, "float16": 5e-3, "bfloat16": 1.5e-2}
-ACCUMULATOR_TOLERANCE = {"float32": 0.0, "float16": 2e-2}
+ACCUMULATOR_TOLERANCE = {"float32": 0.0, "float16": 5e-3}
 CHUNK_TOKENS = 1 << 16
 
 

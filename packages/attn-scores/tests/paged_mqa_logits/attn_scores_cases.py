@@ -207,6 +207,26 @@ def make_fp8_case(
     )
 
 
+def with_fp8_values(case: PagedCase, q_values: torch.Tensor, k_values: torch.Tensor) -> PagedCase:
+    """`case` (an fp8 case on the CPU) with other query and key values, its scales, paging and
+    weights kept. The values must be exact in E4M3 (checked): `[B, next_n, H, D]` and
+    `[num_blocks, block_size, D]`."""
+    q = q_values.to(torch.float8_e4m3fn)
+    values = k_values.to(torch.float8_e4m3fn)
+    if not (
+        torch.equal(q.double(), q_values.double())
+        and torch.equal(values.double(), k_values.double())
+    ):
+        raise ValueError("with_fp8_values needs values that E4M3 holds exactly")
+    num_blocks, block_size, _, row_bytes = case.kv_fused.shape
+    scales = case.token_scale64.to(torch.float32)
+    kv_fused = torch.cat(
+        [values.view(torch.uint8).flatten(1), scales.view(torch.uint8).flatten(1)], dim=1
+    ).view(num_blocks, block_size, 1, row_bytes)
+    moved = dict(case.__dict__, q=q, kv_fused=kv_fused, q64=q.double(), k64=values.double())
+    return PagedCase(**moved)
+
+
 def keep_one_head_per_row(case: PagedCase) -> None:
     """Weights 1 on head (row % num_heads) and 0 elsewhere, so each logit is one head's
     relu(q_h . k) times the token scale, and `dot_magnitude` that one head's summed

@@ -44,6 +44,12 @@ pytestmark = pytest.mark.gpu
 # and 2.5e-4 (fp4) at float32, 3.7e-3 with fp4's bfloat16 output, 5.6e-3 with its bfloat16
 # output and epilogue, 1.1e-3 with a float16 epilogue and 3.5e-4 with fp8's float16
 # accumulator; until then the bfloat16 bounds were 2e-2 / 3e-2, guesses before measurement.
+# The float16 accumulator's entry was 2e-2 (57x its measured error, loose enough to miss one
+# dropped head of 64) until 2026-12-04, when the same measurement read 3.2e-4 / 3.5e-4
+# (float32 / float16 output): 5e-3 is 14x that. Rows of few heads, where the accumulation
+# error is a larger share, are the random calls' and get their per-element term.
+# That the float32 path is as precise as float32 allows, and that a float16 accumulator or
+# epilogue is applied at all, test_gpu_precision_probes.py shows on exactly known data.
 #
 # The premise "the row's largest logit is a few times a typical head term" fails in rows of
 # very few terms (4 heads, one valid position): there every q_h . k can be a small remainder
@@ -54,7 +60,7 @@ pytestmark = pytest.mark.gpu
 TOLERANCES = {
     "output": {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 8e-3},
     "epilogue": {torch.float32: 0.0, torch.float16: 5e-3, torch.bfloat16: 1.5e-2},
-    "accumulator": {torch.float32: 0.0, torch.float16: 2e-2},
+    "accumulator": {torch.float32: 0.0, torch.float16: 5e-3},
 }
 
 
