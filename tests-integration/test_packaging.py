@@ -124,6 +124,40 @@ def test_metadata_names_version_python_license_and_readme(wheels, folder):
     assert tuple(int(x) for x in meta["Metadata-Version"].split(".")) >= (2, 4)
     assert meta["Description-Content-Type"] == "text/markdown"
     assert meta.get_payload().startswith(f"# {distribution}")
+    assert "Typing :: Typed" in (meta.get_all("Classifier") or [])
+
+
+@pytest.mark.parametrize("folder", list(PACKAGES))
+def test_wheel_and_sdist_carry_the_license_text(wheels, tmp_path, folder):
+    """Apache-2.0 asks that the licence text travel with the code: each package folder holds
+    the repository's LICENSE (hatchling takes licence files from the project folder only)."""
+    text = (ROOT / "LICENSE").read_bytes()
+    assert b"Apache License" in text and b"Version 2.0, January 2004" in text
+    assert (ROOT / "packages" / folder / "LICENSE").read_bytes() == text
+    assert _metadata(wheels[folder]).get_all("License-File") == ["LICENSE"]
+    with zipfile.ZipFile(wheels[folder]) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(name) == text
+    builder = hatchling_sdist.SdistBuilder(str(ROOT / "packages" / folder))
+    sdist = Path(next(builder.build(directory=str(tmp_path), versions=["standard"])))
+    with tarfile.open(sdist) as archive:
+        (member,) = [m for m in archive.getmembers() if m.name.endswith("/LICENSE")]
+        assert archive.extractfile(member).read() == text
+
+
+def test_the_cuda_wheels_are_required_only_where_they_exist(wheels):
+    """cuda-python and the NVIDIA wheels are published for Linux and Windows only; on other
+    systems (a macOS laptop running the CPU reference) the packages must install without them."""
+    cuda_requirements = [
+        requirements.Requirement(line)
+        for line in _metadata(wheels["jit"]).get_all("Requires-Dist") or []
+        if line.startswith(("cuda-", "nvidia-"))
+    ]
+    assert len(cuda_requirements) == 6
+    for req in cuda_requirements:
+        assert req.marker is not None, f"{req} has no platform marker"
+        for system, wanted in (("linux", True), ("win32", True), ("darwin", False)):
+            assert req.marker.evaluate({"sys_platform": system}) is wanted, (req, system)
 
 
 @pytest.mark.parametrize("folder", list(PACKAGES))
