@@ -88,3 +88,21 @@ def test_numpy_zero_d_arrays_are_refused():
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match=r"max_seq_len must be an int, got numpy\.ndarray"):
         padded_seq_len(np.array(8000))
+
+
+def test_sizes_read_from_device_data_inside_a_compiled_function():
+    """`padded_seq_len(int(seq_lens.max()))` sizes an `out=` buffer inside torch.compile: the
+    value is known only at run time, so the >= 0 checks run with the compiled code."""
+
+    def sizes(seq_lens):
+        longest = int(seq_lens.max().item())
+        out = torch.zeros(2, padded_seq_len(longest))
+        return out, min_block_table_width(longest, 64)
+
+    compiled = torch.compile(sizes, fullgraph=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for lengths, padded, width in (([5, 300], 512, 5), ([256, 0], 256, 4), ([0], 0, 0)):
+            out, got_width = compiled(torch.tensor(lengths, dtype=torch.int32))
+            assert out.shape == (2, padded) and got_width == width
+        with pytest.raises(RuntimeError):
+            compiled(torch.tensor([-5, -9], dtype=torch.int32))

@@ -6,6 +6,10 @@ or a block table with these helpers always agrees with what the kernel reads and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from ._args import check_int
 
 __all__ = ["OUTPUT_COLUMN_GRANULARITY", "min_block_table_width", "padded_seq_len"]
@@ -34,11 +38,12 @@ def padded_seq_len(max_seq_len: int) -> int:
     Raises:
         TypeError: `max_seq_len` is not an integer (a Python or numpy int; a bool or
             tensor is refused).
-        ValueError: `max_seq_len` is negative.
+        ValueError: `max_seq_len` is negative. Inside torch.compile, with a value read from
+            device data (`int(seq_lens.max())`), the check runs with the compiled code and
+            raises RuntimeError there.
     """
     max_seq_len = check_int("max_seq_len", max_seq_len)
-    if max_seq_len < 0:
-        raise ValueError(f"max_seq_len must be >= 0, got {max_seq_len}")
+    _require(max_seq_len >= 0, lambda: ValueError(f"max_seq_len must be >= 0, got {max_seq_len}"))
     tile = OUTPUT_COLUMN_GRANULARITY
     return (max_seq_len + tile - 1) // tile * tile
 
@@ -61,12 +66,26 @@ def min_block_table_width(seq_len: int, block_size: int) -> int:
     Raises:
         TypeError: An argument is not an integer (a Python or numpy int; a bool or
             tensor is refused).
-        ValueError: `seq_len` is negative or `block_size` is not positive.
+        ValueError: `seq_len` is negative or `block_size` is not positive (RuntimeError when
+            the compiled code runs, for a value read from device data inside torch.compile).
     """
     seq_len = check_int("seq_len", seq_len)
     block_size = check_int("block_size", block_size)
-    if seq_len < 0:
-        raise ValueError(f"seq_len must be >= 0, got {seq_len}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    _require(seq_len >= 0, lambda: ValueError(f"seq_len must be >= 0, got {seq_len}"))
+    _require(block_size >= 1, lambda: ValueError(f"block_size must be >= 1, got {block_size}"))
     return (seq_len + block_size - 1) // block_size
+
+
+def _require(condition: bool | torch.SymBool, error: Callable[[], Exception]) -> None:
+    """Raise `error()` unless `condition` holds. Under torch.compile a size read from device
+    data (`int(seq_lens.max())`) has no value yet: the check then becomes a runtime assertion
+    of the compiled code (a RuntimeError naming the comparison) instead of a guard that
+    dynamo cannot build; it still raises `error()` where the trace knows it fails."""
+    if torch.compiler.is_compiling():
+        from torch.fx.experimental.symbolic_shapes import guard_or_true
+
+        if not guard_or_true(condition):
+            raise error()
+        torch._check(condition)
+    elif not condition:
+        raise error()
