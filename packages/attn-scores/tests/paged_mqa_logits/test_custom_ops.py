@@ -337,6 +337,40 @@ def test_one_row_with_max_seq_len_read_inside_the_compiled_function(variant, wit
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_out_and_schedule_made_inside_the_compiled_function(variant, device):
+    """The whole serving step in one graph: `max_seq_len` read from `seq_lens`, `out` sized
+    with `padded_seq_len` of it and the schedule built, all inside the compiled function. The
+    out checks must not branch on the width, which has no value while tracing."""
+    kind = VARIANTS[variant]
+    next_n = DYNAMIC_NEXT_N[variant]
+
+    def step(*args):
+        seq_lens = args[-1]
+        longest = int(seq_lens.max().item())
+        schedule = fa.compute_paged_mqa_logits_schedule(
+            seq_lens, device=seq_lens.device, next_n=next_n, variant=variant
+        )
+        out = torch.empty(
+            args[0].shape[0] * next_n,
+            fa.padded_seq_len(longest),
+            dtype=kind.output_dtype,
+            device=seq_lens.device,
+        )
+        return kind.op(*args, longest, schedule_meta=schedule, out=out)
+
+    compiled = torch.compile(step, fullgraph=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for seed, lens in enumerate(([37, 0, 400, 5, 90], [9, 700, 0, 1, 60])):
+            case = dynamic_case(variant, lens, seed=170 + seed).to(device)
+            args = kind.args(case)[:-1]
+            got = compiled(*args)
+            assert got.shape == (case.rows, max(lens))
+            assert got.stride(0) == fa.padded_seq_len(max(lens))
+            assert_same_valid_region(got, kind.op(*args, max(lens)), case.seq_lens, next_n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_negative_max_seq_len_read_from_device_data_raises_when_run(device):
     """The `max_seq_len >= 0` check of a data-dependent value runs with the compiled code."""
     case = dynamic_case("fp8", [37, 0, 400], seed=150).to(device)
