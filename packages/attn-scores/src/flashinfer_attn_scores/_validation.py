@@ -287,8 +287,10 @@ def check_block_tables(block_tables: torch.Tensor, batch_size: int) -> None:
     check_ndim("block_tables", block_tables, 2, "[batch_size, max_blocks_per_seq]")
     check_dim("block_tables", block_tables, 0, batch_size, "batch_size (q.shape[0])")
     # The row stride is free (block_tables[::next_n] is fine); entries within a row must be
-    # contiguous. A stride is meaningless for a dimension of size <= 1.
-    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+    # contiguous. A stride is meaningless for a dimension of size <= 1. The stride is tested
+    # first: a table narrowed inside torch.compile to a width read from device data has a
+    # width without a value, and its unit stride decides the test without asking for one.
+    if block_tables.stride(1) != 1 and block_tables.shape[1] > 1:
         raise ValueError(
             "block_tables must have contiguous rows (stride(1) == 1), "
             f"got strides {block_tables.stride()} for shape {_shape(block_tables)}"

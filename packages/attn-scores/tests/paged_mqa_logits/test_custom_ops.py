@@ -339,15 +339,20 @@ def test_one_row_with_max_seq_len_read_inside_the_compiled_function(variant, wit
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_out_and_schedule_made_inside_the_compiled_function(variant, device):
-    """The whole serving step in one graph: `max_seq_len` read from `seq_lens`, `out` sized
-    with `padded_seq_len` of it and the schedule built, all inside the compiled function. The
-    out checks must not branch on the width, which has no value while tracing."""
+    """The whole serving step in one graph: `max_seq_len` read from `seq_lens`, the block
+    table narrowed to `min_block_table_width` of it, `out` sized with `padded_seq_len` of it
+    and the schedule built, all inside the compiled function. The table and out checks must
+    not branch on those widths, which have no value while tracing."""
     kind = VARIANTS[variant]
     next_n = DYNAMIC_NEXT_N[variant]
 
     def step(*args):
         seq_lens = args[-1]
         longest = int(seq_lens.max().item())
+        table_index = kind.table_index
+        block_size = args[kind.kv_index].shape[1]
+        args = list(args)
+        args[table_index] = args[table_index][:, : fa.min_block_table_width(longest, block_size)]
         schedule = fa.compute_paged_mqa_logits_schedule(
             seq_lens, device=seq_lens.device, next_n=next_n, variant=variant
         )
