@@ -236,7 +236,7 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
                 f"got shape {tuple(value.shape)}"
             )
         scale = value.reshape(()).to(dtype=torch.float32)
-        if value.device.type == "cpu":
+        if value.device.type == "cpu" and not torch.compiler.is_compiling():
             _positive_float32(name, value.reshape(()).item(), scale)
         return scale.to(device=device)
     raise TypeError(
@@ -258,8 +258,11 @@ def device_data_checks_enabled(t: torch.Tensor) -> bool:
 
     Always on CPU (reading is free there). On other devices only when
     ``FLASHINFER_VALIDATE_INPUTS`` is 1/true/yes/on and no CUDA graph is being captured, because reading
-    device data forces a host synchronisation, which is illegal during capture.
+    device data forces a host synchronisation, which is illegal during capture. Never while
+    torch.compile traces: a trace has no data to read.
     """
+    if torch.compiler.is_compiling():
+        return False
     if t.device.type == "cpu":
         return True
     if os.environ.get("FLASHINFER_VALIDATE_INPUTS", "").strip().lower() not in _ENV_TRUE:
