@@ -354,6 +354,62 @@ def test_cuda_graph_replay_follows_new_lengths():
     assert torch.equal(out.cpu(), compute_paged_mqa_logits_schedule(new_lens, num_sms=num_sms))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_out", [False, True])
+def test_cuda_schedule_compiles_with_fullgraph(with_out):
+    """Under torch.compile the kernel launch goes through the `flashinfer_schedule` custom op
+    (dynamo cannot trace the JIT load); the compiled call follows new lengths."""
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def step(seq_lens, out):
+        return compute_paged_mqa_logits_schedule(seq_lens, next_n=3, variant="fp8", out=out)
+
+    compiled = torch.compile(step, fullgraph=True)
+    gen = torch.Generator().manual_seed(23)
+    for batch_size in (5, 300, 300):
+        lens = torch.randint(0, 20000, (batch_size,), generator=gen, dtype=torch.int32)
+        out = (
+            torch.full((num_sms + 1, 2), -7, dtype=torch.int32, device="cuda") if with_out else None
+        )
+        got = compiled(lens.cuda(), out)
+        if with_out:
+            assert got.data_ptr() == out.data_ptr()
+        expected = compute_paged_mqa_logits_schedule(lens, num_sms=num_sms, next_n=3)
+        assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.gpu
+def test_opcheck_cuda_schedule_op():
+    lens = torch.randint(
+        0, 9000, (40,), generator=torch.Generator().manual_seed(3), dtype=torch.int32
+    )
+    out = torch.empty(8, 2, dtype=torch.int32, device="cuda")
+    op = torch.ops.flashinfer_schedule.paged_mqa_logits_schedule_into
+    results = torch.library.opcheck(op, (lens.cuda(), 7, 1, out))
+    assert all(result == "SUCCESS" for result in results.values()), results
+
+
+def test_cuda_schedule_op_has_a_fake_kernel():
+    """What a trace sees of the CUDA launch: an in-place op whose fake kernel needs no GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = torch.ops.flashinfer_schedule.paged_mqa_logits_schedule_into
+    with FakeTensorMode():
+        lens = torch.empty(5, dtype=torch.int32, device="cuda")
+        out = torch.empty(133, 2, dtype=torch.int32, device="cuda")
+        assert op(lens, 132, 1, out) is None
+        assert out.shape == (133, 2) and out.device.type == "cuda"
+
+
+def test_cpu_schedule_compiles_with_fullgraph():
+    compiled = torch.compile(compute_paged_mqa_logits_schedule, fullgraph=True)
+    gen = torch.Generator().manual_seed(29)
+    for batch_size in (3, 70):
+        lens = torch.randint(0, 20000, (batch_size,), generator=gen, dtype=torch.int32)
+        got = compiled(lens, next_n=2, num_sms=11)
+        assert torch.equal(got, compute_paged_mqa_logits_schedule(lens, next_n=2, num_sms=11))
+
+
 def test_more_than_int32_max_requests_is_refused():
     # A stride-0 view: 2**31 entries without allocating them.
     seq_lens = torch.zeros(1, dtype=torch.int32).expand(2**31)

@@ -11,6 +11,9 @@ from flashinfer_schedule.schedule import (
 )
 from flashinfer_schedule.sizes import min_block_table_width, padded_seq_len
 
+# Registers the CUDA launch as a torch.library op for torch.compile traces.
+from flashinfer_schedule import custom_ops as _custom_ops  # noqa: F401  isort: skip
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -293,10 +293,14 @@ def _compute_schedule_cuda(
     seq_lens: torch.Tensor, num_sms: int, next_n: int, variant: str, out: torch.Tensor
 ) -> torch.Tensor:
     """One small CUDA kernel (`csrc/paged_mqa_logits_schedule.cu`), bit-identical to
-    `_compute_schedule_torch` and free of host synchronisation (graph-capturable)."""
+    `_compute_schedule_torch` and free of host synchronisation (graph-capturable). Under a
+    torch.compile trace it goes through the custom op of `custom_ops.py`."""
+    passes = passes_per_token(variant, next_n)
+    if torch.compiler.is_compiling():
+        torch.ops.flashinfer_schedule.paged_mqa_logits_schedule_into(seq_lens, num_sms, passes, out)
+        return out
     from ._schedule_cuda import launch_schedule_kernel
 
-    passes = passes_per_token(variant, next_n)
     return launch_schedule_kernel(
         seq_lens, num_sms, passes, SCHEDULE_TOKENS_PER_UNIT, SCHEDULE_REQUEST_ENTRY_UNITS, out
     )

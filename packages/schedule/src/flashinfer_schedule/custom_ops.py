@@ -1,0 +1,45 @@
+"""`torch.library` registration of the CUDA schedule kernel, for torch.compile traces.
+
+Eager calls launch the kernel directly (`_schedule_cuda.launch_schedule_kernel`): a custom
+op's dispatch costs host time and buys nothing outside a trace. While dynamo traces
+`compute_paged_mqa_logits_schedule`, the launch (a JIT kernel load through cuda.core) cannot
+be put in a graph, so it goes through this op, which is opaque to the compiler: it writes the
+schedule into `out` in place and returns nothing. The CPU path is plain torch ops, which
+dynamo traces as they are, so the op is registered for CUDA only.
+
+Op (namespace `flashinfer_schedule`, reachable as `torch.ops.flashinfer_schedule.*`):
+
+* `paged_mqa_logits_schedule_into(seq_lens, num_sms, passes, out) -> ()`
+
+It does no argument checking (call `compute_paged_mqa_logits_schedule`, which does).
+"""
+
+import torch
+
+from ._schedule_cuda import launch_schedule_kernel
+
+__all__ = ["NAMESPACE", "paged_mqa_logits_schedule_into"]
+
+NAMESPACE = "flashinfer_schedule"
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::paged_mqa_logits_schedule_into", mutates_args=("out",), device_types="cuda"
+)
+def paged_mqa_logits_schedule_into(
+    seq_lens: torch.Tensor, num_sms: int, passes: int, out: torch.Tensor
+) -> None:
+    """Write the schedule of `seq_lens` for `num_sms` SMs into `out` (`[num_sms + 1, 2]`)."""
+    from .schedule import SCHEDULE_REQUEST_ENTRY_UNITS, SCHEDULE_TOKENS_PER_UNIT
+
+    launch_schedule_kernel(
+        seq_lens, num_sms, passes, SCHEDULE_TOKENS_PER_UNIT, SCHEDULE_REQUEST_ENTRY_UNITS, out
+    )
+
+
+@paged_mqa_logits_schedule_into.register_fake
+def _paged_mqa_logits_schedule_into_fake(
+    seq_lens: torch.Tensor, num_sms: int, passes: int, out: torch.Tensor
+) -> None:
+    # The op only writes into out, whose metadata does not change.
+    return None
