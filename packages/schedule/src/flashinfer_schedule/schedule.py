@@ -329,7 +329,9 @@ def compute_paged_mqa_logits_schedule(
 
     On CUDA tensors the computation is one small kernel with no host synchronisation, so it
     can be captured in a CUDA graph. On the CPU the same policy runs with plain torch ops and
-    gives an identical result for the same `num_sms`.
+    gives an identical result for the same `num_sms`. Both trace under
+    `torch.compile(fullgraph=True)`: there the CUDA launch is the in-place custom op
+    `torch.ops.flashinfer_schedule.paged_mqa_logits_schedule_into`.
 
     Args:
         seq_lens: `[batch_size]` int32 KV length per request, any stride. Negative entries are
