@@ -57,6 +57,15 @@ def _type_name(value: object) -> str:
     return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
+def _describe(value: object) -> str:
+    """How an error names a refused value: its type and repr, or for a tensor its dtype, shape
+    and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
+    under `torch.compile(fullgraph=True)`, which would hide the error behind its own)."""
+    if isinstance(value, torch.Tensor):
+        return f"{_type_name(value)} of dtype {value.dtype}, shape {list(value.shape)} on {value.device}"
+    return f"{_type_name(value)} ({value!r})"
+
+
 def check_tensor(name: str, value: object) -> torch.Tensor:
     """Raise TypeError unless `value` is a dense (strided) tensor whose memory holds its values.
 
@@ -144,7 +153,7 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
         hint = ""
         if isinstance(value, torch.Tensor):  # e.g. max_seq_len=seq_lens.max()
             hint = "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
-        raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r}){hint}")
+        raise TypeError(f"{name} must be an int, got {_describe(value)}{hint}")
     if minimum is not None:
         require(
             value >= minimum,
@@ -155,7 +164,7 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
 
 def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_type_name(value)} ({value!r})")
+        raise TypeError(f"{name} must be a bool, got {_describe(value)}")
     return value
 
 
@@ -167,7 +176,7 @@ def check_dtype_choice(
 ) -> torch.dtype:
     """Check a dtype-valued argument such as `output_dtype` against the supported set."""
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {_type_name(value)} ({value!r})")
+        raise TypeError(f"{name} must be a torch.dtype, got {_describe(value)}")
     if value not in allowed:
         why = (refused_because or {}).get(value)
         names = ", ".join(str(d) for d in allowed)

@@ -7,6 +7,8 @@ bits as eager. CPU tests use the reference path; the `gpu` ones run the SM90 ker
 
 from __future__ import annotations
 
+import re
+
 import flashinfer_attn_scores as fa
 import pytest
 import torch
@@ -388,6 +390,41 @@ def test_a_negative_max_seq_len_read_from_device_data_raises_when_run(device):
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         with pytest.raises(RuntimeError):
             compiled(*case.fp8_args()[:-1])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda q, kv, w, table, lens: fa.fp8_paged_mqa_logits(
+                q, kv, w, table, lens, lens.max()
+            ),
+            "max_seq_len must be an int, got torch.Tensor of dtype torch.int32, shape []",
+        ),
+        (
+            lambda q, kv, w, table, lens: fa.padded_seq_len(lens.max()),
+            "max_seq_len must be an int, got torch.Tensor of dtype torch.int32, shape []",
+        ),
+        (
+            lambda q, kv, w, table, lens: fa.compute_paged_mqa_logits_schedule(lens, variant=lens),
+            "variant must be a str",
+        ),
+        (
+            lambda q, kv, w, table, lens: fa.fp8_paged_mqa_logits(
+                q, kv, w, table, lens, 64, output_dtype=lens
+            ),
+            "output_dtype must be a torch.dtype, got torch.Tensor",
+        ),
+    ],
+)
+def test_a_tensor_given_for_a_python_value_is_named_under_fullgraph(call, message):
+    """The TypeError names the tensor by dtype and shape: its repr would read device data,
+    which dynamo refuses ("repr() on tensor"), hiding the TypeError behind its own error."""
+    args = make_fp8_case([40, 3], next_n=1, num_heads=8, head_dim=128, seed=112).fp8_args()[:5]
+    with pytest.raises(TypeError, match=re.escape(message)):
+        call(*args)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(message)):
+        torch.compile(call, fullgraph=True)(*args)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -17,6 +17,15 @@ def type_name(value: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def describe(value: object) -> str:
+    """How an error names a refused value: its type and repr, or for a tensor its dtype, shape
+    and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
+    under `torch.compile(fullgraph=True)`, which would hide the error behind its own)."""
+    if isinstance(value, torch.Tensor):
+        return f"{type_name(value)} of dtype {value.dtype}, shape {list(value.shape)} on {value.device}"
+    return f"{type_name(value)} ({value!r})"
+
+
 def check_int(name: str, value: object, expected: str = "an int") -> int:
     """Return `value` as a Python int if it is an integer (numpy integers included).
 
@@ -28,9 +37,7 @@ def check_int(name: str, value: object, expected: str = "an int") -> int:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return operator.index(value)
-    raise TypeError(
-        f"{name} must be {expected}, got {type_name(value)} ({value!r}){tensor_hint(value)}"
-    )
+    raise TypeError(f"{name} must be {expected}, got {describe(value)}{tensor_hint(value)}")
 
 
 def tensor_hint(value: object) -> str:

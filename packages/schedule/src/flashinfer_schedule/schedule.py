@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from ._args import check_int, type_name
+from ._args import check_int, describe, type_name
 
 __all__ = [
     "DEFAULT_CPU_NUM_SMS",
@@ -81,8 +81,7 @@ _MAX_BATCH_SIZE = 2**31 - 1
 def _check_variant_next_n(variant: object, next_n: object) -> int:
     if not isinstance(variant, str):
         raise TypeError(
-            f"variant must be a str, one of {SCHEDULE_VARIANTS}, "
-            f"got {type_name(variant)} ({variant!r})"
+            f"variant must be a str, one of {SCHEDULE_VARIANTS}, got {describe(variant)}"
         )
     if variant not in SCHEDULE_VARIANTS:
         raise ValueError(f"variant must be one of {SCHEDULE_VARIANTS}, got {variant!r}")
@@ -153,9 +152,7 @@ def resolve_device(device: object) -> torch.device:
         except RuntimeError as err:
             raise ValueError(f"device: cannot parse {device!r} as a torch device ({err})") from err
     else:
-        raise TypeError(
-            f"device must be a torch.device, str or int, got {type_name(device)} ({device!r})"
-        )
+        raise TypeError(f"device must be a torch.device, str or int, got {describe(device)}")
     if resolved.type == "cuda":
         resolved = _resolve_cuda_device(resolved, device)
     return resolved
