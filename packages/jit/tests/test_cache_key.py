@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import shutil
+import sys
 from pathlib import Path
 
 import flashinfer_jit
@@ -186,6 +189,18 @@ def test_the_package_version_changes_the_key(project, monkeypatch):
     assert _key(_spec(proj, inc)) != before
 
 
+def test_the_compiler_wrappers_text_is_in_the_key(project, monkeypatch):
+    from flashinfer_jit import cache
+
+    proj, inc = project
+    wrapper = Path(flashinfer_jit.__file__).with_name("compiler.py").read_bytes()
+    material = compute_key(_spec(proj, inc), "sm_90a", base_options()).material
+    assert material["compiler_wrapper"] == hashlib.sha256(wrapper).hexdigest()
+    before = _key(_spec(proj, inc))
+    monkeypatch.setattr(cache, "compiler_wrapper_digest", lambda: "0" * 64)
+    assert _key(_spec(proj, inc)) != before
+
+
 def test_the_base_options_change_the_key(project):
     proj, inc = project
     spec = _spec(proj, inc)
@@ -311,3 +326,73 @@ def test_a_cache_dir_argument_expands_a_leading_tilde(monkeypatch, tmp_path):
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert cache_root("~/kernels") == tmp_path / "kernels"
+
+
+def _no_home(monkeypatch):
+    """An arbitrary container uid: HOME unset and no passwd entry."""
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("FLASHINFER_JIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
+def test_without_a_home_folder_the_default_cache_dir_names_the_variable(monkeypatch):
+    from flashinfer_jit.cache import NoCacheFolderError, default_cache_dir
+
+    _no_home(monkeypatch)
+    with pytest.raises(NoCacheFolderError, match="set FLASHINFER_JIT_CACHE_DIR"):
+        default_cache_dir()
+    monkeypatch.setenv("FLASHINFER_JIT_CACHE_DIR", "/srv/kernels")
+    assert default_cache_dir() == Path("/srv/kernels")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
+def test_without_a_home_folder_kernels_compile_without_the_cache(project, monkeypatch, caplog):
+    from flashinfer_jit import compiler
+
+    proj, inc = project
+    _no_home(monkeypatch)
+    monkeypatch.setattr(compiler, "_warned_no_cache_folder", False)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        compiled = compile_kernel(_spec(proj, inc), "sm_90a")
+        assert flashinfer_jit.lookup_kernel(_spec(proj, inc), "sm_90a") is None
+    assert compiled.cubin[:4] == b"\x7fELF" and compiled.cache_path is None
+    assert "compiling without the disk cache" in caplog.text
+    assert "FLASHINFER_JIT_CACHE_DIR" in caplog.text
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
+@pytest.mark.parametrize("xdg", ["relcache", "", None])
+def test_a_relative_or_empty_xdg_cache_home_is_ignored(monkeypatch, tmp_path, xdg):
+    from flashinfer_jit.cache import default_cache_dir
+
+    monkeypatch.delenv("FLASHINFER_JIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert default_cache_dir() == tmp_path / ".cache" / "flashinfer-hopper" / "jit"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "flashinfer-hopper" / "jit"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
+@pytest.mark.parametrize("home", ["", "relative/home"])
+def test_an_empty_or_relative_home_falls_back_to_the_passwd_entry(monkeypatch, tmp_path, home):
+    import pwd
+
+    from flashinfer_jit.cache import default_cache_dir
+
+    entry = pwd.struct_passwd(("u", "x", 1, 1, "", str(tmp_path), "/bin/sh"))
+    monkeypatch.delenv("FLASHINFER_JIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: entry)
+    assert default_cache_dir() == tmp_path / ".cache" / "flashinfer-hopper" / "jit"

@@ -259,3 +259,18 @@ def test_a_define_that_is_not_a_canonical_decimal_is_passed_as_written(tmp_path,
     )
     assert main(["inspect", str(path), "-D", "X=010", "--cache-dir", str(cache_dir)]) == 0
     assert "== octal_kernel[X=010]" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
+def test_cache_info_without_a_cache_root_exits_1_naming_the_variable(monkeypatch, capsys):
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.delenv("FLASHINFER_JIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert main(["cache-info"]) == 1
+    assert "set FLASHINFER_JIT_CACHE_DIR" in capsys.readouterr().err

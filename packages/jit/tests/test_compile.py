@@ -531,3 +531,57 @@ def test_a_non_folder_at_the_shard_path_is_moved_aside(source, cache_dir, caplog
     assert "cannot write" not in caplog.text  # (reading through the loop may warn)
     assert shard.is_dir() and read_entry(cache_dir, good.key) is not None
     assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_an_entry_is_readable_by_other_users_as_the_umask_allows(source, cache_dir, umask):
+    """A cache built by one user (a Dockerfile's root, a CI job) and served by another: the
+    entry folder follows the umask like the files in it (`tempfile.mkdtemp` made it 0700)."""
+    previous = os.umask(umask)
+    try:
+        compiled = compile_kernel(
+            KernelSpec.make("add_value", source, {"VALUE": 12}), "sm_90a", cache_dir=cache_dir
+        )
+    finally:
+        os.umask(previous)
+    for path in (compiled.cache_path, compiled.cache_path.parent):
+        assert path.stat().st_mode & 0o777 == 0o777 & ~umask, path
+
+
+def test_a_damaged_entry_that_cannot_be_moved_aside_is_not_reported_stored(
+    source, cache_dir, caplog, monkeypatch
+):
+    """The damaged entry stays (its shard folder is not ours to write): the compile is used,
+    but `cache_path` is None, so `precompile` counts it not stored and compile-check fails."""
+    from flashinfer_jit import cache as cache_module
+
+    spec = KernelSpec.make("add_value", source, {"VALUE": 13})
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    (good.cache_path / CUBIN_FILE).write_bytes(b"truncated")
+    monkeypatch.setattr(cache_module, "discard_entry", lambda root, digest: None)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert again.cubin == good.cubin and not again.from_cache
+    assert again.cache_path is None
+    assert "could not be replaced" in caplog.text
+
+
+def test_a_source_removed_while_it_compiles_is_used_and_not_cached(source, cache_dir, caplog):
+    """An upgrade that deletes the sources under a live process: the finished compile is
+    used, not cached, and no FileNotFoundError escapes the rehash."""
+    spec = KernelSpec.make("add_value", source, {"VALUE": 14})
+    compiler_module = importlib.import_module("flashinfer_jit.compiler")
+    nvrtc_compile = compiler_module._nvrtc_compile
+
+    def remove_while_compiling(*args, **kwargs):
+        result = nvrtc_compile(*args, **kwargs)
+        source.unlink()
+        return result
+
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(compiler_module, "_nvrtc_compile", remove_while_compiling)
+            compiled = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert compiled.cubin[:4] == ELF_MAGIC and compiled.cache_path is None
+    assert "changed while it compiled; not cached" in caplog.text

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,6 +38,12 @@ CUBIN_FILE = "kernel.cubin"
 MANIFEST_FILE = "manifest.json"
 
 
+class NoCacheFolderError(OSError):
+    """No cache root can be named: `FLASHINFER_JIT_CACHE_DIR` is unset and the user has no
+    usable home folder. `compile_kernel` then compiles without the disk cache, with a
+    warning, as it does for a cache folder it cannot read or write."""
+
+
 def default_cache_dir() -> Path:
     """Return the cache root: `FLASHINFER_JIT_CACHE_DIR`, else the user's cache directory.
 
@@ -45,18 +51,62 @@ def default_cache_dir() -> Path:
         `$FLASHINFER_JIT_CACHE_DIR` if set and non-empty; otherwise
         `$XDG_CACHE_HOME/flashinfer-hopper/jit` (`~/.cache/...` when unset) on Linux,
         `~/Library/Caches/flashinfer-hopper/jit` on macOS and
-        `%LOCALAPPDATA%\\flashinfer-hopper\\jit` on Windows.
+        `%LOCALAPPDATA%\\flashinfer-hopper\\jit` on Windows. A relative `XDG_CACHE_HOME`
+        is ignored, as the XDG specification says (it would give each working directory its
+        own cache), and so is an empty or relative home folder.
+
+    Raises:
+        NoCacheFolderError: (an OSError) No variable names a folder and the home folder is
+            unknown (`HOME` unset and no passwd entry for the uid, as for an arbitrary
+            container uid). A shared temporary folder is not used instead: another user
+            could plant binaries there.
     """
     override = os.environ.get("FLASHINFER_JIT_CACHE_DIR", "").strip()
     if override:
         return Path(override).expanduser()
     if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+        local = os.environ.get("LOCALAPPDATA")
+        if local and os.path.isabs(local):
+            return Path(local) / "flashinfer-hopper" / "jit"
+        base = _home_or_none()
+        base = None if base is None else base / "AppData" / "Local"
     elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
+        base = _home_or_none()
+        base = None if base is None else base / "Library" / "Caches"
     else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        if xdg and os.path.isabs(xdg):
+            return Path(xdg) / "flashinfer-hopper" / "jit"
+        base = _home_or_none()
+        base = None if base is None else base / ".cache"
+    if base is None:
+        raise NoCacheFolderError(
+            "no folder for the kernel cache: FLASHINFER_JIT_CACHE_DIR is unset and the home "
+            "folder is unknown (HOME unset, empty or relative, and no passwd entry for this "
+            "user); set FLASHINFER_JIT_CACHE_DIR"
+        )
     return base / "flashinfer-hopper" / "jit"
+
+
+def _home_or_none() -> Path | None:
+    """The user's home folder if absolute: `HOME`, else the password database's entry (a
+    missing, empty or relative `HOME` would put the cache under `/` or the working
+    directory), else `Path.home()` (Windows), else None."""
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home):
+        return Path(home)
+    try:
+        import pwd
+
+        found = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except ImportError:  # Windows
+        try:
+            found = Path.home()
+        except (RuntimeError, KeyError):
+            return None
+    except KeyError:  # no passwd entry for the uid (an arbitrary container uid)
+        return None
+    return found if found.is_absolute() else None
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -103,6 +153,14 @@ class CacheKey:
     files: tuple[SourceFile, ...]
 
 
+@functools.cache
+def compiler_wrapper_digest() -> str:
+    """SHA-256 of `compiler.py`, which maps a spec's options to NVRTC's: it decides the
+    cubin as much as the sources do, and its text changes the key even where a change to it
+    forgot to bump the package version."""
+    return hashlib.sha256(Path(__file__).with_name("compiler.py").read_bytes()).hexdigest()
+
+
 def compute_key(spec: KernelSpec, arch: str, base_options: tuple[str, ...]) -> CacheKey:
     """Hash everything that decides the cubin of `spec` for `arch`.
 
@@ -122,6 +180,7 @@ def compute_key(spec: KernelSpec, arch: str, base_options: tuple[str, ...]) -> C
     material = {
         "schema": CACHE_SCHEMA_VERSION,
         "package_version": __version__,
+        "compiler_wrapper": compiler_wrapper_digest(),
         "toolchain": [list(item) for item in toolchain_fingerprint()],
         "arch": arch,
         "defines": [[name, str(value)] for name, value in spec.defines],
@@ -274,8 +333,9 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
         manifest: Manifest fields; `key`, `cubin_size` and `cubin_sha256` are filled in.
 
     Returns:
-        The entry folder. It holds a valid entry unless three publication attempts in a row
-        met a damaged entry that another process kept re-creating.
+        The entry folder, or None when no valid entry could be put there: three attempts
+        in a row met a damaged entry that could not be moved aside (a shard folder this
+        process may not write) or that another process kept re-creating.
 
     Raises:
         OSError: The cache root is not writable.
@@ -291,7 +351,11 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
     tmp_parent.mkdir(parents=True, exist_ok=True)
     _clear_non_folder(root, final.parent)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}.", dir=tmp_parent))
+    # Not tempfile.mkdtemp: it makes the folder 0700 whatever the umask, and the renamed
+    # entry would keep that mode, unreadable to other users of a shared or shipped cache.
+    tmp = tmp_parent / f"{digest[:16]}.{uuid.uuid4().hex}"
+    tmp.mkdir()
+    published = False
     try:
         _write_synced(tmp / CUBIN_FILE, cubin)
         _write_synced(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
@@ -306,16 +370,18 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
                 # built from identical inputs) or it is damaged (move it aside and retry).
                 try:
                     if read_entry(root, digest) is not None:
+                        published = True
                         break
                 except CorruptEntry:
                     discard_entry(root, digest)
             else:
                 _fsync_dir(final.parent)
+                published = True
                 break
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sweep_stale_tmp(root)
-    return final
+    return final if published else None
 
 
 def _clear_non_folder(root: Path, path: Path) -> None:

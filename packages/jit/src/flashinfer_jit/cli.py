@@ -350,9 +350,13 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_info(args: argparse.Namespace) -> int:
-    from .cache import cache_root, schema_root
+    from .cache import NoCacheFolderError, cache_root, schema_root
 
-    root = cache_root(args.cache_dir)
+    try:
+        root = cache_root(args.cache_dir)
+    except NoCacheFolderError as exc:
+        print(f"cache-info: {exc}", file=sys.stderr)
+        return 1
     if root.exists() and not root.is_dir():
         print(f"cache-info: the cache root {root} is not a folder", file=sys.stderr)
         return 1

@@ -17,9 +17,11 @@ from .cache import (
     CacheEntry,
     CacheKey,
     CorruptEntry,
+    NoCacheFolderError,
     cache_root,
     compute_key,
     discard_entry,
+    entry_dir,
     publish_entry,
     read_entry,
 )
@@ -398,7 +400,11 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
         logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
         return None
     except OSError as exc:
-        logger.warning("flashinfer_jit: cannot read the kernel cache at %s: %s", root, exc)
+        logger.warning(
+            "flashinfer_jit: cannot read the kernel cache at %s (FLASHINFER_JIT_CACHE_DIR sets it): %s",
+            root,
+            exc,
+        )
         return None
     if entry is None:
         return None
@@ -427,6 +433,21 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
     )
 
 
+_warned_no_cache_folder = False
+
+
+def _root_or_none(cache_dir: str | Path | None) -> Path | None:
+    """The cache root, or None (compile without the disk cache) when none can be named."""
+    global _warned_no_cache_folder
+    try:
+        return cache_root(cache_dir)
+    except NoCacheFolderError as exc:
+        if not _warned_no_cache_folder:
+            _warned_no_cache_folder = True
+            logger.warning("flashinfer_jit: compiling without the disk cache: %s", exc)
+        return None
+
+
 def lookup_kernel(
     spec: KernelSpec, arch: str, *, cache_dir: str | Path | None = None
 ) -> CompiledKernel | None:
@@ -449,8 +470,25 @@ def lookup_kernel(
     """
     _check_spec(spec)
     check_arch(arch)
-    root = cache_root(cache_dir)
+    root = _root_or_none(cache_dir)
+    if root is None:
+        return None
     return _from_cache(spec, arch, root, compute_key(spec, arch, base_options()))
+
+
+def _sources_unchanged(spec: KernelSpec, arch: str, key: CacheKey) -> bool:
+    """NVRTC reads the headers from disk after they were hashed: if one changed (or went
+    away: a package upgrade on a live host) meanwhile, the cubin may be of text other than
+    the key's, so it is used but not published under it."""
+    try:
+        unchanged = compute_key(spec, arch, base_options()).digest == key.digest
+    except OSError:
+        unchanged = False
+    if not unchanged:
+        logger.warning(
+            "flashinfer_jit: a source of %s changed while it compiled; not cached", spec.label
+        )
+    return unchanged
 
 
 def compile_kernel(
@@ -482,9 +520,9 @@ def compile_kernel(
     """
     _check_spec(spec)
     check_arch(arch)
-    root = cache_root(cache_dir)
+    root = _root_or_none(cache_dir)
     key: CacheKey = compute_key(spec, arch, base_options())
-    cached = _from_cache(spec, arch, root, key)
+    cached = None if root is None else _from_cache(spec, arch, root, key)
     if cached is not None:
         return cached
 
@@ -514,17 +552,23 @@ def compile_kernel(
         "created_unix": time.time(),
     }
     path: Path | None = None
-    # NVRTC reads the headers from disk after they were hashed: if one changed meanwhile, the
-    # cubin may be of text other than the key's, so it is used but not published under it.
-    if compute_key(spec, arch, base_options()).digest != key.digest:
-        logger.warning(
-            "flashinfer_jit: a source of %s changed while it compiled; not cached", spec.label
-        )
-    else:
+    if root is not None and _sources_unchanged(spec, arch, key):
         try:
             path = publish_entry(root, key.digest, cubin, manifest)
         except OSError as exc:
-            logger.warning("flashinfer_jit: cannot write the kernel cache at %s: %s", root, exc)
+            logger.warning(
+                "flashinfer_jit: cannot write the kernel cache at %s (FLASHINFER_JIT_CACHE_DIR sets it): %s",
+                root,
+                exc,
+            )
+        else:
+            if path is None:
+                logger.warning(
+                    "flashinfer_jit: cannot write the kernel cache at %s: a damaged entry at "
+                    "%s could not be replaced",
+                    root,
+                    entry_dir(root, key.digest),
+                )
     return CompiledKernel(
         spec=spec,
         arch=arch,
