@@ -401,6 +401,42 @@ def test_cuda_schedule_op_has_a_fake_kernel():
         assert out.shape == (133, 2) and out.device.type == "cuda"
 
 
+def test_a_dispatch_mode_sees_the_cuda_schedule_as_the_custom_op(monkeypatch):
+    """Under FakeTensorMode (and make_fx, any dispatch mode) a direct launch would record an
+    output the kernel never wrote; the call must go through the op, whose fake kernel runs."""
+    from flashinfer_schedule import _schedule_cuda
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def no_launch(*args):
+        raise AssertionError("launched the kernel directly under a tracer")
+
+    monkeypatch.setattr(_schedule_cuda, "launch_schedule_kernel", no_launch)
+    with FakeTensorMode():
+        lens = torch.empty(9, dtype=torch.int32, device="cuda")
+        got = compute_paged_mqa_logits_schedule(lens, num_sms=132)
+    assert got.shape == (133, 2) and got.device.type == "cuda" and got.dtype == torch.int32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tracer", ["jit_trace", "make_fx"])
+def test_a_traced_cuda_schedule_follows_new_lengths(tracer):
+    """The trace records the op, not the `torch.empty` of a direct launch."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(seq_lens):
+        return compute_paged_mqa_logits_schedule(seq_lens, next_n=2)
+
+    gen = torch.Generator().manual_seed(31)
+    example = torch.randint(0, 9000, (40,), generator=gen, dtype=torch.int32).cuda()
+    traced = torch.jit.trace(step, example) if tracer == "jit_trace" else make_fx(step)(example)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lens = torch.randint(0, 30000, (40,), generator=gen, dtype=torch.int32)
+    got = traced(lens.cuda())
+    assert torch.equal(
+        got.cpu(), compute_paged_mqa_logits_schedule(lens, num_sms=num_sms, next_n=2)
+    )
+
+
 def test_cpu_schedule_compiles_with_fullgraph():
     compiled = torch.compile(compute_paged_mqa_logits_schedule, fullgraph=True)
     gen = torch.Generator().manual_seed(29)

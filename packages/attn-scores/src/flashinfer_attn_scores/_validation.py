@@ -71,8 +71,10 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
 
     A negated view (`is_neg()`, e.g. the `.imag` of a `conj()` view) holds -value in memory:
     the kernels read memory, so it is refused rather than silently negated. Not checked while
-    torch.compile traces (dynamo cannot trace `is_neg()`); the dispatcher then resolves a
-    negated input before the custom op runs.
+    torch.compile traces (dynamo cannot trace `is_neg()`). There the dispatcher resolves a
+    negated input before the custom op runs under the `eager` and `aot_eager` backends, but
+    Inductor (PyTorch 2.13) ignores the negation bit of a graph input, for plain torch ops
+    too (pytorch/pytorch#145093), and the op sees the negated values.
     """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(value)}")

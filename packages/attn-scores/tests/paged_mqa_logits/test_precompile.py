@@ -223,3 +223,35 @@ def test_a_call_after_precompile_compiles_and_loads_nothing(monkeypatch):
             got = op(*args, output_dtype=torch.float32)
             mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
             assert_rows_close(got, reference(*args), mask, 2e-3)
+
+
+def test_a_cuda_precompile_inside_torch_compile_is_refused_by_name(monkeypatch):
+    """A start-up step: under fullgraph the trace stops with the reason, instead of failing
+    somewhere inside the JIT's worker processes and cache."""
+    from flashinfer_attn_scores.paged_mqa_logits import launcher
+    from flashinfer_attn_scores.paged_mqa_logits import precompile as precompile_module
+
+    def no_compile(*args):
+        raise AssertionError("compiled while dynamo traced")
+
+    monkeypatch.setattr(precompile_module, "resolve_device", lambda d: torch.device("cuda", 0))
+    monkeypatch.setattr(launcher, "compile_paged_mqa_logits_kernels", no_compile)
+    compiled = torch.compile(
+        lambda: fa.precompile_paged_mqa_logits(device="cuda", variants=("fp8",)), fullgraph=True
+    )
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"cannot run inside torch\.compile"):
+        compiled()
+
+
+@pytest.mark.gpu
+def test_a_cuda_precompile_inside_torch_compile_is_refused_on_the_gpu():
+    compiled = torch.compile(
+        lambda: fa.precompile_paged_mqa_logits(device="cuda", variants=("fp8",), next_ns=(1,)),
+        fullgraph=True,
+    )
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"cannot run inside torch\.compile"):
+        compiled()
+    # Without fullgraph dynamo falls back to running the frame eagerly, which compiles.
+    assert torch.compile(
+        lambda: fa.precompile_paged_mqa_logits(device="cuda", variants=("fp8",), next_ns=(1,))
+    )()

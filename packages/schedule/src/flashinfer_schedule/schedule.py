@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from ._args import check_int, describe, type_name
+from ._tracing import plain_eager
 
 __all__ = [
     "DEFAULT_CPU_NUM_SMS",
@@ -201,6 +202,10 @@ _SM_COUNTS: dict[int, int] = {}
 
 
 def _cuda_multiprocessors(index: int) -> int:
+    if torch.compiler.is_compiling():
+        # Dynamo folds the property query to a constant; reading or filling the dict would
+        # guard on its contents and recompile once an eager call adds an entry.
+        return int(torch.cuda.get_device_properties(index).multi_processor_count)
     count = _SM_COUNTS.get(index)
     if count is None:
         count = int(torch.cuda.get_device_properties(index).multi_processor_count)
@@ -291,9 +296,10 @@ def _compute_schedule_cuda(
 ) -> torch.Tensor:
     """One small CUDA kernel (`csrc/paged_mqa_logits_schedule.cu`), bit-identical to
     `_compute_schedule_torch` and free of host synchronisation (graph-capturable). Under a
-    torch.compile trace it goes through the custom op of `custom_ops.py`."""
+    tracer (torch.compile, `torch.jit.trace`, a dispatch mode such as `make_fx`) it goes
+    through the custom op of `custom_ops.py`, which the trace records."""
     passes = passes_per_token(variant, next_n)
-    if torch.compiler.is_compiling():
+    if not plain_eager():
         torch.ops.flashinfer_schedule.paged_mqa_logits_schedule_into(seq_lens, num_sms, passes, out)
         return out
     from ._schedule_cuda import launch_schedule_kernel

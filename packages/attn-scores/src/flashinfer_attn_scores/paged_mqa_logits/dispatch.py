@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from flashinfer_schedule._tracing import plain_eager
 
 from .. import _validation as v
 from .problem import Problem
@@ -29,18 +30,6 @@ def cuda_arch_error(op: str, device: torch.device) -> str:
     except RuntimeError as err:
         return str(err)
     return ""
-
-
-def plain_eager() -> bool:
-    """Whether this call runs outside every tracer: not under torch.compile, `torch.jit.trace`,
-    nor a `TorchDispatchMode` (`make_fx`, `FakeTensorMode`, ...). Only then may a CUDA call
-    launch the kernel directly; under a tracer it must go through the custom op, or the
-    trace would record an output the kernel never wrote."""
-    return not (
-        torch.compiler.is_compiling()
-        or torch._C._get_tracing_state() is not None
-        or torch._C._len_torch_dispatch_stack()
-    )
 
 
 def device_data_checks_wanted() -> bool:

@@ -189,7 +189,8 @@ def precompile_paged_mqa_logits(
         TypeError: An argument has the wrong type.
         ValueError: A requested configuration violates the ops' restrictions, or `device`
             does not name a CPU or visible CUDA device (`flashinfer_schedule.resolve_device`).
-        RuntimeError: The target is a GPU other than SM90.
+        RuntimeError: The target is a GPU other than SM90, or a CUDA target is asked for
+            inside a torch.compile trace (a start-up step, not part of a graph).
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -226,6 +227,13 @@ def precompile_paged_mqa_logits(
     )
     if target.type == "cpu":
         return []
+    if torch.compiler.is_compiling():
+        # Worker processes, the disk cache and driver loads cannot be put in a graph.
+        raise RuntimeError(
+            "precompile_paged_mqa_logits compiles and loads kernels (worker processes, files, "
+            "the CUDA driver) and cannot run inside torch.compile; call it once at start-up, "
+            "outside the compiled function"
+        )
     v.check_cuda_arch("precompile_paged_mqa_logits", target)
     launcher.compile_paged_mqa_logits_kernels(configs, target)
     return configs

@@ -1,0 +1,15 @@
+"""Whether a call runs outside every tracer (shared with `flashinfer_attn_scores`)."""
+
+import torch
+
+
+def plain_eager() -> bool:
+    """Whether this call runs outside every tracer: not under torch.compile, `torch.jit.trace`,
+    nor a `TorchDispatchMode` (`make_fx`, `FakeTensorMode`, ...). Only then may a CUDA call
+    launch a kernel directly; under a tracer it must go through the custom op, or the trace
+    would record an output the kernel never wrote."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._get_tracing_state() is not None
+        or torch._C._len_torch_dispatch_stack()
+    )
