@@ -66,6 +66,45 @@ def test_tricky_inputs_match_cpu_bitwise(tricky_cases):
     assert mismatched == []
 
 
+def on_cpu(out):
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    return tuple(on_cpu(x) for x in out)
+
+
+def compiled_mismatches(cases, to_device, backend: str = "inductor") -> dict[str, str]:
+    """Each case run eagerly and compiled with `fullgraph`: the names whose bytes differ or
+    whose compile fails (with the error)."""
+    found = {}
+    for name, case in cases.items():
+
+        def run(case=case):
+            return case(to_device)
+
+        eager = on_cpu(run())
+        torch._dynamo.reset()  # one code object for every case: no recompile limit
+        try:
+            compiled = on_cpu(torch.compile(run, fullgraph=True, backend=backend)())
+        except Exception as err:  # every case is reported, not only the first
+            found[name] = f"{type(err).__name__}: {str(err)[:300]}"
+            continue
+        if not same(eager, compiled):
+            found[name] = "bytes differ"
+    return found
+
+
+def test_compiled_quantisers_write_the_eager_bytes_on_cuda(tricky_cases):
+    """Inductor generates its own Triton code for the quantisers' arithmetic; a contraction
+    into an FMA or a reordered sum would change a rounding edge (the tricky rows hold them).
+
+    Some cases cast their input to bfloat16 inside the compiled function, and by default
+    Inductor keeps such an intermediate in float32 (layouts.md, "Under torch.compile"), so
+    the test asks it to round as eager does: what is compared is the quantisers' own code.
+    """
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        assert compiled_mismatches(tricky_cases, lambda a: a.cuda()) == {}
+
+
 def test_views_on_cuda_share_storage():
     pages = torch.zeros(2, 73728, dtype=torch.uint8, device="cuda")
     k_data, k_scale, _, v_scale = fl.msa_page_views(pages, 4)
