@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 import torch
+
+# The tests run with --import-mode=importlib: make layouts_bytes.py importable.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
 @pytest.fixture

@@ -5,18 +5,9 @@ from __future__ import annotations
 import flashinfer_layouts as fl
 import pytest
 import torch
+from layouts_bytes import same
 
 pytestmark = pytest.mark.gpu
-
-
-def same(cpu_out, gpu_out) -> bool:
-    """Same dtypes, shapes and raw bytes (so -0.0 != 0.0 and NaN encodings count)."""
-    if isinstance(cpu_out, torch.Tensor):
-        a, b = cpu_out, gpu_out.cpu()
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-    return len(cpu_out) == len(gpu_out) and all(same(x, y) for x, y in zip(cpu_out, gpu_out))
 
 
 def test_quantisers_and_packers_match_cpu_bitwise():
@@ -64,45 +55,6 @@ def test_tricky_inputs_match_cpu_bitwise(tricky_cases):
         if not same(case(lambda a: a), case(lambda a: a.cuda()))
     ]
     assert mismatched == []
-
-
-def on_cpu(out):
-    if isinstance(out, torch.Tensor):
-        return out.cpu()
-    return tuple(on_cpu(x) for x in out)
-
-
-def compiled_mismatches(cases, to_device, backend: str = "inductor") -> dict[str, str]:
-    """Each case run eagerly and compiled with `fullgraph`: the names whose bytes differ or
-    whose compile fails (with the error)."""
-    found = {}
-    for name, case in cases.items():
-
-        def run(case=case):
-            return case(to_device)
-
-        eager = on_cpu(run())
-        torch._dynamo.reset()  # one code object for every case: no recompile limit
-        try:
-            compiled = on_cpu(torch.compile(run, fullgraph=True, backend=backend)())
-        except Exception as err:  # every case is reported, not only the first
-            found[name] = f"{type(err).__name__}: {str(err)[:300]}"
-            continue
-        if not same(eager, compiled):
-            found[name] = "bytes differ"
-    return found
-
-
-def test_compiled_quantisers_write_the_eager_bytes_on_cuda(tricky_cases):
-    """Inductor generates its own Triton code for the quantisers' arithmetic; a contraction
-    into an FMA or a reordered sum would change a rounding edge (the tricky rows hold them).
-
-    Some cases cast their input to bfloat16 inside the compiled function, and by default
-    Inductor keeps such an intermediate in float32 (layouts.md, "Under torch.compile"), so
-    the test asks it to round as eager does: what is compared is the quantisers' own code.
-    """
-    with torch._inductor.config.patch(emulate_precision_casts=True):
-        assert compiled_mismatches(tricky_cases, lambda a: a.cuda()) == {}
 
 
 def test_views_on_cuda_share_storage():
