@@ -201,6 +201,30 @@ def test_the_compiler_wrappers_text_is_in_the_key(project, monkeypatch):
     assert _key(_spec(proj, inc)) != before
 
 
+def test_a_bytecode_only_install_keys_the_loaded_compiler_code(project, monkeypatch):
+    """A stripped image that ships only .pyc files still compiles: the key falls back to the
+    code object of the loaded compiler module."""
+    from flashinfer_jit import cache
+
+    proj, inc = project
+    real_read_bytes = Path.read_bytes
+
+    def no_compiler_source(self):
+        if self.name == "compiler.py":
+            raise FileNotFoundError(self)
+        return real_read_bytes(self)
+
+    with_source = cache.compiler_wrapper_digest()
+    monkeypatch.setattr(Path, "read_bytes", no_compiler_source)
+    cache.compiler_wrapper_digest.cache_clear()
+    try:
+        bytecode_only = cache.compiler_wrapper_digest()
+        assert len(bytecode_only) == 64 and bytecode_only != with_source
+        _key(_spec(proj, inc))  # no FileNotFoundError
+    finally:
+        cache.compiler_wrapper_digest.cache_clear()
+
+
 def test_the_base_options_change_the_key(project):
     proj, inc = project
     spec = _spec(proj, inc)

@@ -437,6 +437,24 @@ def test_a_traced_cuda_schedule_follows_new_lengths(tracer):
     )
 
 
+def test_the_sm_count_table_is_not_touched_while_tracing(monkeypatch):
+    """A trace that filled (or read) the per-device SM-count dict would guard on it, and the
+    first eager call to add an entry would recompile the graph."""
+    from flashinfer_schedule import schedule as schedule_module
+
+    class Properties:
+        multi_processor_count = 7
+
+    properties = Properties()
+    monkeypatch.setattr(schedule_module, "_SM_COUNTS", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    compiled = torch.compile(lambda x: x + schedule_module._cuda_multiprocessors(0), fullgraph=True)
+    assert compiled(torch.zeros(1)).item() == 7
+    assert schedule_module._SM_COUNTS == {}
+    assert schedule_module._cuda_multiprocessors(0) == 7  # eager calls still fill it
+    assert schedule_module._SM_COUNTS == {0: 7}
+
+
 def test_cpu_schedule_compiles_with_fullgraph():
     compiled = torch.compile(compute_paged_mqa_logits_schedule, fullgraph=True)
     gen = torch.Generator().manual_seed(29)

@@ -106,3 +106,10 @@ def test_sizes_read_from_device_data_inside_a_compiled_function():
             assert out.shape == (2, padded) and got_width == width
         with pytest.raises(RuntimeError):
             compiled(torch.tensor([-5, -9], dtype=torch.int32))
+
+
+def test_a_nested_tensor_for_a_size_is_a_type_error_naming_it():
+    """A nested tensor has no sizes to print; the TypeError names its rank instead."""
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(TypeError, match=r"max_seq_len must be an int, got torch\.Tensor .*2-D"):
+        padded_seq_len(nested)

@@ -15,8 +15,10 @@ import contextlib
 import errno
 import functools
 import hashlib
+import importlib.util
 import json
 import logging
+import marshal
 import os
 import shutil
 import sys
@@ -93,7 +95,7 @@ def _home_or_none() -> Path | None:
     missing, empty or relative `HOME` would put the cache under `/` or the working
     directory), else `Path.home()` (Windows), else None."""
     home = os.environ.get("HOME", "")
-    if os.path.isabs(home):
+    if sys.platform != "win32" and os.path.isabs(home):  # Windows' home is USERPROFILE
         return Path(home)
     try:
         import pwd
@@ -157,8 +159,15 @@ class CacheKey:
 def compiler_wrapper_digest() -> str:
     """SHA-256 of `compiler.py`, which maps a spec's options to NVRTC's: it decides the
     cubin as much as the sources do, and its text changes the key even where a change to it
-    forgot to bump the package version."""
-    return hashlib.sha256(Path(__file__).with_name("compiler.py").read_bytes()).hexdigest()
+    forgot to bump the package version. Line endings are normalised (a CRLF checkout keys as
+    an LF one); an install without the source file (bytecode only) hashes the loaded code."""
+    path = Path(__file__).with_name("compiler.py")
+    try:
+        text = path.read_bytes().replace(b"\r\n", b"\n")
+    except OSError:
+        spec = importlib.util.find_spec(f"{__package__}.compiler")
+        text = marshal.dumps(spec.loader.get_code(spec.name))
+    return hashlib.sha256(text).hexdigest()
 
 
 def compute_key(spec: KernelSpec, arch: str, base_options: tuple[str, ...]) -> CacheKey:
@@ -323,7 +332,7 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any]) -> Path:
+def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any]) -> Path | None:
     """Atomically publish an entry; if another process published first, keep theirs.
 
     Args:

@@ -401,7 +401,7 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
         return None
     except OSError as exc:
         logger.warning(
-            "flashinfer_jit: cannot read the kernel cache at %s (FLASHINFER_JIT_CACHE_DIR sets it): %s",
+            "flashinfer_jit: cannot read the kernel cache at %s (chosen by the cache_dir argument, else FLASHINFER_JIT_CACHE_DIR): %s",
             root,
             exc,
         )
@@ -557,7 +557,7 @@ def compile_kernel(
             path = publish_entry(root, key.digest, cubin, manifest)
         except OSError as exc:
             logger.warning(
-                "flashinfer_jit: cannot write the kernel cache at %s (FLASHINFER_JIT_CACHE_DIR sets it): %s",
+                "flashinfer_jit: cannot write the kernel cache at %s (chosen by the cache_dir argument, else FLASHINFER_JIT_CACHE_DIR): %s",
                 root,
                 exc,
             )

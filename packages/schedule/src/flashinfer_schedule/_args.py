@@ -22,7 +22,10 @@ def describe(value: object) -> str:
     and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
     under `torch.compile(fullgraph=True)`, which would hide the error behind its own)."""
     if isinstance(value, torch.Tensor):
-        return f"{type_name(value)} of dtype {value.dtype}, shape {list(value.shape)} on {value.device}"
+        # A nested tensor has no sizes; under a trace they may be symbols such as s74.
+        exact = not (value.is_nested or torch.compiler.is_compiling())
+        shape = f"shape {list(value.shape)}" if exact else f"{value.dim()}-D"
+        return f"{type_name(value)} of dtype {value.dtype}, {shape} on {value.device}"
     return f"{type_name(value)} ({value!r})"
 
 
