@@ -28,6 +28,7 @@ from flashinfer_schedule import (
     device_num_sms,
     min_block_table_width,
 )
+from flashinfer_schedule._args import describe
 
 VALIDATE_ENV_VAR = "FLASHINFER_VALIDATE_INPUTS"
 _ENV_TRUE = frozenset({"1", "true", "yes", "on"})
@@ -55,18 +56,6 @@ def _type_name(value: object) -> str:
     kind = type(value)
     module = kind.__module__
     return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
-
-
-def _describe(value: object) -> str:
-    """How an error names a refused value: its type and repr, or for a tensor its dtype, shape
-    and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
-    under `torch.compile(fullgraph=True)`, which would hide the error behind its own)."""
-    if isinstance(value, torch.Tensor):
-        # A nested tensor has no sizes; under a trace they may be symbols such as s74.
-        exact = not (value.is_nested or torch.compiler.is_compiling())
-        shape = f"shape {list(value.shape)}" if exact else f"{value.dim()}-D"
-        return f"{_type_name(value)} of dtype {value.dtype}, {shape} on {value.device}"
-    return f"{_type_name(value)} ({value!r})"
 
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
@@ -158,7 +147,7 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
         hint = ""
         if isinstance(value, torch.Tensor):  # e.g. max_seq_len=seq_lens.max()
             hint = "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
-        raise TypeError(f"{name} must be an int, got {_describe(value)}{hint}")
+        raise TypeError(f"{name} must be an int, got {describe(value)}{hint}")
     if minimum is not None:
         require(
             value >= minimum,
@@ -169,7 +158,7 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
 
 def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_describe(value)}")
+        raise TypeError(f"{name} must be a bool, got {describe(value)}")
     return value
 
 
@@ -181,7 +170,7 @@ def check_dtype_choice(
 ) -> torch.dtype:
     """Check a dtype-valued argument such as `output_dtype` against the supported set."""
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {_describe(value)}")
+        raise TypeError(f"{name} must be a torch.dtype, got {describe(value)}")
     if value not in allowed:
         why = (refused_because or {}).get(value)
         names = ", ".join(str(d) for d in allowed)
