@@ -141,9 +141,13 @@ def require(condition: object, error: Callable[[], Exception]) -> None:
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     """Return `value` as a Python int if it is a Python or numpy integer, else raise
     TypeError; ValueError below `minimum`. The schedule package's integer rule."""
-    # bool is an int subclass, but True as a size is always a caller bug.
+    # bool is an int subclass, but True as a size is always a caller bug. A SymInt is a size
+    # read from device data under a non-strict torch.export trace (dynamo's own trace shows
+    # it as an int); its bound below becomes a runtime assertion.
     value = python_int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not isinstance(value, torch.SymInt) and (
+        isinstance(value, bool) or not isinstance(value, int)
+    ):
         hint = ""
         if isinstance(value, torch.Tensor):  # e.g. max_seq_len=seq_lens.max()
             hint = "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"

@@ -527,6 +527,34 @@ def test_opcheck_fp4_op(interleaved):
     assert set(results.values()) == {"SUCCESS"}
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "storage_shape",
+    [(3, 512), (4, 256), (4, 600)],
+    ids=["too-few-rows", "too-few-columns", "padded-width-not-reached-by-stride"],
+)
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_the_ops_refuse_a_storage_the_kernel_would_overrun(variant, storage_shape, device):
+    """What an AOTInductor package can hand the op: it skips export's input guards, so the
+    public functions' `out` checks never ran (pytorch/pytorch#141115)."""
+    rows, cols = storage_shape
+    if variant == "fp8":
+        case = make_fp8_case([40, 300], next_n=2, seed=72).to(device)
+        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
+    else:
+        case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to(device)
+        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
+        tail = (32, torch.float32, torch.float32, False)
+    assert case.rows == 4 and fa.padded_seq_len(case.max_seq_len) == 512
+    storage = torch.full((rows, 512 if cols == 600 else cols), 7.0, device=device)
+    if cols == 600:  # 512 columns, but a row stride of 300 < 512
+        storage = torch.full((rows, 600), 7.0, device=device).as_strided((rows, 512), (300, 1))
+    before = storage.clone()
+    with pytest.raises(ValueError, match="out must hold batch_size\\*next_n = 4 rows"):
+        op(*args, storage, None, *tail)
+    assert torch.equal(storage, before)
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.compile on the SM90 kernel
 

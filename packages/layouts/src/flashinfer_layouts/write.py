@@ -110,9 +110,11 @@ def write_fp8_kv_cache(
     ``block_size * head_dim + 4 * offset`` of that block. No other byte changes. Rows with
     slot -1 are skipped. If two rows name the same slot, which one lands is unspecified.
 
-    Slot range checks read ``slot_mapping``: they always run for CPU tensors; on a GPU
-    only with ``FLASHINFER_VALIDATE_INPUTS=1`` outside CUDA-graph capture. An out-of-range
-    slot that is not checked is a device-side indexing error.
+    Slot range checks read ``slot_mapping``: they run on every eager call with CPU tensors;
+    on a GPU only with ``FLASHINFER_VALIDATE_INPUTS=1`` outside CUDA-graph capture; never
+    while torch.compile or torch.export traces (a trace has no data). Where they do not run,
+    a slot below -1 is skipped like -1 and a slot past the pool is an indexing error (on a
+    GPU, device-side).
 
     The pool may be a view whose blocks are further apart than one block (``stride(0)``
     larger than a block's bytes, e.g. one layer of a layer-interleaved cache), but each

@@ -35,8 +35,11 @@ def check_int(name: str, value: object, expected: str = "an int") -> int:
     bool is refused although it is an int: True as a length or count is always a bug at the
     call site. Tensors and numpy arrays are refused although a one-element integer one has
     `__index__` (reading a CUDA tensor is a host sync); numpy.bool is refused with float, str.
+    A `torch.SymInt` (a size read from data under a non-strict torch.export) passes as is.
     """
     if type(value) is int:  # the common case, without the ABC check below (~0.2 us)
+        return value
+    if isinstance(value, torch.SymInt):  # a size read from data under a non-strict export
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return operator.index(value)

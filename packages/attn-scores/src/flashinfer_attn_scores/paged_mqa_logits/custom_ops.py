@@ -15,12 +15,15 @@ Ops (namespace `flashinfer_attn_scores`, reachable as `torch.ops.flashinfer_attn
   out_storage, schedule_meta, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved)
   -> ()`
 
-They do no argument checking (call the public functions, which do) but one: the FP8 ops
+They do no argument checking (call the public functions, which do) but two: the FP8 ops
 check that the head geometry fits the kernel's shared memory, which a torch.compile trace
-with symbolic head sizes leaves to them (see `problem.check_fp8_shared_memory_fit`).
+with symbolic head sizes leaves to them (see `problem.check_fp8_shared_memory_fit`), and
+every op checks that `out_storage` holds what the kernel writes, which an AOTInductor
+package, skipping export's input guards, would otherwise leave unchecked.
 """
 
 import torch
+from flashinfer_schedule import padded_seq_len
 
 from . import fp8_sm90, launcher
 from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
@@ -44,6 +47,27 @@ def _write_computed_region(
     row_lens = seq_lens.to(torch.int64).repeat_interleave(next_n)
     computed = torch.arange(max_seq_len)[None, :] < row_lens[:, None]
     logits[computed] = expected[computed].to(out_storage.dtype)
+
+
+def _check_storage_fits(out_storage: torch.Tensor, q: torch.Tensor, max_seq_len: int) -> None:
+    """The kernels write `q.shape[0] * q.shape[1]` rows of `padded_seq_len(max_seq_len)`
+    columns. The public functions check a caller's `out` for that, but an AOTInductor
+    package of an exported program does not run export's input guards (pytorch/pytorch
+    #141115), so the op checks its storage itself before anything writes into it."""
+    rows, cols = q.shape[0] * q.shape[1], padded_seq_len(max_seq_len)
+    fits = (
+        out_storage.dim() == 2
+        and out_storage.shape[0] >= rows
+        and out_storage.shape[1] >= cols
+        and (out_storage.stride(1) == 1 or out_storage.shape[1] <= 1)
+        and out_storage.stride(0) >= cols
+    )
+    if not fits:
+        raise ValueError(
+            f"out must hold batch_size*next_n = {rows} rows of padded_seq_len(max_seq_len) = "
+            f"{cols} columns with contiguous rows, got shape {list(out_storage.shape)} and "
+            f"strides {out_storage.stride()}"
+        )
 
 
 def _check_fp8_head_geometry_fits(q: torch.Tensor) -> None:
@@ -73,6 +97,7 @@ def fp8_paged_mqa_logits_into(
     `epi_dtype` and `acc_dtype` do not change it.
     """
     _check_fp8_head_geometry_fits(q)
+    _check_storage_fits(out_storage, q, max_seq_len)
     if q.shape[0] == 0:
         return
     expected = fp8_paged_mqa_logits_reference(
@@ -96,6 +121,7 @@ def fp8_paged_mqa_logits_into_cuda(
     acc_dtype: torch.dtype,
 ) -> None:
     _check_fp8_head_geometry_fits(q)
+    _check_storage_fits(out_storage, q, max_seq_len)
     if q.shape[0] == 0:
         return
     launcher.launch_fp8_paged_mqa_logits(
@@ -153,6 +179,7 @@ def fp4_paged_mqa_logits_into(
     CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta` and
     `epi_dtype` do not change it.
     """
+    _check_storage_fits(out_storage, q, max_seq_len)
     if q.shape[0] == 0:
         return
     expected = fp4_paged_mqa_logits_reference(
@@ -184,6 +211,7 @@ def fp4_paged_mqa_logits_into_cuda(
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
 ) -> None:
+    _check_storage_fits(out_storage, q, max_seq_len)
     if q.shape[0] == 0:
         return
     launcher.launch_fp4_paged_mqa_logits(
