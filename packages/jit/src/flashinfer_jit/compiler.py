@@ -44,6 +44,9 @@ _ALWAYS_PTXAS = ("-v",)
 _DEFAULT_STD = "c++17"
 
 
+# Where a cache-folder warning tells the reader the folder came from.
+_ROOT_CHOICE = "chosen by the cache_dir argument, else FLASHINFER_JIT_CACHE_DIR"
+
 _OFF = frozenset({"", "0", "false", "no", "off"})
 
 
@@ -401,8 +404,9 @@ def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> Compi
         return None
     except OSError as exc:
         logger.warning(
-            "flashinfer_jit: cannot read the kernel cache at %s (chosen by the cache_dir argument, else FLASHINFER_JIT_CACHE_DIR): %s",
+            "flashinfer_jit: cannot read the kernel cache at %s (%s): %s",
             root,
+            _ROOT_CHOICE,
             exc,
         )
         return None
@@ -557,8 +561,9 @@ def compile_kernel(
             path = publish_entry(root, key.digest, cubin, manifest)
         except OSError as exc:
             logger.warning(
-                "flashinfer_jit: cannot write the kernel cache at %s (chosen by the cache_dir argument, else FLASHINFER_JIT_CACHE_DIR): %s",
+                "flashinfer_jit: cannot write the kernel cache at %s (%s): %s",
                 root,
+                _ROOT_CHOICE,
                 exc,
             )
         else:
