@@ -302,3 +302,34 @@ def test_nvfp4_block_scale_divides_by_6_before_multiplying_by_the_global_scale()
     block[0, 3], block[0, 9] = amax, -1.0
     _, sf = fl.nvfp4_quantize(block, 7.0, swizzled=False)
     assert sf.tolist() == [[0x5F]]
+
+
+# float64 values: zeros, subnormals, normals and infinities of both signs.
+SIGN_CASES = [0.0, -0.0, 5e-324, -5e-324, 2.0**-1060, -(2.0**-140), 1.5, -1.5, 1e300, -1e300]
+SIGN_CASES += [float("inf"), float("-inf")]
+# (dtype, same-width int dtype, quiet NaN bit pattern with the sign bit set, without it)
+NAN_PATTERNS = [
+    (torch.float64, torch.int64, -(2**63) + 0x7FF8 * 2**48, 0x7FF8 * 2**48),
+    (torch.float32, torch.int32, -(2**31) + 0x7FC00000, 0x7FC00000),
+]
+
+
+@pytest.mark.parametrize(("dtype", "int_dtype", "negative_nan", "positive_nan"), NAN_PATTERNS)
+def test_sign_bit_reads_the_ieee_sign_bit(dtype, int_dtype, negative_nan, positive_nan):
+    from flashinfer_layouts._bits import sign_bit
+
+    x = torch.tensor(SIGN_CASES, dtype=torch.float64).to(dtype)
+    # The reference: the top bit of each value's float64 pattern, read by struct (float32
+    # values widen to float64 exactly, sign included).
+    expected = [struct.pack("<d", v)[7] >= 0x80 for v in x.tolist()]
+    assert sign_bit(x).tolist() == expected
+    assert expected[:2] == [False, True]  # +0.0 and -0.0 are told apart
+    nans = torch.tensor([negative_nan, positive_nan], dtype=int_dtype).view(dtype)
+    assert sign_bit(nans).tolist() == [True, False]
+
+
+def test_sign_bit_refuses_16_bit_floats():
+    from flashinfer_layouts._bits import sign_bit
+
+    with pytest.raises(TypeError, match=r"float32 or float64; got torch\.float16"):
+        sign_bit(torch.zeros(2, dtype=torch.float16))

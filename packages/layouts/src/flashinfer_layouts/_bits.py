@@ -21,6 +21,8 @@ hold by construction, not by luck:
   dtype cast whose rounding and saturation are backend-defined (PyTorch's CUDA float32 ->
   float8_e4m3fn copy uses the ``__nv_cvt_float_to_fp8`` intrinsic on recent CUDA versions
   and its own C++ routine otherwise).
+* Sign bits are read from the bit pattern (`sign_bit`), not with ``torch.signbit``, whose
+  float64 form in Inductor's Triton code is ``x < 0`` and misses -0.0.
 """
 
 from __future__ import annotations
@@ -200,6 +202,19 @@ def le_bytes_to_int32(b: torch.Tensor) -> torch.Tensor:
     return word.to(torch.int32).contiguous()
 
 
+def sign_bit(x: torch.Tensor) -> torch.Tensor:
+    """Whether the IEEE sign bit of float32 or float64 ``x`` is set (True for -0.0), as bool.
+
+    Read from the bit pattern, not with ``torch.signbit``: Inductor's Triton code computes
+    ``signbit`` of a float64 as ``x < 0``, which is False for -0.0 (PyTorch 2.13's CUDA code
+    generation; it made compiled ``quantize_mxfp4`` lose the sign of negative zeros).
+    """
+    widths = {torch.float64: torch.int64, torch.float32: torch.int32}
+    if x.dtype not in widths:
+        raise TypeError(f"sign_bit takes float32 or float64; got {x.dtype}")
+    return x.contiguous().view(widths[x.dtype]) < 0
+
+
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """Round already-scaled values to E2M1 nibble codes (uint8 in [0, 15]).
 
@@ -207,7 +222,7 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     comparisons with the midpoints are used, so every device gives the same codes. The sign
     bit (bit 3) is copied from the input's sign bit, so a small negative value that rounds
     to zero becomes negative zero (0x8). NaN gives code 0 (its sign bit is not preserved
-    alike by all backends).
+    alike by all backends). ``v`` is float32 or float64.
     """
     mag = v.abs()
     code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
@@ -215,7 +230,7 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
         code += (mag > threshold).to(torch.uint8)
     for threshold in _INCLUSIVE_THRESHOLDS:
         code += (mag >= threshold).to(torch.uint8)
-    negative = torch.signbit(v) & ~torch.isnan(v)
+    negative = sign_bit(v) & ~torch.isnan(v)
     return code | (negative.to(torch.uint8) << 3)
 
 
