@@ -1,0 +1,344 @@
+"""Inductor's CUDA (Triton) code for the layouts functions, on a machine without a GPU.
+
+`test_compiled_bytes.py` compares compiled and eager bytes on the GPU. This tool gets at the
+same generated code without one, in three steps per case of `tricky_inputs.tricky_cases`:
+
+1. ``generate``: trace the case on the CPU with Inductor's decompositions, move the graph to
+   ``cuda:0`` and run Inductor's lowering and code generation on fake CUDA inputs. The CUDA
+   device queries are answered by stubs describing an H200; the Triton kernels are written
+   but not loaded (there is no libcuda). Writes the output module to ``--out``.
+2. ``ptx``: compile every kernel of that module for ``sm_90`` with Triton's own ptxas (no
+   GPU needed), to catch compile errors and read the instructions (``.ftz``, ``div.rn``).
+3. ``interpret``: run the module's kernels in Triton's interpreter (numpy) on the CPU inputs
+   and compare the bytes with the eager CPU result.
+
+The interpreter computes in IEEE arithmetic, so step 3 finds what the generated code says
+(an operation missing or changed) but not the GPU's own arithmetic (flush-to-zero, the
+approximate float32 division). Known interpreter artefacts: bfloat16 values are mangled and
+a NaN does not propagate through a max-reduction, so cases with a bfloat16 output and rows
+with a NaN show differences a GPU does not. The writers and a tensor global scale are not
+covered (their checks read data, which this trace cannot skip as dynamo's does).
+
+Needs ``pip install triton`` next to the CPU torch (not in the dev group: a dev tool). It
+patches private PyTorch and Triton internals (written against PyTorch 2.13, Triton 3.9), so a
+newer release may need the stubs adjusted. Usage::
+
+    python tools/inductor_cuda_code.py                  # every case: generate + interpret
+    python tools/inductor_cuda_code.py mxfp4 --ptx      # one case, also compile for sm_90
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "packages" / "layouts" / "tests"))
+
+OTHER_BYTES = 3  # exit status of the interpret step (1 is Python's for an exception)
+
+# Their checks read data (slot values, a tensor global scale), which a make_fx trace lacks.
+UNTRACEABLE = {"write_fp8_pow2", "write_fp8_amax", "write_mxfp4", "nvfp4_own_global"}
+
+
+def case_inputs(name: str):
+    """``(function of the case's input tensors, those CPU tensors)`` for one tricky case.
+
+    A case is ``case(to_device)``: it passes each input through ``to_device``. Recording
+    those calls gives the inputs in order; replaying them from arguments makes the case a
+    function of tensors that make_fx can trace.
+    """
+    import tricky_inputs
+
+    case = tricky_inputs.tricky_cases(tricky_inputs.tricky_rows())[name]
+    inputs = []
+    case(lambda t: inputs.append(t) or t)
+
+    def traced(*args):
+        given = iter(args)
+        out = case(lambda _: next(given))
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    return traced, inputs
+
+
+# --- step 1: generate ------------------------------------------------------------------------
+
+
+def fake_cuda_device() -> None:
+    """Answer the CUDA queries Inductor's code generation makes, as an H200 would."""
+    import types
+
+    import torch
+    import torch.utils._triton as triton_utils
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver as triton_driver
+
+    props = types.SimpleNamespace(
+        name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+        total_memory=140 << 30, regs_per_multiprocessor=65536,
+        max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32,
+        L2_cache_size=60 << 20, shared_memory_per_block_optin=227 << 10, gcnArchName="",
+    )  # fmt: skip
+    cuda = torch.cuda
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: 1
+    cuda.current_device = lambda: 0
+    cuda.get_device_properties = lambda *a, **k: props
+    cuda.get_device_capability = lambda *a, **k: (9, 0)
+    cuda.get_device_name = lambda *a, **k: props.name
+    cuda.set_device = lambda *a, **k: None
+    cuda.is_initialized = lambda: True
+    cuda._lazy_init = lambda: None
+    cuda._exchange_device = lambda device: -1
+    cuda._maybe_exchange_device = lambda device: -1
+    cuda.get_rng_state = lambda *a, **k: torch.zeros(16, dtype=torch.uint8)
+    cuda.set_rng_state = lambda *a, **k: None
+    cuda.random.get_rng_state = cuda.get_rng_state
+    cuda.random.set_rng_state = cuda.set_rng_state
+    torch._C._cuda_getDevice = lambda: 0
+    torch._C._cuda_getCurrentRawStream = lambda *a: 0
+
+    class Driver:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_device_interface(self):
+            return torch.cuda
+
+        def get_active_torch_device(self):
+            return torch.device("cuda", 0)
+
+    triton_driver.set_active(Driver())
+    triton_utils.triton_backend = lambda: types.SimpleNamespace(hash=lambda: "fake")
+    triton_utils.triton_hash_with_backend = lambda: "fake"
+
+
+def generate(name: str, out: str) -> None:
+    cache = tempfile.mkdtemp(prefix="inductor_cuda_code_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    fake_cuda_device()
+    import torch
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    inductor_config.emulate_precision_casts = True  # as test_compiled_bytes.py sets it
+    inductor_config.compile_threads = 1
+    fn, inputs = case_inputs(name)
+    # Traced on the CPU: this build's Python bindings refuse fake CUDA tensors for some ops
+    # (indexing, ~), while the aten ops of a finished graph run on them.
+    # Non-fake inputs allowed: a case may compute on its captured rows before passing them
+    # through to_device (``t(x.to(dtype))``); that result is dropped for the argument.
+    gm = make_fx(
+        fn,
+        decomposition_table=select_decomp_table(),
+        tracing_mode="fake",
+        _allow_non_fake_inputs=True,
+    )(*inputs)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    for node in gm.graph.nodes:
+        if node.kwargs.get("device") == cpu:
+            node.kwargs = {**node.kwargs, "device": gpu}
+        node.args = tuple(gpu if a == cpu else a for a in node.args)
+    gm.recompile()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        args = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=gpu) for t in inputs]
+    FakeTensorProp(gm, mode).propagate(*args)
+    try:
+        with mode:
+            compile_fx_inner(gm, args)
+    except Exception as error:  # loading the kernels needs libcuda; the module is written
+        if "libcuda" not in str(error):
+            raise
+    modules = [
+        path
+        for path in glob.glob(f"{cache}/**/*.py", recursive=True)
+        if "runner.call" in pathlib.Path(path).read_text()
+    ]
+    if not modules:
+        raise SystemExit(f"{name}: Inductor wrote no output module under {cache}")
+    pathlib.Path(out).write_text(pathlib.Path(max(modules, key=os.path.getmtime)).read_text())
+
+
+# --- steps 2 and 3: ptx, interpret -----------------------------------------------------------
+
+KERNEL = re.compile(r"async_compile\.triton\('(\w+)', '''(.*?)''', device_str", re.S)
+
+
+def plain_jit(source: str) -> str:
+    """A kernel's source without Inductor's autotuning decorator and driver selection."""
+    source = re.sub(r"@triton_heuristics\.\w+\((?:.|\n)*?\n\)\n@triton\.jit", "@triton.jit", source)
+    return source.replace("triton_helpers.set_driver_to_gpu()", "")
+
+
+def kernel_sources(module_text: str) -> list[tuple[str, str]]:
+    """``(name, source as Inductor wrote it)`` of each Triton kernel of an output module."""
+    return KERNEL.findall(module_text)
+
+
+def load_kernel(name: str, source: str, folder: str):
+    """The kernel's JITFunction, from a file (Triton reads a kernel's source by inspect)."""
+    import importlib.util
+
+    path = pathlib.Path(folder) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def ptx(module_path: str) -> None:
+    import ast
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    folder = tempfile.mkdtemp(prefix="inductor_cuda_ptx_")
+    for name, source in kernel_sources(pathlib.Path(module_path).read_text()):
+        signature = ast.literal_eval(re.search(r"'signature': (\{.*?\})", source).group(1))
+        constexprs = {arg: 32 for arg, kind in signature.items() if kind == "constexpr"}
+        kernel = load_kernel(name, plain_jit(source), folder)
+        try:
+            compiled = triton.compile(
+                ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                target=GPUTarget("cuda", 90, 32),
+            )
+        except Exception as error:
+            print(f"  {name}: does not compile: {error}")
+            continue
+        (pathlib.Path(folder) / f"{name}.ptx").write_text(compiled.asm["ptx"])
+        print(f"  {name}: compiles; PTX in {folder}/{name}.ptx")
+
+
+# The interpreter does not implement libdevice; these replacements are exact.
+LIBDEVICE = [
+    (r"libdevice\.isnan\((\w+)\)", r"(\1 != \1)"),
+    (r"libdevice\.isinf\((\w+)\)", r"((\1 == float('inf')) | (\1 == float('-inf')))"),
+    (r"libdevice\.signbit\((\w+)\)", r"(\1.to(tl.int32, bitcast=True) < 0)"),  # float32 only
+]
+
+
+class InterpretedKernel:
+    """``kernel.run(*args, stream=...)`` as Inductor's wrapper calls it, one program."""
+
+    def __init__(self, name: str, source: str, folder: str):
+        for pattern, replacement in LIBDEVICE:
+            source = re.sub(pattern, replacement, source)
+        missing = set(re.findall(r"libdevice\.\w+", source))
+        if missing:
+            raise SystemExit(f"{name}: no interpreter replacement for {sorted(missing)}")
+        self.kernel = load_kernel(name, source, folder)
+
+    def run(self, *args, stream=None):
+        import inspect
+
+        params = inspect.signature(self.kernel.fn).parameters
+        numels = [a for a in args if isinstance(a, int)]
+        blocks = {"XBLOCK": numels[0], "R0_BLOCK": numels[-1]}
+        meta = {k: 1 << (n - 1).bit_length() for k, n in blocks.items() if k in params}
+        self.kernel[(1,)](*args, **meta)
+
+
+class InterpretingCompiler:
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="inductor_cuda_interp_")
+
+    def triton(self, name, source, device_str=None, **_):
+        return InterpretedKernel(name, plain_jit(source), self.folder)
+
+    def wait(self, scope):
+        pass
+
+
+def interpret(name: str, module_path: str) -> int:
+    """Run the module on the case's CPU inputs; return the number of differing bytes."""
+    import torch
+
+    text = pathlib.Path(module_path).read_text()
+    text = text.replace(
+        "from torch._C import _cuda_getCurrentRawStream as get_raw_stream",
+        "get_raw_stream = lambda device: None",
+    )
+    text = text.replace("async_compile = AsyncCompile()", "async_compile = _Interpreting()")
+    text = text.replace("torch.cuda._DeviceGuard(0)", "_nullcontext()")
+    text = text.replace("torch.cuda.set_device(0)", "pass")
+    text = text.replace("empty_strided_cuda(", "empty_strided_cpu(")
+    scope = {"_Interpreting": InterpretingCompiler, "_nullcontext": contextlib.nullcontext}
+    exec(compile(text, module_path, "exec"), scope)
+    fn, inputs = case_inputs(name)
+    eager = fn(*[t.clone() for t in inputs])
+    compiled = scope["call"]([t.clone() for t in inputs])
+    total = 0
+    for index, (e, c) in enumerate(zip(eager, compiled)):
+        e_bytes = e.contiguous().reshape(-1).view(torch.uint8)
+        c_bytes = c.contiguous().reshape(-1).view(torch.uint8)
+        differ = (e_bytes != c_bytes).nonzero().flatten()
+        total += differ.numel()
+        if differ.numel():
+            at = differ[:8].tolist()
+            print(f"  output {index} ({e.dtype}): {differ.numel()} bytes differ, first at {at}")
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases", nargs="*", help="tricky case names (default: all traceable)")
+    parser.add_argument("--ptx", action="store_true", help="also compile the kernels for sm_90")
+    parser.add_argument("--step", choices=["generate", "interpret"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step == "generate":
+        return generate(args.cases[0], args.out)
+    if args.step == "interpret":
+        os.environ["TRITON_INTERPRET"] = "1"
+        sys.exit(OTHER_BYTES if interpret(args.cases[0], args.out) else 0)
+
+    import tricky_inputs
+
+    names = args.cases or [
+        n for n in tricky_inputs.tricky_cases(tricky_inputs.tricky_rows()) if n not in UNTRACEABLE
+    ]
+    folder = tempfile.mkdtemp(prefix="inductor_cuda_code_")
+    results = {}
+    for name in names:
+        module = f"{folder}/{name}.py"
+        # Separate processes: the CUDA stubs of `generate` must not reach the interpreter.
+        step = [sys.executable, __file__, name, "--out", module, "--step"]
+        generated = subprocess.run([*step, "generate"], capture_output=True, text=True)
+        if generated.returncode:
+            results[name] = "generation failed: " + generated.stderr.strip().splitlines()[-1]
+            continue
+        print(f"{name}: module {module}")
+        if args.ptx:
+            ptx(module)
+        ran = subprocess.run([*step, "interpret"], capture_output=True, text=True)
+        print(ran.stdout, end="")
+        tail = (ran.stderr.strip().splitlines() or ["?"])[-1]
+        results[name] = {0: "same bytes", OTHER_BYTES: "other bytes"}.get(ran.returncode, tail)
+    print("\ncase                      interpreted CUDA code vs eager CPU")
+    for name, result in results.items():
+        print(f"{name:25s} {result}")
+
+
+if __name__ == "__main__":
+    main()
