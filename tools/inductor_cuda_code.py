@@ -14,9 +14,11 @@ same generated code without one, in three steps per case of `tricky_inputs.trick
 
 The interpreter computes in IEEE arithmetic, so step 3 finds what the generated code says
 (an operation missing or changed) but not the GPU's own arithmetic (flush-to-zero, the
-approximate float32 division). Known interpreter artefacts: bfloat16 values are mangled and
-a NaN does not propagate through a max-reduction, so cases with a bfloat16 output and rows
-with a NaN show differences a GPU does not. The writers and a tensor global scale are not
+approximate float32 division). Known interpreter artefacts (Triton 3.9): a float64 to
+bfloat16 conversion gives wrong values (512.0 becomes 9.4e-38), and the E4M3 byte 0x7F
+decodes as 480 instead of NaN. So ``mxfp4_dequant`` (float64 values cast to bfloat16) and
+``nvfp4`` (a NaN row, whose block scale is 0x7F) show differences the generated code does
+not make. The writers and a tensor global scale are not
 covered (their checks read data, which this trace cannot skip as dynamo's does).
 
 Needs ``pip install triton`` next to the CPU torch (not in the dev group: a dev tool). It
