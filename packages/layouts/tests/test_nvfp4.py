@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import flashinfer_layouts as fl
 import pytest
@@ -446,3 +447,31 @@ def test_small_elements_are_not_saturated_when_the_encode_factor_overflows_float
     bound = [max(0.25, abs(value) / 4) * scale / float(global_sf) for value in v]
     for i in (0, 1):
         assert abs(float(back[0, i]) - float(x[0, i])) <= bound[i]
+
+
+def float32_rounds_finite_positive(number: float) -> bool:
+    """The reference: struct's float32 packing (round to nearest even; raises past the range)."""
+    try:
+        return 0.0 < struct.unpack("<f", struct.pack("<f", number))[0] < math.inf
+    except OverflowError:
+        return False
+
+
+# Each float32 rounding edge of a global scale, and its float64 neighbours on both sides.
+_EDGES = [2.0**-150, (2 - 2.0**-24) * 2.0**127, 2.0**-149, (2 - 2.0**-23) * 2.0**127]
+
+
+@pytest.mark.parametrize(
+    "number",
+    [math.nextafter(e, d) for e in _EDGES for d in (0.0, math.inf)] + _EDGES,
+)
+def test_global_scale_is_checked_after_float32_rounding(number):
+    a = torch.ones(2, 16)
+    if float32_rounds_finite_positive(number):
+        fl.nvfp4_quantize(a, number)
+        fl.nvfp4_quantize(a, torch.tensor(number, dtype=torch.float64))
+    else:
+        with pytest.raises(ValueError, match="finite and positive as a float32"):
+            fl.nvfp4_quantize(a, number)
+        with pytest.raises(ValueError, match="finite and positive as a float32"):
+            fl.nvfp4_quantize(a, torch.tensor(number, dtype=torch.float64))

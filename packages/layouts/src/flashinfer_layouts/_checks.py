@@ -49,7 +49,12 @@ def python_int(value: object) -> object:
 
 def exact_int(name: str, value: object) -> int:
     """Return ``value`` as a Python int if it is a Python or numpy integer, else raise
-    TypeError (a bool is refused too: True as a size is a bug at the call site)."""
+    TypeError (a bool is refused too: True as a size is a bug at the call site).
+
+    A `torch.SymInt` (a tensor size under a non-strict torch.export) passes as is.
+    """
+    if isinstance(value, torch.SymInt):
+        return value
     value = python_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int; got {type_name(value)}")
@@ -209,6 +214,13 @@ def output_float_dtype(name: str, value: object) -> torch.dtype:
     return value
 
 
+# float32 rounds x to a finite positive value exactly when LOW < x < HIGH: LOW is half the
+# smallest subnormal and HIGH float32's largest value plus half its ulp, both ties that round
+# to the even neighbour (0 and infinity).
+_FLOAT32_POSITIVE_LOW = 2.0**-150
+_FLOAT32_FINITE_HIGH = (2 - 2.0**-24) * 2.0**127
+
+
 def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor:
     """Validate an NVFP4 global scale and return it as a 0-d float32 tensor on ``device``.
 
@@ -223,9 +235,12 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
             number = float(value)
         except OverflowError:  # an int beyond float64's range
             number = math.inf
-        scale = torch.tensor(number, dtype=torch.float32)
-        _positive_float32(name, value, scale)
-        return scale.to(device)
+        # Compared as a Python number, not read back from a tensor: under
+        # torch.compile(dynamic=True) the number is symbolic and a tensor read would be
+        # data-dependent.
+        if not (_FLOAT32_POSITIVE_LOW < number < _FLOAT32_FINITE_HIGH):
+            _refuse_global_scale(name, value, number)
+        return torch.tensor(number, dtype=torch.float32).to(device)
     if isinstance(value, torch.Tensor):
         tensor(name, value)
         if not value.is_floating_point():
@@ -237,20 +252,23 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
             )
         scale = value.reshape(()).to(dtype=torch.float32)
         if value.device.type == "cpu" and not torch.compiler.is_compiling():
-            _positive_float32(name, value.reshape(()).item(), scale)
+            given = value.reshape(()).item()
+            if not (0.0 < float(scale) < math.inf):
+                _refuse_global_scale(name, given, given)
         return scale.to(device=device)
     raise TypeError(
         f"{name} must be a float or a 1-element floating tensor; got {type_name(value)}"
     )
 
 
-def _positive_float32(name: str, given: object, scale: torch.Tensor) -> None:
-    number = float(scale)
-    if not (0.0 < number < float("inf")):
-        raise ValueError(
-            f"{name} must be finite and positive as a float32 (between about 1.4e-45 and "
-            f"3.4e38); got {given!r}, which is {number} in float32"
-        )
+def _refuse_global_scale(name: str, given: object, number: float) -> None:
+    in_float32 = ""
+    if not torch.compiler.is_compiling():  # under a trace, reading the tensor is not possible
+        in_float32 = f", which is {float(torch.tensor(number, dtype=torch.float32))} in float32"
+    raise ValueError(
+        f"{name} must be finite and positive as a float32 (between about 1.4e-45 and "
+        f"3.4e38); got {given!r}{in_float32}"
+    )
 
 
 def device_data_checks_enabled(t: torch.Tensor) -> bool:

@@ -211,7 +211,9 @@ def dequantize_fp8_kv_cache(
     """Dequantise an FP8 ``kv_fused`` pool to ``values * scale`` per token.
 
     The product is exact in float64; for other dtypes it is rounded once to float32 (the
-    IEEE float32 product, alike on every device), then cast to ``dtype``.
+    IEEE float32 product, alike on every device), then cast to ``dtype``. A NaN value byte,
+    a NaN scale, or a zero value under an infinite scale gives NaN, whose sign and payload
+    are not specified (compiled code may write another NaN than eager PyTorch).
 
     Args:
         kv_fused: ``[num_blocks, block_size, 1, head_dim + 4]`` uint8.

@@ -193,9 +193,12 @@ def _check_pages(pages: torch.Tensor, num_kv_heads: int) -> MsaPageOffsets:
     _checks.dtype("pages", pages, torch.uint8)
     offsets = msa_page_offsets(num_kv_heads)
     _checks.ndim("pages", pages, 2, "[num_pages, page_bytes]")
-    _checks.dim_size(
-        "pages", pages, 1, offsets.page_bytes, f"page bytes for num_kv_heads={num_kv_heads}"
-    )
+    # The message is formatted only on failure: under torch.compile(dynamic=True)
+    # num_kv_heads is symbolic, and dynamo cannot format a symbolic int into a string.
+    if pages.shape[1] != offsets.page_bytes:
+        _checks.dim_size(
+            "pages", pages, 1, offsets.page_bytes, f"page bytes for num_kv_heads={num_kv_heads}"
+        )
     return offsets
 
 

@@ -135,13 +135,14 @@ def _check_scale_index(name: str, value: object, high: int | None) -> int | torc
 
 
 def _check_broadcast(name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
-    try:
-        torch.broadcast_shapes(t.shape, other.shape)
-    except RuntimeError as error:
-        raise ValueError(
-            f"{name} and {other_name} must broadcast together; got shapes {tuple(t.shape)} "
-            f"and {tuple(other.shape)}"
-        ) from error
+    # The broadcasting rule on the sizes, not torch.broadcast_shapes: under torch.compile its
+    # RuntimeError surfaces as a dynamo error instead of reaching an ``except`` here.
+    for size, other_size in zip(reversed(t.shape), reversed(other.shape)):
+        if size != other_size and size != 1 and other_size != 1:
+            raise ValueError(
+                f"{name} and {other_name} must broadcast together; got shapes "
+                f"{tuple(t.shape)} and {tuple(other.shape)}"
+            )
 
 
 def swizzle_128x4(sf: torch.Tensor) -> torch.Tensor:
@@ -166,12 +167,19 @@ def swizzle_128x4(sf: torch.Tensor) -> torch.Tensor:
     _checks.ndim("sf", sf, 2, "[rows, scale_cols]")
     rows, cols = sf.shape
     prows, pcols = swizzled_128x4_shape(rows, cols)
+    # Each output byte gathers its source scale (the inverse of swizzle_128x4_offset), rather
+    # than padding and permuting a 5-D view: with dynamic shapes Inductor (PyTorch 2.13)
+    # dropped the row-tile term of that permute's index and copied rows 0-127 into every
+    # row tile once M passed 128.
+    offset = torch.arange(prows * pcols, device=sf.device)
+    tile, within = offset // 512, offset % 512
+    row = (tile // (pcols // _TILE_COLS)) * _TILE_ROWS + ((within % 16) // 4) * 32 + within // 16
+    col = (tile % (pcols // _TILE_COLS)) * _TILE_COLS + within % _TILE_COLS
+    inside = (row < rows) & (col < cols)
     raw = sf.view(torch.uint8)
-    padded = torch.zeros((prows, pcols), dtype=torch.uint8, device=sf.device)
-    padded[:rows, :cols] = raw
-    # [row tile, (r%128)//32, r%32, col tile, c%4] -> [row tile, col tile, r%32, (r%128)//32, c%4]
-    tiles = padded.view(prows // 128, 4, 32, pcols // 4, 4).permute(0, 3, 2, 1, 4)
-    return tiles.contiguous().view(prows, pcols).view(sf.dtype)
+    gathered = raw[row.clamp(max=max(rows - 1, 0)), col.clamp(max=max(cols - 1, 0))]
+    swizzled = torch.where(inside, gathered, torch.zeros_like(gathered))
+    return swizzled.view(prows, pcols).view(sf.dtype)
 
 
 def unswizzle_128x4(sf_swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
