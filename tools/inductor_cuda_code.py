@@ -302,6 +302,10 @@ def interpret(name: str, module_path: str) -> int:
     return total
 
 
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["(no output)"])[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help="tricky case names (default: all traceable)")
@@ -328,15 +332,15 @@ def main() -> None:
         step = [sys.executable, __file__, name, "--out", module, "--step"]
         generated = subprocess.run([*step, "generate"], capture_output=True, text=True)
         if generated.returncode:
-            results[name] = "generation failed: " + generated.stderr.strip().splitlines()[-1]
+            results[name] = "generation failed: " + last_line(generated.stderr)
             continue
         print(f"{name}: module {module}")
         if args.ptx:
             ptx(module)
         ran = subprocess.run([*step, "interpret"], capture_output=True, text=True)
         print(ran.stdout, end="")
-        tail = (ran.stderr.strip().splitlines() or ["?"])[-1]
-        results[name] = {0: "same bytes", OTHER_BYTES: "other bytes"}.get(ran.returncode, tail)
+        outcome = {0: "same bytes", OTHER_BYTES: "other bytes"}
+        results[name] = outcome.get(ran.returncode, "error: " + last_line(ran.stderr))
     print("\ncase                      interpreted CUDA code vs eager CPU")
     for name, result in results.items():
         print(f"{name:25s} {result}")
