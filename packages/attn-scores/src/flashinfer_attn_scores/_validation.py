@@ -28,7 +28,7 @@ from flashinfer_schedule import (
     device_num_sms,
     min_block_table_width,
 )
-from flashinfer_schedule._args import describe
+from flashinfer_schedule._args import describe, int_hint, shown
 
 VALIDATE_ENV_VAR = "FLASHINFER_VALIDATE_INPUTS"
 _ENV_TRUE = frozenset({"1", "true", "yes", "on"})
@@ -148,14 +148,11 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     if not isinstance(value, torch.SymInt) and (
         isinstance(value, bool) or not isinstance(value, int)
     ):
-        hint = ""
-        if isinstance(value, torch.Tensor):  # e.g. max_seq_len=seq_lens.max()
-            hint = "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
-        raise TypeError(f"{name} must be an int, got {describe(value)}{hint}")
+        raise TypeError(f"{name} must be an int, got {describe(value)}{int_hint(value)}")
     if minimum is not None:
         require(
             value >= minimum,
-            lambda: ValueError(f"{name} must be >= {minimum}, got {value}"),
+            lambda: ValueError(f"{name} must be >= {minimum}, got {shown(value)}"),
         )
     return value
 

@@ -431,6 +431,67 @@ def test_a_tensor_given_for_a_python_value_is_named_under_fullgraph(call, messag
         assert "repr() on tensor" not in str(info.value)
 
 
+# Refused Python-number arguments; under dynamic=True each is symbolic while dynamo traces.
+SYMBOLIC_ARGUMENT_ERRORS = [
+    (
+        lambda args, n: fa.compute_paged_mqa_logits_schedule(args[4], next_n=n),
+        0,
+        "next_n must be >= 1, got 0",
+    ),
+    (
+        lambda args, n: fa.compute_paged_mqa_logits_schedule(args[4], next_n=n, variant="fp4"),
+        5,
+        "next_n must be in 1..4 for variant='fp4', got 5",
+    ),
+    (
+        lambda args, n: fa.compute_paged_mqa_logits_schedule(args[4], num_sms=n),
+        0,
+        "num_sms must be in 1..2147483647 (2**31 - 1), got 0",
+    ),
+    (lambda args, n: torch.zeros(fa.padded_seq_len(n)), -1, "max_seq_len must be >= 0, got -1"),
+    (
+        lambda args, n: torch.zeros(fa.min_block_table_width(10, n)),
+        0,
+        "block_size must be >= 1, got 0",
+    ),
+    (lambda args, n: fa.fp8_paged_mqa_logits(*args, n), -1, "max_seq_len must be >= 0, got -1"),
+    (
+        lambda args, n: fa.fp8_paged_mqa_logits(*args, n),
+        300.0,
+        "max_seq_len must be an int, got float (300.0)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "value", "message"), SYMBOLIC_ARGUMENT_ERRORS)
+def test_a_refused_symbolic_argument_keeps_its_message_under_fullgraph(call, value, message):
+    """Dynamo cannot format a symbolic number into an f-string: without `shown` the error
+    became "BUILD_STRING type error" and lost its message."""
+    args = make_fp8_case([40, 3], next_n=1, num_heads=8, head_dim=128, seed=113).fp8_args()[:5]
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
+        call(args, value)
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(message)):
+            torch.compile(call, fullgraph=True, dynamic=dynamic)(args, value)
+
+
+def test_a_numpy_integer_under_fullgraph_gets_a_hint():
+    """Dynamo traces a numpy scalar as an array, not as `numbers.Integral` (PyTorch 2.13), so
+    a fullgraph compile refuses what eager accepts; the error says how to pass it. Without
+    fullgraph, dynamo leaves the refused frame to eager, which accepts it."""
+    np = pytest.importorskip("numpy")
+    args = make_fp8_case([40, 3], next_n=1, num_heads=8, head_dim=128, seed=114).fp8_args()[:5]
+    eager = fa.fp8_paged_mqa_logits(*args, np.int64(64))
+    hint = "max_seq_len must be an int, got a numpy value; under torch.compile pass numpy"
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(hint)):
+        torch.compile(fa.fp8_paged_mqa_logits, fullgraph=True)(*args, np.int64(64))
+    torch._dynamo.reset()
+    compiled = torch.compile(fa.fp8_paged_mqa_logits)(*args, np.int64(64))
+    assert_same_valid_region(compiled, eager, args[4], 1)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compiled_call_refuses_a_head_geometry_that_does_not_fit(dynamic):
     # At next_n * num_heads = 8 the largest head_dim that fits is 1600.

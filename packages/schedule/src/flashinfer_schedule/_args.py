@@ -17,6 +17,22 @@ def type_name(value: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def shown(value: object) -> object:
+    """An int or float argument as an error message prints it.
+
+    Under `torch.compile(dynamic=True)` a Python-number argument is symbolic, and dynamo
+    cannot format a symbolic value into an f-string: the error would surface as
+    "BUILD_STRING type error" without its message. `int()` / `float()` give the traced value.
+    """
+    if not torch.compiler.is_compiling() or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, torch.SymInt)):
+        return int(value)
+    if isinstance(value, (float, torch.SymFloat)):
+        return float(value)
+    return value
+
+
 def describe(value: object) -> str:
     """How an error names a refused value: its type and repr, or for a tensor its dtype, shape
     and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
@@ -26,7 +42,10 @@ def describe(value: object) -> str:
         exact = not (value.is_nested or torch.compiler.is_compiling())
         shape = f"shape {list(value.shape)}" if exact else f"{value.dim()}-D"
         return f"{type_name(value)} of dtype {value.dtype}, {shape} on {value.device}"
-    return f"{type_name(value)} ({value!r})"
+    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":
+        # dynamo traces a numpy scalar as an array, whose repr would read its data
+        return "a numpy value"
+    return f"{type_name(value)} ({shown(value)!r})"
 
 
 def check_int(name: str, value: object, expected: str = "an int") -> int:
@@ -43,12 +62,15 @@ def check_int(name: str, value: object, expected: str = "an int") -> int:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return operator.index(value)
-    raise TypeError(f"{name} must be {expected}, got {describe(value)}{tensor_hint(value)}")
+    raise TypeError(f"{name} must be {expected}, got {describe(value)}{int_hint(value)}")
 
 
-def tensor_hint(value: object) -> str:
-    """A sentence for an integer argument given as a tensor: how to pass its value (the spec
-    writes sizes such as `max(seq_lens)`, which is a 0-d tensor)."""
-    if not isinstance(value, torch.Tensor):
-        return ""
-    return "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
+def int_hint(value: object) -> str:
+    """A sentence for an integer argument given as a tensor (the spec writes sizes such as
+    `max(seq_lens)`, a 0-d tensor) or as a numpy integer under torch.compile: how to pass it."""
+    if isinstance(value, torch.Tensor):
+        return "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
+    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":
+        # dynamo (PyTorch 2.13) traces numpy scalars as arrays, not as numbers.Integral
+        return "; under torch.compile pass numpy integers as int(value)"
+    return ""

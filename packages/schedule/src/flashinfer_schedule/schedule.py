@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from ._args import check_int, describe, type_name
+from ._args import check_int, describe, shown, type_name
 from ._tracing import plain_eager
 
 __all__ = [
@@ -88,16 +88,18 @@ def _check_variant_next_n(variant: object, next_n: object) -> int:
         raise ValueError(f"variant must be one of {SCHEDULE_VARIANTS}, got {variant!r}")
     next_n = check_int("next_n", next_n)
     if next_n < 1:
-        raise ValueError(f"next_n must be >= 1, got {next_n}")
+        raise ValueError(f"next_n must be >= 1, got {shown(next_n)}")
     if variant == "fp4" and next_n > _FP4_MAX_NEXT_N:
-        raise ValueError(f"next_n must be in 1..{_FP4_MAX_NEXT_N} for variant='fp4', got {next_n}")
+        raise ValueError(
+            f"next_n must be in 1..{_FP4_MAX_NEXT_N} for variant='fp4', got {shown(next_n)}"
+        )
     return next_n
 
 
 def _check_num_sms(num_sms: object) -> int:
     num_sms = check_int("num_sms", num_sms, "an int or None")
     if not 1 <= num_sms <= _MAX_NUM_SMS:
-        raise ValueError(f"num_sms must be in 1..{_MAX_NUM_SMS} (2**31 - 1), got {num_sms}")
+        raise ValueError(f"num_sms must be in 1..{_MAX_NUM_SMS} (2**31 - 1), got {shown(num_sms)}")
     return num_sms
 
 
@@ -255,8 +257,8 @@ def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
     expected = (num_sms + 1, 2)
     if tuple(out.shape) != expected:
         raise ValueError(
-            f"out must have shape [num_sms + 1, 2] = {list(expected)} (num_sms={num_sms}), "
-            f"got {list(out.shape)}"
+            f"out must have shape [num_sms + 1, 2] = {[shown(num_sms + 1), 2]} "
+            f"(num_sms={shown(num_sms)}), got {list(out.shape)}"
         )
     if not out.is_contiguous():
         raise ValueError(f"out must be contiguous, got strides {out.stride()}")

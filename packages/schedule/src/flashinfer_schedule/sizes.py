@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._args import check_int
+from ._args import check_int, shown
 
 __all__ = ["OUTPUT_COLUMN_GRANULARITY", "min_block_table_width", "padded_seq_len"]
 
@@ -43,7 +43,9 @@ def padded_seq_len(max_seq_len: int) -> int:
             raises RuntimeError there.
     """
     max_seq_len = check_int("max_seq_len", max_seq_len)
-    _require(max_seq_len >= 0, lambda: ValueError(f"max_seq_len must be >= 0, got {max_seq_len}"))
+    _require(
+        max_seq_len >= 0, lambda: ValueError(f"max_seq_len must be >= 0, got {shown(max_seq_len)}")
+    )
     tile = OUTPUT_COLUMN_GRANULARITY
     return (max_seq_len + tile - 1) // tile * tile
 
@@ -71,8 +73,10 @@ def min_block_table_width(seq_len: int, block_size: int) -> int:
     """
     seq_len = check_int("seq_len", seq_len)
     block_size = check_int("block_size", block_size)
-    _require(seq_len >= 0, lambda: ValueError(f"seq_len must be >= 0, got {seq_len}"))
-    _require(block_size >= 1, lambda: ValueError(f"block_size must be >= 1, got {block_size}"))
+    _require(seq_len >= 0, lambda: ValueError(f"seq_len must be >= 0, got {shown(seq_len)}"))
+    _require(
+        block_size >= 1, lambda: ValueError(f"block_size must be >= 1, got {shown(block_size)}")
+    )
     return (seq_len + block_size - 1) // block_size
 
 

@@ -495,7 +495,7 @@ def fp4_paged_mqa_logits(
             )
         v.check_int("sf_vec_size", sf_vec_size)
         if sf_vec_size != FP4_SF_VEC_SIZE:
-            raise ValueError(f"sf_vec_size must be {FP4_SF_VEC_SIZE}, got {sf_vec_size}")
+            raise ValueError(f"sf_vec_size must be {FP4_SF_VEC_SIZE}, got {v.shown(sf_vec_size)}")
         problem = check_common(
             variant="fp4",
             q=q,
