@@ -20,9 +20,12 @@ DEVICES = [
 
 
 def rows(count: int, device: str, width: int = 128) -> torch.Tensor:
-    """``count`` finite rounding-edge rows (cycled from `tricky_rows`) of ``width`` elements."""
+    """``count`` finite rounding-edge rows of ``width`` elements: `tricky_rows` cycled, each
+    copy scaled by its own power of two (exact), so no two rows of a 128-row tile repeat."""
     source = torch.nan_to_num(tricky_rows(), nan=0.0, posinf=0.0)[:, :width]
-    return source[torch.arange(count) % source.shape[0]].contiguous().to(device)
+    index = torch.arange(count)
+    factor = torch.pow(2.0, (index // source.shape[0]) % 17 - 8).unsqueeze(1)
+    return (source[index % source.shape[0]] * factor).contiguous().to(device)
 
 
 def compiled_matches_eager(fn, inputs_per_size) -> None:
@@ -43,7 +46,8 @@ def compiled_matches_eager(fn, inputs_per_size) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_swizzled_scales_past_one_row_tile(device):
     # Row counts on both sides of 128: one, two and three 128-row tiles of scales. Before
-    # the gather in swizzle_128x4, Inductor copied rows 0-127 into every row tile here.
+    # the gather in swizzle_128x4, Inductor copied rows 0-127 into every row tile of
+    # nvfp4_quantize's scales here (swizzle_128x4 compiled alone was right).
     sizes = (13, 200, 300)
     scale = torch.tensor(7.0, device=device)
     compiled_matches_eager(fl.nvfp4_quantize, [(rows(m, device), scale) for m in sizes])
@@ -90,6 +94,23 @@ def test_swizzle_exports_with_a_dynamic_row_count(strict):
     for m in (8, 129, 300):
         sf = torch.randint(0, 256, (m, 6), dtype=torch.uint8)
         assert same(fl.swizzle_128x4(sf), program.module()(sf)), m
+
+
+def test_a_nan_global_scale_is_refused_under_dynamic_compile():
+    torch._dynamo.reset()
+    compiled = torch.compile(fl.nvfp4_quantize, dynamic=True)
+    with pytest.raises(ValueError, match="a_global_sf must be finite and positive"):
+        compiled(rows(4, "cpu"), float("nan"))
+
+
+@pytest.mark.parametrize(("m", "c"), [(0, 3), (1, 1), (127, 4), (129, 5), (300, 6), (513, 13)])
+def test_both_swizzle_forms_agree(m, c):
+    from flashinfer_layouts.nvfp4 import _swizzle_by_gather, _swizzle_by_permute
+
+    raw = torch.randint(
+        0, 256, (m, c), dtype=torch.uint8, generator=torch.Generator().manual_seed(m)
+    )
+    assert torch.equal(_swizzle_by_gather(raw), _swizzle_by_permute(raw))
 
 
 def test_offset_broadcast_error_survives_compile():

@@ -333,3 +333,19 @@ def test_sign_bit_refuses_16_bit_floats():
 
     with pytest.raises(TypeError, match=r"float32 or float64; got torch\.float16"):
         sign_bit(torch.zeros(2, dtype=torch.float16))
+
+
+def test_the_e2m1_encoder_does_not_use_torch_signbit(monkeypatch):
+    """Compiled for CUDA, torch.signbit of a float64 is ``x < 0`` (false for -0.0); the GPU
+    test of compiled bytes would catch it, this one does on any machine."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.signbit called")
+
+    monkeypatch.setattr(torch, "signbit", refuse)
+    x = torch.tensor([[-0.0, 0.0, -1e-30, 1.0] * 8])
+    packed, _ = fl.quantize_mxfp4(x)
+    # scale 2**-2 (amax 1): byte 0 = -0.0 (0x8) | +0.0 << 4; byte 1 = -1e-30 rounded to -0
+    # (0x8) | 1.0 / 2**-2 = 4 (code 6) << 4
+    assert packed[0, :2].tolist() == [0x08, 0x68]
+    fl.nvfp4_quantize(x, 1.0)

@@ -47,7 +47,7 @@ def python_int(value: object) -> object:
     return operator.index(value)
 
 
-def exact_int(name: str, value: object) -> int:
+def exact_int(name: str, value: object) -> int | torch.SymInt:
     """Return ``value`` as a Python int if it is a Python or numpy integer, else raise
     TypeError (a bool is refused too: True as a size is a bug at the call site).
 
@@ -237,8 +237,8 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
             number = math.inf
         # Compared as a Python number, not read back from a tensor: under
         # torch.compile(dynamic=True) the number is symbolic and a tensor read would be
-        # data-dependent.
-        if not (_FLOAT32_POSITIVE_LOW < number < _FLOAT32_FINITE_HIGH):
+        # data-dependent. NaN first: a symbolic NaN cannot be ordered.
+        if number != number or not (_FLOAT32_POSITIVE_LOW < number < _FLOAT32_FINITE_HIGH):
             _refuse_global_scale(name, value, number)
         return torch.tensor(number, dtype=torch.float32).to(device)
     if isinstance(value, torch.Tensor):
@@ -262,8 +262,11 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
 
 
 def _refuse_global_scale(name: str, given: object, number: float) -> None:
-    in_float32 = ""
-    if not torch.compiler.is_compiling():  # under a trace, reading the tensor is not possible
+    if torch.compiler.is_compiling():
+        # The number may be symbolic: dynamo can neither read a tensor made from it nor
+        # format it into a string (float() gives the traced value).
+        given, in_float32 = float(number), ""
+    else:
         in_float32 = f", which is {float(torch.tensor(number, dtype=torch.float32))} in float32"
     raise ValueError(
         f"{name} must be finite and positive as a float32 (between about 1.4e-45 and "
