@@ -202,6 +202,9 @@ def le_bytes_to_int32(b: torch.Tensor) -> torch.Tensor:
     return word.to(torch.int32).contiguous()
 
 
+_SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32}
+
+
 def sign_bit(x: torch.Tensor) -> torch.Tensor:
     """Whether the IEEE sign bit of float32 or float64 ``x`` is set (True for -0.0), as bool.
 
@@ -209,10 +212,9 @@ def sign_bit(x: torch.Tensor) -> torch.Tensor:
     ``signbit`` of a float64 as ``x < 0``, which is False for -0.0 (PyTorch 2.13's CUDA code
     generation; it made compiled ``quantize_mxfp4`` lose the sign of negative zeros).
     """
-    widths = {torch.float64: torch.int64, torch.float32: torch.int32}
-    if x.dtype not in widths:
+    if x.dtype not in _SAME_WIDTH_INT:
         raise TypeError(f"sign_bit takes float32 or float64; got {x.dtype}")
-    return x.contiguous().view(widths[x.dtype]) < 0
+    return x.contiguous().view(_SAME_WIDTH_INT[x.dtype]) < 0
 
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,12 @@ def shown(value: object) -> object:
     return value
 
 
+def _traced_numpy(value: object) -> bool:
+    """Whether dynamo traces `value`, a numpy scalar, as an array (PyTorch 2.13): it is then
+    neither `numbers.Integral` nor safe to repr (the repr would read the traced data)."""
+    return torch.compiler.is_compiling() and type(value).__module__ == "numpy"
+
+
 def describe(value: object) -> str:
     """How an error names a refused value: its type and repr, or for a tensor its dtype, shape
     and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
@@ -42,8 +48,7 @@ def describe(value: object) -> str:
         exact = not (value.is_nested or torch.compiler.is_compiling())
         shape = f"shape {list(value.shape)}" if exact else f"{value.dim()}-D"
         return f"{type_name(value)} of dtype {value.dtype}, {shape} on {value.device}"
-    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":
-        # dynamo traces a numpy scalar as an array, whose repr would read its data
+    if _traced_numpy(value):
         return "a numpy value"
     return f"{type_name(value)} ({shown(value)!r})"
 
@@ -70,7 +75,6 @@ def int_hint(value: object) -> str:
     `max(seq_lens)`, a 0-d tensor) or as a numpy integer under torch.compile: how to pass it."""
     if isinstance(value, torch.Tensor):
         return "; pass a Python int such as int(t.max()) (reading a CUDA tensor is a host sync)"
-    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":
-        # dynamo (PyTorch 2.13) traces numpy scalars as arrays, not as numbers.Integral
+    if _traced_numpy(value):
         return "; under torch.compile pass numpy integers as int(value)"
     return ""
