@@ -62,3 +62,15 @@ def test_kernel_sources_and_plain_jit():
     assert "triton_heuristics" not in plain and "set_driver_to_gpu" not in plain
     assert "@triton.jit\ndef triton_poi_fused_0(in_ptr0, xnumel, XBLOCK" in plain
     assert "xoffset = tl.program_id(0) * XBLOCK" in plain
+
+
+def test_one_program_blocks_cover_every_dimension():
+    # A 2-D pointwise kernel (ynumel, xnumel) and a persistent reduction whose R0_BLOCK is
+    # fixed in its body (not a parameter).
+    pointwise = ["in_ptr0", "out_ptr0", "ynumel", "xnumel", "YBLOCK", "XBLOCK"]
+    assert tool.one_program_blocks(pointwise, (None, None, 32, 100)) == {
+        "YBLOCK": 32,
+        "XBLOCK": 128,
+    }
+    reduction = ["in_ptr0", "out_ptr0", "xnumel", "r0_numel", "XBLOCK"]
+    assert tool.one_program_blocks(reduction, (None, None, 8, 128)) == {"XBLOCK": 8}

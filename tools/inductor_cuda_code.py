@@ -14,19 +14,29 @@ same generated code without one, in three steps per case of `tricky_inputs.trick
 
 The interpreter computes in IEEE arithmetic, so step 3 finds what the generated code says
 (an operation missing or changed) but not the GPU's own arithmetic (flush-to-zero, the
-approximate float32 division). Known interpreter artefacts (Triton 3.9): a float64 to
-bfloat16 conversion gives wrong values (512.0 becomes 9.4e-38), and the E4M3 byte 0x7F
-decodes as 480 instead of NaN. So ``mxfp4_dequant`` (float64 values cast to bfloat16) and
-``nvfp4`` (a NaN row, whose block scale is 0x7F) show differences the generated code does
-not make. The writers and a tensor global scale are not
-covered (their checks read data, which this trace cannot skip as dynamo's does).
+approximate float32 division). Known interpreter artefact (Triton 3.9, not 3.6): a float64
+to bfloat16 conversion gives wrong values (512.0 becomes 9.4e-38), so ``mxfp4_dequant``
+(float64 values cast to bfloat16) shows differences the generated code does not make. Both
+interpreters decode the E4M3 byte 0x7F as 480 instead of NaN (the layouts functions no
+longer convert from float8). The writers and a tensor global scale are not covered (their
+checks read data, which this trace cannot skip as dynamo's does).
+
+``--inline`` runs Inductor's whole pipeline (not only its lowering) with every intermediate
+inlined into its consumers, as the H200's compile of the FP8 round trip was: one kernel
+quantising, packing and dequantising. That is how its compile failure under Triton 3.6
+(a float8 -> float64 conversion) was reproduced here. Generation and ``--ptx`` only: the
+pipeline lifts constants into inputs the interpret step cannot give.
 
 Needs ``pip install triton`` next to the CPU torch (not in the dev group: a dev tool). It
-patches private PyTorch and Triton internals (written against PyTorch 2.13, Triton 3.9), so a
-newer release may need the stubs adjusted. Usage::
+patches private PyTorch and Triton internals (written against PyTorch 2.13 with Triton 3.9,
+and run under PyTorch 2.11 with Triton 3.6, the H200 image's pair), so another release may
+need the stubs adjusted. PyTorch 2.11 installs on a CPU machine, in a separate venv, from
+its CUDA wheel: ``pip download torch==2.11.0 --no-deps``, ``pip install --no-deps`` of that
+file, then the requirements its metadata lists (``triton==3.6.0`` among them). Usage::
 
     python tools/inductor_cuda_code.py                  # every case: generate + interpret
     python tools/inductor_cuda_code.py mxfp4 --ptx      # one case, also compile for sm_90
+    python tools/inductor_cuda_code.py fp8_pow2_dequant --inline --ptx
 """
 
 from __future__ import annotations
@@ -107,6 +117,8 @@ def fake_cuda_device() -> None:
     cuda.random.set_rng_state = cuda.set_rng_state
     torch._C._cuda_getDevice = lambda: 0
     torch._C._cuda_getCurrentRawStream = lambda *a: 0
+    # A CUDA build of torch initialises the device for its first fake CUDA tensor.
+    torch._subclasses.fake_tensor.init_gpu_context = lambda device: None
 
     class Driver:
         def get_current_target(self):
@@ -129,13 +141,13 @@ def fake_cuda_device() -> None:
     triton_utils.triton_hash_with_backend = lambda: "fake"
 
 
-def generate(name: str, out: str) -> None:
+def generate(name: str, out: str, inline: bool) -> None:
     cache = tempfile.mkdtemp(prefix="inductor_cuda_code_")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     fake_cuda_device()
     import torch
     import torch._inductor.config as inductor_config
-    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -143,6 +155,14 @@ def generate(name: str, out: str) -> None:
 
     inductor_config.emulate_precision_casts = True  # as test_compiled_bytes.py sets it
     inductor_config.compile_threads = 1
+    if inline:
+        # Inline every intermediate into its consumers, as the H200's compile of the FP8 round
+        # trip did (one kernel quantising, packing and dequantising), through the whole
+        # pipeline. Its constant folding would run ops on the (absent) device, so it is off.
+        inductor_config.realize_opcount_threshold = 1 << 20
+        inductor_config.realize_reads_threshold = 1 << 20
+        inductor_config.realize_acc_reads_threshold = 1 << 20
+        inductor_config.joint_graph_constant_folding = False
     fn, inputs = case_inputs(name)
     # Traced on the CPU: this build's Python bindings refuse fake CUDA tensors for some ops
     # (indexing, ~), while the aten ops of a finished graph run on them.
@@ -150,7 +170,7 @@ def generate(name: str, out: str) -> None:
     # through to_device (``t(x.to(dtype))``); that result is dropped for the argument.
     gm = make_fx(
         fn,
-        decomposition_table=select_decomp_table(),
+        decomposition_table=None if inline else select_decomp_table(),
         tracing_mode="fake",
         _allow_non_fake_inputs=True,
     )(*inputs)
@@ -166,14 +186,14 @@ def generate(name: str, out: str) -> None:
     FakeTensorProp(gm, mode).propagate(*args)
     try:
         with mode:
-            compile_fx_inner(gm, args)
+            (compile_fx if inline else compile_fx_inner)(gm, args)
     except Exception as error:  # loading the kernels needs libcuda; the module is written
         if "libcuda" not in str(error):
             raise
     modules = [
         path
         for path in glob.glob(f"{cache}/**/*.py", recursive=True)
-        if "runner.call" in pathlib.Path(path).read_text()
+        if "def call(" in pathlib.Path(path).read_text()
     ]
     if not modules:
         raise SystemExit(f"{name}: Inductor wrote no output module under {cache}")
@@ -240,6 +260,18 @@ LIBDEVICE = [
 ]
 
 
+def one_program_blocks(params: list[str], args: tuple) -> dict[str, int]:
+    """Block sizes for one program covering a kernel's whole range: each ``<dim>numel``
+    argument sizes its ``<DIM>BLOCK`` (xnumel -> XBLOCK, ynumel -> YBLOCK, r0_numel ->
+    R0_BLOCK) to the next power of two. Blocks the kernel fixes itself are not parameters."""
+    blocks = {}
+    for name, value in zip(params, args):
+        block = name[: -len("numel")].upper() + "BLOCK"
+        if name.endswith("numel") and block in params:
+            blocks[block] = 1 << (value - 1).bit_length()
+    return blocks
+
+
 class InterpretedKernel:
     """``kernel.run(*args, stream=...)`` as Inductor's wrapper calls it, one program."""
 
@@ -254,11 +286,8 @@ class InterpretedKernel:
     def run(self, *args, stream=None):
         import inspect
 
-        params = inspect.signature(self.kernel.fn).parameters
-        numels = [a for a in args if isinstance(a, int)]
-        blocks = {"XBLOCK": numels[0], "R0_BLOCK": numels[-1]}
-        meta = {k: 1 << (n - 1).bit_length() for k, n in blocks.items() if k in params}
-        self.kernel[(1,)](*args, **meta)
+        params = list(inspect.signature(self.kernel.fn).parameters)
+        self.kernel[(1,)](*args, **one_program_blocks(params, args))
 
 
 class InterpretingCompiler:
@@ -310,11 +339,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help="tricky case names (default: all traceable)")
     parser.add_argument("--ptx", action="store_true", help="also compile the kernels for sm_90")
+    parser.add_argument(
+        "--inline", action="store_true", help="fuse every intermediate (see generate)"
+    )
     parser.add_argument("--step", choices=["generate", "interpret"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step == "generate":
-        return generate(args.cases[0], args.out)
+        return generate(args.cases[0], args.out, args.inline)
     if args.step == "interpret":
         os.environ["TRITON_INTERPRET"] = "1"
         sys.exit(OTHER_BYTES if interpret(args.cases[0], args.out) else 0)
@@ -330,13 +362,17 @@ def main() -> None:
         module = f"{folder}/{name}.py"
         # Separate processes: the CUDA stubs of `generate` must not reach the interpreter.
         step = [sys.executable, __file__, name, "--out", module, "--step"]
-        generated = subprocess.run([*step, "generate"], capture_output=True, text=True)
+        inline = ["--inline"] if args.inline else []
+        generated = subprocess.run([*step, "generate", *inline], capture_output=True, text=True)
         if generated.returncode:
             results[name] = "generation failed: " + last_line(generated.stderr)
             continue
         print(f"{name}: module {module}")
         if args.ptx:
             ptx(module)
+        if args.inline:  # the whole pipeline lifts constants into inputs this tool cannot give
+            results[name] = "generated (not interpreted with --inline)"
+            continue
         ran = subprocess.run([*step, "interpret"], capture_output=True, text=True)
         print(ran.stdout, end="")
         outcome = {0: "same bytes", OTHER_BYTES: "other bytes"}
