@@ -22,7 +22,10 @@ hold by construction, not by luck:
   float8_e4m3fn copy uses the ``__nv_cvt_float_to_fp8`` intrinsic on recent CUDA versions
   and its own C++ routine otherwise).
 * Sign bits are read from the bit pattern (`sign_bit`), not with ``torch.signbit``, whose
-  float64 form in Inductor's Triton code is ``x < 0`` and misses -0.0.
+  float64 form in Inductor's Triton code is ``x < 0`` and misses -0.0; and set on the bit
+  pattern, not by negation, which Triton 3.6 compiles as ``0 - x`` (+0.0 for a zero).
+* E4M3 bytes are widened by integer arithmetic (`e4m3_bits_to_float32`), not through
+  ``torch.float8_e4m3fn``, whose conversions Triton does not lower everywhere.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ _INCLUSIVE_THRESHOLDS = (0.75, 1.75, 3.5)
 
 _FLOAT32_EXPONENT_MASK = 0x7F800000
 _FLOAT32_ABS_MASK = 0x7FFFFFFF
+_FLOAT32_SIGN_BIT = -(2**31)  # 0x80000000 as an int32
 E4M3_MAX_CODE = 0x7E  # 448
 E4M3_NAN_CODE = 0x7F
 
@@ -178,6 +182,29 @@ def float32_to_e4m3_bits(x: torch.Tensor) -> torch.Tensor:
     return code.to(torch.uint8)
 
 
+def e4m3_bits_to_float32(bits: torch.Tensor) -> torch.Tensor:
+    """E4M3 (fn) bytes -> their exact float32 values, from the bit pattern.
+
+    The values of ``bits.view(torch.float8_e4m3fn).to(torch.float32)``, without a float8
+    conversion for Inductor to compile: it folds float8 -> float32 -> float64 into one
+    float8 -> float64 conversion, which Triton 3.6 (PyTorch 2.11's) cannot lower for sm_90
+    ("Unsupported conversion from f8E4M3FN to f64"). NaN (0x7F, 0xFF) gives the pattern
+    PyTorch's CPU cast gives, 0x7FF00000 with the byte's sign.
+
+    Args:
+        bits: uint8 tensor of E4M3 bytes.
+    """
+    b = bits.to(torch.int32)
+    magnitude = b & 0x7F  # exponent (4 bits, bias 7) | mantissa (3 bits)
+    # Normal (exponent >= 1): shifted into float32's fields, the exponent rebiased from 7 to
+    # 127. Subnormal: m * 2**-9, a normal float32 (or zero), exact on every device.
+    normal = (magnitude << 20) + (120 << 23)
+    subnormal = (magnitude.to(torch.float32) * 2.0**-9).view(torch.int32)
+    word = torch.where(magnitude < 8, subnormal, normal)
+    word = torch.where(magnitude == E4M3_NAN_CODE, 0x7FF00000, word)
+    return (word | (b >> 7) * _FLOAT32_SIGN_BIT).view(torch.float32)
+
+
 def float32_to_le_bytes(x: torch.Tensor) -> torch.Tensor:
     """float32 ``[...]`` -> uint8 ``[..., 4]``, least significant byte first."""
     return int32_to_le_bytes(x.to(torch.float32).contiguous().view(torch.int32))
@@ -242,8 +269,11 @@ def e2m1_decode(code: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     # (2, 3, 4, 6, 8, 12). Computed, not looked up, to avoid a host-to-device table copy.
     c = (code & 0x7).to(torch.int32)
     twice = torch.where(c < 2, c, (2 + (c & 1)) << ((c >> 1) - 1).clamp_min(0))
-    value = twice.to(dtype) * 0.5
-    return torch.where((code & 0x8) != 0, -value, value)
+    magnitude = twice.to(torch.float32) * 0.5
+    # The sign goes onto the bit pattern, not through a negation: Triton 3.6 (PyTorch 2.11's)
+    # compiles ``-x`` as ``0 - x``, so Inductor's code for ``-magnitude`` decoded 0x8 as +0.0.
+    sign = ((code & 0x8) != 0).to(torch.int32) * _FLOAT32_SIGN_BIT
+    return (magnitude.view(torch.int32) | sign).view(torch.float32).to(dtype)
 
 
 def pack_nibbles(code: torch.Tensor) -> torch.Tensor:

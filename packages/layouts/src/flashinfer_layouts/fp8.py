@@ -19,6 +19,7 @@ from . import _checks
 from ._bits import (
     E4M3_MAX,
     div_to_float32,
+    e4m3_bits_to_float32,
     float32_fields,
     float32_to_e4m3_bits,
     float32_to_le_bytes,
@@ -228,6 +229,7 @@ def dequantize_fp8_kv_cache(
     """
     dtype = _checks.output_float_dtype("dtype", dtype)
     values, scales = unpack_fp8_kv_cache(kv_fused)
+    values = e4m3_bits_to_float32(values.view(torch.uint8))
     if dtype == torch.float64:
         return values.to(torch.float64) * scales.to(torch.float64).unsqueeze(-1)
-    return mul_to_float32(values.to(torch.float32), scales.unsqueeze(-1)).to(dtype)
+    return mul_to_float32(values, scales.unsqueeze(-1)).to(dtype)

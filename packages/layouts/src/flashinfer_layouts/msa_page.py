@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from . import _checks
+from ._bits import e4m3_bits_to_float32
 from .nvfp4 import NVFP4_SF_VEC_SIZE, dequantize_rows, quantize_rows
 
 __all__ = [
@@ -271,7 +272,7 @@ def dequantize_msa_v_scales(v_scale: torch.Tensor) -> torch.Tensor:
         ValueError: the last two dims are not ``(128, 8)``.
     """
     _check_v_scale_tile("v_scale", v_scale)
-    return unswizzle_msa_v_scales(v_scale).view(torch.float8_e4m3fn).to(torch.float32)
+    return e4m3_bits_to_float32(unswizzle_msa_v_scales(v_scale).view(torch.uint8))
 
 
 def unpack_nvfp4_msa_pages(

@@ -28,6 +28,7 @@ from ._bits import (
     div_to_float32,
     e2m1_decode,
     e2m1_encode,
+    e4m3_bits_to_float32,
     float32_to_e4m3_bits,
     mul_to_float32,
     pack_nibbles,
@@ -289,7 +290,7 @@ def quantize_rows(
     # fl32(fl32(amax / 6) * global_sf), rounded to e4m3 with saturation at 448 (the clamp).
     scale_target = mul_to_float32(div_to_float32(amax, E2M1_MAX), global_sf)
     scale_bits = float32_to_e4m3_bits(scale_target)
-    scale_f32 = scale_bits.view(torch.float8_e4m3fn).to(torch.float32)  # exact widening
+    scale_f32 = e4m3_bits_to_float32(scale_bits)
     encode = torch.where(
         scale_f32 == 0, torch.zeros_like(scale_f32), div_to_float32(global_sf, scale_f32)
     )
@@ -323,7 +324,7 @@ def dequantize_rows(
     k = 2 * half
     values = e2m1_decode(unpack_nibbles(packed), torch.float32)
     values = values.reshape(*lead, k // sf_vec_size, sf_vec_size)
-    scale = scales.view(torch.float8_e4m3fn).to(torch.float32).unsqueeze(-1)
+    scale = e4m3_bits_to_float32(scales.view(torch.uint8)).unsqueeze(-1)
     if dtype == torch.float64:
         out = (values * scale).to(torch.float64) / global_sf.to(torch.float64)
     else:

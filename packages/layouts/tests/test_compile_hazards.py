@@ -1,0 +1,123 @@
+"""Operations the layouts functions avoid because some Triton releases compile them wrong.
+
+Inductor turns the quantisers and dequantisers into Triton code on CUDA. Two operations are
+kept out of them, checked here on any machine by tracing each case of `tricky_inputs` and
+reading its ATen graph (the GPU test `test_compiled_bytes.py` sees the effect itself):
+
+* a float negation: Triton 3.6 (PyTorch 2.11's) compiles ``-x`` as ``0 - x``, which is
+  +0.0 for x = +-0.0, so a decoded E2M1 negative zero (code 0x8) lost its sign;
+* a conversion from ``torch.float8_e4m3fn``: Inductor folds float8 -> float32 -> float64 into
+  one float8 -> float64 conversion, which Triton 3.6 cannot lower for sm_90 (the FP8 round
+  trip failed to compile on the H200).
+"""
+
+from __future__ import annotations
+
+import struct
+from fractions import Fraction
+
+import flashinfer_layouts as fl
+import pytest
+import torch
+from flashinfer_layouts._bits import e4m3_bits_to_float32
+from torch.fx.experimental.proxy_tensor import make_fx
+
+# Their checks read tensor data, which a fake-tensor trace cannot (dynamo skips them).
+UNTRACEABLE = {"write_fp8_pow2", "write_fp8_amax", "write_mxfp4", "nvfp4_own_global"}
+FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+CONVERSIONS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+
+
+def traced_graph(case):
+    inputs = []
+    case(lambda t: inputs.append(t) or t)
+
+    def replay(*args):
+        given = iter(args)
+        out = case(lambda _: next(given))
+        return tuple(out) if isinstance(out, (tuple, list)) else out
+
+    return make_fx(replay, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs).graph
+
+
+def hazards(graph) -> list[str]:
+    found = []
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.aten.neg.default:
+            found.append(f"{node.format_node()} (a negation)")
+        if node.target in CONVERSIONS:
+            source = node.args[0].meta["val"].dtype
+            if source in FLOAT8 and node.meta["val"].dtype not in FLOAT8:
+                found.append(f"{node.format_node()} (a conversion from {source})")
+    return found
+
+
+def case_names():
+    import tricky_inputs
+
+    names = tricky_inputs.tricky_cases(tricky_inputs.tricky_rows())
+    return sorted(n for n in names if n not in UNTRACEABLE)
+
+
+@pytest.mark.parametrize("name", case_names())
+def test_traced_case_has_no_negation_or_float8_conversion(tricky_cases, name):
+    assert hazards(traced_graph(tricky_cases[name])) == []
+
+
+def test_msa_v_scales_have_no_float8_conversion():
+    tile = torch.arange(128 * 8, dtype=torch.int32).remainder(256).to(torch.uint8)
+    graph = traced_graph(lambda t: fl.dequantize_msa_v_scales(t(tile.reshape(128, 8))))
+    assert hazards(graph) == []
+
+
+def test_the_hazard_check_finds_both_operations():
+    """The check itself: a negation and a float8 widening are reported."""
+    codes = torch.tensor([0x08, 0x38], dtype=torch.uint8)
+    graph = traced_graph(lambda t: -t(codes).view(torch.float8_e4m3fn).to(torch.float32))
+    assert [h.rsplit("(", 1)[1] for h in hazards(graph)] == [
+        "a conversion from torch.float8_e4m3fn)",
+        "a negation)",
+    ]
+
+
+def e4m3_reference(byte: int) -> float:
+    """The E4M3 (fn) value of a byte from the format's definition: bias 7, no infinities,
+    S.1111.111 is NaN."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    exponent, mantissa = (byte >> 3) & 0xF, byte & 0x7
+    if exponent == 0xF and mantissa == 0x7:
+        return float("nan")
+    if exponent == 0:
+        return sign * float(Fraction(mantissa, 8) * Fraction(1, 2**6))
+    return sign * float((1 + Fraction(mantissa, 8)) * Fraction(2) ** (exponent - 7))
+
+
+def test_e4m3_bits_to_float32_gives_every_byte_its_value():
+    got = e4m3_bits_to_float32(torch.arange(256, dtype=torch.int32).to(torch.uint8))
+    for byte, value in enumerate(got.tolist()):
+        expected = e4m3_reference(byte)
+        word = struct.unpack("<I", struct.pack("<f", value))[0]
+        if expected != expected:  # NaN: PyTorch's CPU cast's pattern, with the byte's sign
+            assert word == (0x7FF00000 | (byte & 0x80) << 24), hex(byte)
+        else:
+            assert value == expected and (word >> 31) == (byte >> 7), hex(byte)
+
+
+def test_e4m3_bits_to_float32_agrees_with_the_cast():
+    bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    cast = bits.view(torch.float8_e4m3fn).to(torch.float32)
+    assert torch.equal(e4m3_bits_to_float32(bits).view(torch.int32), cast.view(torch.int32))
+
+
+def test_decoded_e2m1_negative_zero_keeps_its_sign():
+    packed = torch.full((1, 16), 0x88, dtype=torch.uint8)  # every element code 0x8 (-0.0)
+    scales = torch.full((1, 1), 127, dtype=torch.uint8)  # UE8M0 2**0
+    for values in (
+        fl.dequantize_mxfp4(packed, scales),
+        fl.nvfp4_dequantize(
+            packed, torch.full((1, 1), 0x38, dtype=torch.uint8), 1.0, sf_vec_size=32, swizzled=False
+        ),
+    ):
+        assert torch.equal(values, torch.zeros_like(values)) and torch.signbit(values).all()
