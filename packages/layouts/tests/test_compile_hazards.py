@@ -66,10 +66,14 @@ def test_traced_case_has_no_negation_or_float8_conversion(tricky_cases, name):
     assert hazards(traced_graph(tricky_cases[name])) == []
 
 
-def test_msa_v_scales_have_no_float8_conversion():
+def test_msa_pages_have_no_negation_or_float8_conversion(tricky_rows):
     tile = torch.arange(128 * 8, dtype=torch.int32).remainder(256).to(torch.uint8)
     graph = traced_graph(lambda t: fl.dequantize_msa_v_scales(t(tile.reshape(128, 8))))
     assert hazards(graph) == []
+    k = tricky_rows.repeat(32, 1).reshape(1, 2, 128, 128)
+    pages = fl.pack_nvfp4_msa_pages(k, k.flip(-1), 2.0, 0.5)
+    assert hazards(traced_graph(lambda t: fl.pack_nvfp4_msa_pages(t(k), t(k), 2.0, 0.5))) == []
+    assert hazards(traced_graph(lambda t: fl.unpack_nvfp4_msa_pages(t(pages), 2, 2.0, 0.5))) == []
 
 
 def test_the_hazard_check_finds_both_operations():
