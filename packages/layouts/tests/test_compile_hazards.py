@@ -1,14 +1,17 @@
 """Operations the layouts functions avoid because some Triton releases compile them wrong.
 
-Inductor turns the quantisers and dequantisers into Triton code on CUDA. Two operations are
-kept out of them, checked here on any machine by tracing each case of `tricky_inputs` and
-reading its ATen graph (the GPU test `test_compiled_bytes.py` sees the effect itself):
+Inductor turns the quantisers and dequantisers into Triton code on CUDA. Three operations
+are kept out of them, checked here on any machine by tracing each case of `tricky_inputs`
+and reading its ATen graph (the GPU test `test_compiled_bytes.py` sees the effect itself):
 
 * a float negation: Triton 3.6 (PyTorch 2.11's) compiles ``-x`` as ``0 - x``, which is
   +0.0 for x = +-0.0, so a decoded E2M1 negative zero (code 0x8) lost its sign;
 * a conversion from ``torch.float8_e4m3fn``: Inductor folds float8 -> float32 -> float64 into
   one float8 -> float64 conversion, which Triton 3.6 cannot lower for sm_90 (the FP8 round
-  trip failed to compile on the H200).
+  trip failed to compile on the H200);
+* a float ``abs``: Inductor's Triton code takes a float32 ``abs`` with libdevice's
+  flush-to-zero variant (``abs.ftz.f32`` in the PTX), so a group of float32 subnormals had a
+  zero amax, hence another NVFP4 scale, compiled than eager.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def hazards(graph) -> list[str]:
             continue
         if node.target is torch.ops.aten.neg.default:
             found.append(f"{node.format_node()} (a negation)")
+        if node.target is torch.ops.aten.abs.default:
+            found.append(f"{node.format_node()} (an abs)")
         if node.target in CONVERSIONS:
             source = node.args[0].meta["val"].dtype
             if source in FLOAT8 and node.meta["val"].dtype not in FLOAT8:
@@ -76,13 +81,14 @@ def test_msa_pages_have_no_negation_or_float8_conversion(tricky_rows):
     assert hazards(traced_graph(lambda t: fl.unpack_nvfp4_msa_pages(t(pages), 2, 2.0, 0.5))) == []
 
 
-def test_the_hazard_check_finds_both_operations():
-    """The check itself: a negation and a float8 widening are reported."""
+def test_the_hazard_check_finds_each_operation():
+    """The check itself: a float8 widening, a negation and an abs are reported."""
     codes = torch.tensor([0x08, 0x38], dtype=torch.uint8)
-    graph = traced_graph(lambda t: -t(codes).view(torch.float8_e4m3fn).to(torch.float32))
+    graph = traced_graph(lambda t: (-t(codes).view(torch.float8_e4m3fn).to(torch.float32)).abs())
     assert [h.rsplit("(", 1)[1] for h in hazards(graph)] == [
         "a conversion from torch.float8_e4m3fn)",
         "a negation)",
+        "an abs)",
     ]
 
 

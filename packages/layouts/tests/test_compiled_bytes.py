@@ -22,6 +22,7 @@ CASES = [
     "nvfp4_global",
     "nvfp4",
     "nvfp4_own_global",
+    "nvfp4_subnormal",
     "nvfp4_sf32_dequant",
     "write_fp8_pow2",
     "write_fp8_amax",

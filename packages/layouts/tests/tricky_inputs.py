@@ -68,6 +68,12 @@ def tricky_cases(tricky_rows: torch.Tensor) -> dict:
         "nvfp4_own_global": lambda t: fl.nvfp4_quantize(
             t(finite), fl.nvfp4_global_scale(t(finite))
         ),
+        # Row 2 alone: float32 subnormals, whose NVFP4 scales are nonzero only under a global
+        # scale near float32's largest (its own is 3.4e38).
+        "nvfp4_subnormal": lambda t: (
+            fl.nvfp4_global_scale(t(x[2:3])),
+            *fl.nvfp4_quantize(t(x[2:3]), 2.0**126, swizzled=False),
+        ),
         "nvfp4_sf32_dequant": lambda t: fl.nvfp4_dequantize(
             *fl.nvfp4_quantize(t(finite), 0.37, sf_vec_size=32),
             0.37,

@@ -24,6 +24,8 @@ hold by construction, not by luck:
 * Sign bits are read from the bit pattern (`sign_bit`), not with ``torch.signbit``, whose
   float64 form in Inductor's Triton code is ``x < 0`` and misses -0.0; and set on the bit
   pattern, not by negation, which Triton 3.6 compiles as ``0 - x`` (+0.0 for a zero).
+* Magnitudes are taken by clearing the sign bit (`magnitude`), not with ``abs``, which
+  Inductor's Triton code flushes to zero for float32 subnormals.
 * E4M3 bytes are widened by integer arithmetic (`e4m3_bits_to_float32`), not through
   ``torch.float8_e4m3fn``, whose conversions Triton does not lower everywhere.
 """
@@ -244,6 +246,19 @@ def sign_bit(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(_SAME_WIDTH_INT[x.dtype]) < 0
 
 
+def magnitude(x: torch.Tensor) -> torch.Tensor:
+    """``|x|`` of float32 or float64 ``x``, by clearing the IEEE sign bit.
+
+    Not ``x.abs()``: Inductor's Triton code computes a float32 ``abs`` with libdevice's
+    flush-to-zero variant (``abs.ftz.f32``), which turns subnormal magnitudes into 0, so a
+    group of float32 subnormals got another NVFP4 scale compiled than eager.
+    """
+    if x.dtype not in _SAME_WIDTH_INT:
+        raise TypeError(f"magnitude takes float32 or float64; got {x.dtype}")
+    integer = _SAME_WIDTH_INT[x.dtype]
+    return (x.contiguous().view(integer) & torch.iinfo(integer).max).view(x.dtype)
+
+
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """Round already-scaled values to E2M1 nibble codes (uint8 in [0, 15]).
 
@@ -253,7 +268,7 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     to zero becomes negative zero (0x8). NaN gives code 0 (its sign bit is not preserved
     alike by all backends). ``v`` is float32 or float64.
     """
-    mag = v.abs()
+    mag = magnitude(v)
     code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
     for threshold in _STRICT_THRESHOLDS:
         code += (mag > threshold).to(torch.uint8)

@@ -24,6 +24,7 @@ from ._bits import (
     float32_to_e4m3_bits,
     float32_to_le_bytes,
     le_bytes_to_float32,
+    magnitude,
     mul_to_float32,
     pow2_float32,
 )
@@ -103,7 +104,7 @@ def quantize_fp8_per_token(
     _checks.choice("scale_mode", scale_mode, FP8_SCALE_MODES)
 
     xf = x.to(torch.float32)
-    amax = xf.abs().amax(dim=-1)
+    amax = magnitude(xf).amax(dim=-1)
     floor = amax.new_full((), AMAX_FLOOR)  # float32 1e-4, compared and used as the same value
     # where, not clamp_min: NaN must stay NaN (the comparison is False for NaN).
     amax = torch.where(amax < floor, floor, amax)

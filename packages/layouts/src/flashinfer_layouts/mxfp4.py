@@ -30,6 +30,7 @@ from ._bits import (
     float64_fields,
     int32_to_le_bytes,
     le_bytes_to_int32,
+    magnitude,
     pack_nibbles,
     unpack_nibbles,
 )
@@ -162,7 +163,7 @@ def _quantize(x: torch.Tensor, sf_vec_size: int) -> tuple[torch.Tensor, torch.Te
     # Explicit sizes, not -1: a reshape of an empty tensor cannot infer a dimension.
     *lead, head_dim = x.shape
     groups = x.to(torch.float64).reshape(*lead, head_dim // sf_vec_size, sf_vec_size)
-    scales = ue8m0_scale_bytes(groups.abs().amax(dim=-1))
+    scales = ue8m0_scale_bytes(magnitude(groups).amax(dim=-1))
     inv_scale = exp2_float64(127 - scales.to(torch.int64)).unsqueeze(-1)
     codes = e2m1_encode(groups * inv_scale).reshape(*lead, head_dim)
     return pack_nibbles(codes), scales

@@ -30,6 +30,7 @@ from ._bits import (
     e2m1_encode,
     e4m3_bits_to_float32,
     float32_to_e4m3_bits,
+    magnitude,
     mul_to_float32,
     pack_nibbles,
     unpack_nibbles,
@@ -266,12 +267,13 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """
     x = _checks.tensor("x", x)
     _checks.dtype("x", x, _checks.FLOAT_DTYPES)
-    amax = x.to(torch.float32).abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    amax = magnitude(x.to(torch.float32)).amax() if x.numel() else torch.zeros((), device=x.device)
     one = torch.ones((), dtype=torch.float32, device=x.device)
     # Not ``2688 / amax``: a Python number over a tensor is ``amax.reciprocal() * 2688``
     # (two roundings) in PyTorch; div_to_float32 rounds the true quotient once.
     quotient = div_to_float32(E4M3_MAX * E2M1_MAX, amax).clamp(max=torch.finfo(torch.float32).max)
-    return torch.where((amax > 0) & amax.isfinite(), quotient, one)
+    # amax >= 0 or NaN, so this is "positive and finite" without isfinite's abs (see magnitude).
+    return torch.where((amax > 0) & (amax < float("inf")), quotient, one)
 
 
 def quantize_rows(
@@ -286,7 +288,7 @@ def quantize_rows(
     # Explicit sizes, not -1: a reshape of an empty tensor cannot infer a dimension.
     *lead, k = x.shape
     groups = x.to(torch.float32).reshape(*lead, k // sf_vec_size, sf_vec_size)
-    amax = groups.abs().amax(dim=-1)
+    amax = magnitude(groups).amax(dim=-1)
     # fl32(fl32(amax / 6) * global_sf), rounded to e4m3 with saturation at 448 (the clamp).
     scale_target = mul_to_float32(div_to_float32(amax, E2M1_MAX), global_sf)
     scale_bits = float32_to_e4m3_bits(scale_target)
