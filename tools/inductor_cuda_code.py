@@ -14,11 +14,11 @@ same generated code without one, in three steps per case of `tricky_inputs.trick
 
 The interpreter computes in IEEE arithmetic, so step 3 finds what the generated code says
 (an operation missing or changed) but not the GPU's own arithmetic (flush-to-zero, the
-approximate float32 division). Known interpreter artefact (Triton 3.9, not 3.6): a float64
+approximate float32 division). Known interpreter artefacts (Triton 3.6 and 3.9): a float64
 to bfloat16 conversion gives wrong values (512.0 becomes 9.4e-38), so ``mxfp4_dequant``
-(float64 values cast to bfloat16) shows differences the generated code does not make. Both
-interpreters decode the E4M3 byte 0x7F as 480 instead of NaN (the layouts functions no
-longer convert from float8). The writers and a tensor global scale are not covered (their
+shows differences under PyTorch 2.13, whose code casts its float64 values to bfloat16
+directly (2.11's goes through float32, exact for these values); and the E4M3 byte 0x7F
+decodes as 480 instead of NaN (the layouts functions no longer convert from float8). The writers and a tensor global scale are not covered (their
 checks read data, which this trace cannot skip as dynamo's does).
 
 ``--inline`` runs Inductor's whole pipeline (not only its lowering) with every intermediate

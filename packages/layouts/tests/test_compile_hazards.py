@@ -67,11 +67,11 @@ def case_names():
 
 
 @pytest.mark.parametrize("name", case_names())
-def test_traced_case_has_no_negation_or_float8_conversion(tricky_cases, name):
+def test_traced_case_avoids_the_hazards(tricky_cases, name):
     assert hazards(traced_graph(tricky_cases[name])) == []
 
 
-def test_msa_pages_have_no_negation_or_float8_conversion(tricky_rows):
+def test_msa_pages_avoid_the_hazards(tricky_rows):
     tile = torch.arange(128 * 8, dtype=torch.int32).remainder(256).to(torch.uint8)
     graph = traced_graph(lambda t: fl.dequantize_msa_v_scales(t(tile.reshape(128, 8))))
     assert hazards(graph) == []
