@@ -9,9 +9,8 @@ and reading its ATen graph (the GPU test `test_compiled_bytes.py` sees the effec
 * a conversion from ``torch.float8_e4m3fn``: Inductor folds float8 -> float32 -> float64 into
   one float8 -> float64 conversion, which Triton 3.6 cannot lower for sm_90 (the FP8 round
   trip failed to compile on the H200);
-* a float ``abs``: Inductor's Triton code takes a float32 ``abs`` with libdevice's
-  flush-to-zero variant (``abs.ftz.f32`` in the PTX), so a group of float32 subnormals had a
-  zero amax, hence another NVFP4 scale, compiled than eager.
+* a float ``abs`` (defensive: its PTX is a non-flushing ``abs.f32`` today, but the sign-bit
+  form `magnitude` leaves no flush-to-zero variant to choose).
 """
 
 from __future__ import annotations

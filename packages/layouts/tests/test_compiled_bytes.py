@@ -42,8 +42,8 @@ CASES = [
 # functions: Inductor's Triton ``signbit`` of a float64 is ``x < 0`` (the MXFP4 quantisers
 # lost -0.0); Triton 3.6 negates a float as ``0 - x`` (a decoded E2M1 -0.0 became +0.0); and
 # it cannot lower a float8 -> float64 conversion, which Inductor makes of float8 -> float32
-# -> float64 (the FP8 round trip failed to compile). A fourth, which no case had then: a
-# float32 ``abs`` flushes subnormals (``nvfp4_subnormal``). `test_compile_hazards.py` keeps
+# -> float64 (the FP8 round trip failed to compile). ``nvfp4_subnormal`` (float32
+# subnormals under a huge global scale) was added since, as a flush-to-zero probe. `test_compile_hazards.py` keeps
 # all but the first out on any machine. Not yet re-run on a GPU since.
 
 

@@ -24,8 +24,8 @@ hold by construction, not by luck:
 * Sign bits are read from the bit pattern (`sign_bit`), not with ``torch.signbit``, whose
   float64 form in Inductor's Triton code is ``x < 0`` and misses -0.0; and set on the bit
   pattern, not by negation, which Triton 3.6 compiles as ``0 - x`` (+0.0 for a zero).
-* Magnitudes are taken by clearing the sign bit (`magnitude`), not with ``abs``, which
-  Inductor's Triton code flushes to zero for float32 subnormals.
+* Magnitudes are taken by clearing the sign bit (`magnitude`), an integer operation with
+  no flush-to-zero variant for any backend to pick.
 * E4M3 bytes are widened by integer arithmetic (`e4m3_bits_to_float32`), not through
   ``torch.float8_e4m3fn``, whose conversions Triton does not lower everywhere.
 """
@@ -249,9 +249,8 @@ def sign_bit(x: torch.Tensor) -> torch.Tensor:
 def magnitude(x: torch.Tensor) -> torch.Tensor:
     """``|x|`` of float32 or float64 ``x``, by clearing the IEEE sign bit.
 
-    Not ``x.abs()``: Inductor's Triton code computes a float32 ``abs`` with libdevice's
-    flush-to-zero variant (``abs.ftz.f32``), which turns subnormal magnitudes into 0, so a
-    group of float32 subnormals got another NVFP4 scale compiled than eager.
+    Defensive, not a fix: Inductor's Triton ``abs`` compiles to a non-flushing ``abs.f32``
+    (PTX read for sm_90, Triton 3.6 and 3.9); the bit form cannot be flushed by any backend.
     """
     if x.dtype not in _SAME_WIDTH_INT:
         raise TypeError(f"magnitude takes float32 or float64; got {x.dtype}")

@@ -272,7 +272,7 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     # Not ``2688 / amax``: a Python number over a tensor is ``amax.reciprocal() * 2688``
     # (two roundings) in PyTorch; div_to_float32 rounds the true quotient once.
     quotient = div_to_float32(E4M3_MAX * E2M1_MAX, amax).clamp(max=torch.finfo(torch.float32).max)
-    # amax >= 0 or NaN, so this is "positive and finite" without isfinite's abs (see magnitude).
+    # amax >= 0 or NaN, so this is "positive and finite" with comparisons only.
     return torch.where((amax > 0) & (amax < float("inf")), quotient, one)
 
 
