@@ -197,13 +197,13 @@ def e4m3_bits_to_float32(bits: torch.Tensor) -> torch.Tensor:
         bits: uint8 tensor of E4M3 bytes.
     """
     b = bits.to(torch.int32)
-    magnitude = b & 0x7F  # exponent (4 bits, bias 7) | mantissa (3 bits)
+    unsigned = b & 0x7F  # exponent (4 bits, bias 7) | mantissa (3 bits)
     # Normal (exponent >= 1): shifted into float32's fields, the exponent rebiased from 7 to
     # 127. Subnormal: m * 2**-9, a normal float32 (or zero), exact on every device.
-    normal = (magnitude << 20) + (120 << 23)
-    subnormal = (magnitude.to(torch.float32) * 2.0**-9).view(torch.int32)
-    word = torch.where(magnitude < 8, subnormal, normal)
-    word = torch.where(magnitude == E4M3_NAN_CODE, 0x7FF00000, word)
+    normal = (unsigned << 20) + (120 << 23)
+    subnormal = (unsigned.to(torch.float32) * 2.0**-9).view(torch.int32)
+    word = torch.where(unsigned < 8, subnormal, normal)
+    word = torch.where(unsigned == E4M3_NAN_CODE, 0x7FF00000, word)
     return (word | (b >> 7) * _FLOAT32_SIGN_BIT).view(torch.float32)
 
 
@@ -283,11 +283,11 @@ def e2m1_decode(code: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     # (2, 3, 4, 6, 8, 12). Computed, not looked up, to avoid a host-to-device table copy.
     c = (code & 0x7).to(torch.int32)
     twice = torch.where(c < 2, c, (2 + (c & 1)) << ((c >> 1) - 1).clamp_min(0))
-    magnitude = twice.to(torch.float32) * 0.5
+    unsigned = twice.to(torch.float32) * 0.5
     # The sign goes onto the bit pattern, not through a negation: Triton 3.6 (PyTorch 2.11's)
-    # compiles ``-x`` as ``0 - x``, so Inductor's code for ``-magnitude`` decoded 0x8 as +0.0.
+    # compiles ``-x`` as ``0 - x``, so Inductor's code for ``-unsigned`` decoded 0x8 as +0.0.
     sign = ((code & 0x8) != 0).to(torch.int32) * _FLOAT32_SIGN_BIT
-    return (magnitude.view(torch.int32) | sign).view(torch.float32).to(dtype)
+    return (unsigned.view(torch.int32) | sign).view(torch.float32).to(dtype)
 
 
 def pack_nibbles(code: torch.Tensor) -> torch.Tensor:
