@@ -10,7 +10,11 @@ and reading its ATen graph (the GPU test `test_compiled_bytes.py` sees the effec
   one float8 -> float64 conversion, which Triton 3.6 cannot lower for sm_90 (the FP8 round
   trip failed to compile on the H200);
 * a float ``abs`` (defensive: its PTX is a non-flushing ``abs.f32`` today, but the sign-bit
-  form `magnitude` leaves no flush-to-zero variant to choose).
+  form `magnitude` leaves no flush-to-zero variant to choose);
+* a float64 division by a constant (a Python-number global scale becomes one) whose quotient
+  is kept in float64: Inductor compiles it on CUDA as a product with the reciprocal, other
+  bytes than eager's division. Rounded at once to float32, as `div_to_float32` does, the
+  quotient is the same either way, so that use is allowed.
 """
 
 from __future__ import annotations
@@ -42,11 +46,39 @@ def traced_graph(case):
     return make_fx(replay, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs).graph
 
 
+def depends_on_an_input(node) -> bool:
+    """Whether an FX value is computed from a placeholder (else it is a constant to Inductor)."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        if current.op == "placeholder":
+            return True
+        seen.add(current)
+        todo.extend(n for n in current.all_input_nodes if n not in seen)
+    return False
+
+
+def rounded_to_float32_at_once(node) -> bool:
+    return bool(node.users) and all(
+        user.target in CONVERSIONS and user.meta["val"].dtype == torch.float32
+        for user in node.users
+    )
+
+
 def hazards(graph) -> list[str]:
     found = []
     for node in graph.nodes:
         if node.op != "call_function":
             continue
+        if (
+            node.target is torch.ops.aten.div.Tensor
+            and node.meta["val"].dtype == torch.float64
+            and not depends_on_an_input(node.args[1])
+            and not rounded_to_float32_at_once(node)
+        ):
+            found.append(f"{node.format_node()} (a float64 division by a constant)")
         if node.target is torch.ops.aten.neg.default:
             found.append(f"{node.format_node()} (a negation)")
         if node.target is torch.ops.aten.abs.default:
@@ -89,6 +121,19 @@ def test_the_hazard_check_finds_each_operation():
         "a negation)",
         "an abs)",
     ]
+
+
+def test_the_hazard_check_finds_a_float64_division_by_a_constant():
+    x = torch.arange(1, 9, dtype=torch.float64)
+
+    def divide(t, keep):
+        quotient = t(x) / torch.tensor(0.37, dtype=torch.float64)
+        return quotient if keep else quotient.to(torch.float32)
+
+    found = hazards(traced_graph(lambda t: divide(t, keep=True)))
+    assert [h.rsplit("(", 1)[1] for h in found] == ["a float64 division by a constant)"]
+    assert hazards(traced_graph(lambda t: divide(t, keep=False))) == []
+    assert hazards(traced_graph(lambda t: t(x) / t(x).flip(0))) == []
 
 
 def e4m3_reference(byte: int) -> float:

@@ -34,6 +34,10 @@ CASES = [
     ),
     "fp8_pow2_dequant",
     "fp8_amax_dequant",
+    "fp8_amax_dequant_f64",
+    "nvfp4_dequant_f64",
+    "mxfp4_dequant_f64",
+    "msa_pages_f64",
 ]
 
 # On the H200 (PyTorch 2.11, Triton 3.6, 2026-12-04, docs/assets/bench/session89-h200-2026-12-04/
@@ -43,8 +47,11 @@ CASES = [
 # lost -0.0); Triton 3.6 negates a float as ``0 - x`` (a decoded E2M1 -0.0 became +0.0); and
 # it cannot lower a float8 -> float64 conversion, which Inductor makes of float8 -> float32
 # -> float64 (the FP8 round trip failed to compile). ``nvfp4_subnormal`` (float32
-# subnormals under a huge global scale) was added since, as a flush-to-zero probe. `test_compile_hazards.py` keeps
-# all but the first out on any machine. Not yet re-run on a GPU since.
+# subnormals under a huge global scale) was added since, as a flush-to-zero probe.
+# `test_compile_hazards.py` keeps all but the first out on any machine. Re-run on the H200
+# on 2026-12-05 (PyTorch 2.11, Triton 3.6): all 19 CUDA cases then listed matched. The four
+# float64-output cases came after that run (the reciprocal rewrite of a float64 division by
+# a constant, found with Inductor's CPU lowering made to take its CUDA path).
 
 
 def params(device: str):

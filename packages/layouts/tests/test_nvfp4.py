@@ -168,6 +168,22 @@ def test_dequantize_is_the_float32_quotient_then_cast(dtype, global_sf):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("global_sf", [0.37, 7.0 + 2.0**-9, 3.0e-30])
+def test_float64_dequantize_is_the_product_with_the_reciprocal(global_sf):
+    """float64 output: the exact e2m1 * e4m3_scale times the correctly rounded float64
+    reciprocal of the (float32) global scale, within one float64 ulp of the quotient."""
+    gen = torch.Generator().manual_seed(26)
+    a_fp4 = torch.randint(0, 256, (64, 64), generator=gen, dtype=torch.uint8)
+    a_sf = torch.randint(0, 0x7F, (64, 8), generator=gen, dtype=torch.uint8)
+    exact = decode_codes(nibbles(a_fp4)) * E4M3[a_sf.long()].repeat_interleave(16, dim=-1)
+    g32 = struct.unpack("<f", struct.pack("<f", global_sf))[0]  # the float32 global scale
+    got = fl.nvfp4_dequantize(a_fp4, a_sf, global_sf, swizzled=False, dtype=torch.float64)
+    assert torch.equal(got, exact * (1.0 / g32))
+    quotient = exact / g32
+    assert ((got - quotient).abs() <= torch.finfo(torch.float64).eps * quotient.abs()).all()
+    assert (got != quotient).any()  # the two forms differ here: the test tells them apart
+
+
 def test_zero_matrix_and_tensor_global_scale():
     a = torch.zeros(3, 32)
     g = fl.nvfp4_global_scale(a)

@@ -46,6 +46,7 @@ def tricky_cases(tricky_rows: torch.Tensor) -> dict:
     x = tricky_rows
     finite = torch.nan_to_num(x, nan=0.0, posinf=0.0)
     slots = torch.tensor([3, -1, 200, 17, 5, 6, 7, 130])
+    page = finite.repeat(16, 1).reshape(1, 1, 128, 128)  # one MSA page of one KV head
 
     def write_fp8(t, mode):
         pool = t(torch.zeros(4, 64, 1, 132, dtype=torch.uint8))
@@ -80,6 +81,21 @@ def tricky_cases(tricky_rows: torch.Tensor) -> dict:
             sf_vec_size=32,
             dtype=torch.float16,
         ),
+        # float64 outputs: the product with a Python-number global scale's reciprocal, which
+        # a division by it would only give on CUDA when compiled.
+        "nvfp4_dequant_f64": lambda t: fl.nvfp4_dequantize(
+            *fl.nvfp4_quantize(t(finite), 0.37), 0.37, dtype=torch.float64
+        ),
+        "mxfp4_dequant_f64": lambda t: fl.dequantize_mxfp4(
+            *fl.quantize_mxfp4(t(finite)), dtype=torch.float64
+        ),
+        "msa_pages_f64": lambda t: fl.unpack_nvfp4_msa_pages(
+            fl.pack_nvfp4_msa_pages(t(page), t(page.flip(-1)), 0.37, 2.7),
+            1,
+            0.37,
+            2.7,
+            dtype=torch.float64,
+        ),
         "write_fp8_pow2": lambda t: write_fp8(t, "pow2"),
         "write_fp8_amax": lambda t: write_fp8(t, "amax"),
         "write_mxfp4": write_mxfp4,
@@ -94,4 +110,10 @@ def tricky_cases(tricky_rows: torch.Tensor) -> dict:
                 *fl.quantize_fp8_per_token(t(finite.reshape(2, 4, 128)), scale_mode=m)
             )
         )
+    cases["fp8_amax_dequant_f64"] = lambda t: fl.dequantize_fp8_kv_cache(
+        fl.pack_fp8_kv_cache(
+            *fl.quantize_fp8_per_token(t(finite.reshape(2, 4, 128)), scale_mode="amax")
+        ),
+        dtype=torch.float64,
+    )
     return cases

@@ -285,7 +285,8 @@ def unpack_nvfp4_msa_pages(
     """Dequantise packed MSA pages back to K and V.
 
     ``k = e2m1 * e4m3_scale / k_global_sf`` (and likewise V, after undoing the V scale
-    swizzle), computed in float32 (float64 when ``dtype`` is float64).
+    swizzle): the quotient rounded once to float32, then to ``dtype``; for float64, the exact
+    product times the float64 reciprocal of the global scale (as `nvfp4_dequantize`).
 
     Args:
         pages: ``[num_pages, 18432 * num_kv_heads]`` uint8 with ``stride(1) == 1``.

@@ -318,9 +318,15 @@ def dequantize_rows(
 ) -> torch.Tensor:
     """Inverse of `quantize_rows`: ``e2m1 * e4m3_scale / global_sf`` (internal helper).
 
-    ``e2m1 * e4m3_scale`` is exact; the division is a float64 division of device tensors,
-    exact to float64 and, for other dtypes, rounded once to float32 (`div_to_float32`)
-    before the cast to ``dtype``.
+    ``e2m1 * e4m3_scale`` is exact. For float32 and narrower dtypes the quotient is rounded
+    once to float32 (`div_to_float32`), then cast to ``dtype``. For float64 it is the product
+    times the float64 reciprocal of ``global_sf`` (within one float64 ulp of the quotient,
+    both roundings being correct), not a division: Inductor rewrites a division by a
+    constant - a Python-number global scale becomes one - into that product on CUDA, which
+    would give compiled code other float64 bytes than eager. The float32 quotient is immune
+    to that rewrite: a quotient of two float32 numbers is at least 2**-47 (relative) away
+    from a float32 rounding midpoint unless it is one, far beyond the rewrite's error of
+    about 2**-52.
     """
     *lead, half = packed.shape
     k = 2 * half
@@ -328,7 +334,7 @@ def dequantize_rows(
     values = values.reshape(*lead, k // sf_vec_size, sf_vec_size)
     scale = e4m3_bits_to_float32(scales.view(torch.uint8)).unsqueeze(-1)
     if dtype == torch.float64:
-        out = (values * scale).to(torch.float64) / global_sf.to(torch.float64)
+        out = (values * scale).to(torch.float64) * global_sf.to(torch.float64).reciprocal()
     else:
         out = div_to_float32(values * scale, global_sf).to(dtype)
     return out.reshape(*lead, k)
@@ -416,8 +422,10 @@ def nvfp4_dequantize(
         k: optional ``K``; when given it must equal ``2 * a_fp4.shape[1]``.
         sf_vec_size: elements per block scale, 16 (default) or 32.
         swizzled: whether ``a_sf`` is in the 128x4-swizzled layout.
-        dtype: floating output dtype (default float32). The product runs in float32 (float64
-            when ``dtype`` is float64).
+        dtype: floating output dtype (default float32): the quotient rounded once to float32,
+            then to ``dtype``; for float64, the exact product times the float64 reciprocal of
+            ``a_global_sf`` (within one ulp of the quotient; the form Inductor compiles a
+            division by a constant into on CUDA, so compiled and eager bytes agree).
 
     Returns:
         ``[M, K]`` tensor of ``dtype``.
