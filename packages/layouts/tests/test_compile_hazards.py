@@ -165,6 +165,12 @@ def test_e4m3_bits_to_float32_agrees_with_the_cast():
     assert torch.equal(e4m3_bits_to_float32(bits).view(torch.int32), cast.view(torch.int32))
 
 
+def test_e4m3_bits_to_float32_refuses_anything_but_bytes():
+    for tensor in (torch.ones(4, dtype=torch.float8_e4m3fn), torch.ones(4, dtype=torch.int32)):
+        with pytest.raises(TypeError, match=f"uint8 E4M3 bytes; got dtype {tensor.dtype}"):
+            e4m3_bits_to_float32(tensor)
+
+
 def test_decoded_e2m1_negative_zero_keeps_its_sign():
     packed = torch.full((1, 16), 0x88, dtype=torch.uint8)  # every element code 0x8 (-0.0)
     scales = torch.full((1, 1), 127, dtype=torch.uint8)  # UE8M0 2**0

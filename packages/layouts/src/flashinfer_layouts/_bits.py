@@ -194,8 +194,11 @@ def e4m3_bits_to_float32(bits: torch.Tensor) -> torch.Tensor:
     PyTorch's CPU cast gives, 0x7FF00000 with the byte's sign.
 
     Args:
-        bits: uint8 tensor of E4M3 bytes.
+        bits: uint8 tensor of E4M3 bytes (a float8 tensor must be viewed as uint8 first: its
+            values, not its bytes, would be converted here).
     """
+    if bits.dtype != torch.uint8:
+        raise TypeError(f"e4m3_bits_to_float32 takes uint8 E4M3 bytes; got dtype {bits.dtype}")
     b = bits.to(torch.int32)
     unsigned = b & 0x7F  # exponent (4 bits, bias 7) | mantissa (3 bits)
     # Normal (exponent >= 1): shifted into float32's fields, the exponent rebiased from 7 to
