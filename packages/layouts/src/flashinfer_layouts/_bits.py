@@ -198,7 +198,9 @@ def e4m3_bits_to_float32(bits: torch.Tensor) -> torch.Tensor:
             values, not its bytes, would be converted here).
     """
     if bits.dtype != torch.uint8:
-        raise TypeError(f"e4m3_bits_to_float32 takes uint8 E4M3 bytes; got dtype {bits.dtype}")
+        raise TypeError(
+            f"e4m3_bits_to_float32: bits must be uint8 E4M3 bytes; got dtype {bits.dtype}"
+        )
     b = bits.to(torch.int32)
     unsigned = b & 0x7F  # exponent (4 bits, bias 7) | mantissa (3 bits)
     # Normal (exponent >= 1): shifted into float32's fields, the exponent rebiased from 7 to
