@@ -165,6 +165,16 @@ def test_e4m3_bits_to_float32_agrees_with_the_cast():
     assert torch.equal(e4m3_bits_to_float32(bits).view(torch.int32), cast.view(torch.int32))
 
 
+def test_e4m3_bits_to_float32_keeps_the_shape_of_a_strided_input():
+    generator = torch.Generator().manual_seed(7)
+    bits = torch.randint(0, 256, (5, 6, 7), dtype=torch.uint8, generator=generator)
+    strided = bits.transpose(0, 2)[::2]
+    got = e4m3_bits_to_float32(strided)
+    cast = strided.contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    assert got.shape == strided.shape
+    assert torch.equal(got.view(torch.int32), cast.view(torch.int32))
+
+
 def test_e4m3_bits_to_float32_refuses_anything_but_bytes():
     for tensor in (torch.ones(4, dtype=torch.float8_e4m3fn), torch.ones(4, dtype=torch.int32)):
         with pytest.raises(TypeError, match=f"uint8 E4M3 bytes; got dtype {tensor.dtype}"):
