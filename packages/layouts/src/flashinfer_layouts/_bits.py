@@ -26,8 +26,9 @@ hold by construction, not by luck:
   pattern, not by negation, which Triton 3.6 compiles as ``0 - x`` (+0.0 for a zero).
 * Magnitudes are taken by clearing the sign bit (`magnitude`), an integer operation with
   no flush-to-zero variant for any backend to pick.
-* E4M3 bytes are widened by integer arithmetic (`e4m3_bits_to_float32`), not through
-  ``torch.float8_e4m3fn``, whose conversions Triton does not lower everywhere.
+* E4M3 bytes are widened by integer arithmetic (`e4m3_bits_to_float32`, on the 256 codes,
+  then looked up), not through ``torch.float8_e4m3fn``, whose conversions Triton does not
+  lower everywhere.
 """
 
 from __future__ import annotations
