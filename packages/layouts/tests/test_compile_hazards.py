@@ -19,13 +19,14 @@ and reading its ATen graph (the GPU test `test_compiled_bytes.py` sees the effec
 
 from __future__ import annotations
 
+import math
 import struct
 from fractions import Fraction
 
 import flashinfer_layouts as fl
 import pytest
 import torch
-from flashinfer_layouts._bits import e4m3_bits_to_float32
+from flashinfer_layouts._bits import e2m1_decode, e4m3_bits_to_float32
 from torch.fx.experimental.proxy_tensor import make_fx
 
 # Their checks read tensor data, which a fake-tensor trace cannot (dynamo skips them).
@@ -179,6 +180,28 @@ def test_e4m3_bits_to_float32_refuses_anything_but_bytes():
     for tensor in (torch.ones(4, dtype=torch.float8_e4m3fn), torch.ones(4, dtype=torch.int32)):
         with pytest.raises(TypeError, match=f"uint8 E4M3 bytes; got dtype {tensor.dtype}"):
             e4m3_bits_to_float32(tensor)
+
+
+def e2m1_reference(code: int) -> float:
+    """The OCP MX value of an E2M1 nibble, from its fields: 1 sign, 2 exponent (bias 1), 1
+    mantissa bit; exponent 0 is subnormal (0 or 0.5)."""
+    sign = -1.0 if code & 0x8 else 1.0
+    exponent, mantissa = (code >> 1) & 0x3, code & 0x1
+    if exponent == 0:
+        return sign * mantissa * 0.5
+    return sign * (1 + mantissa * 0.5) * 2.0 ** (exponent - 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_e2m1_decode_gives_every_nibble_its_value_and_sign(dtype):
+    # High nibbles are ignored; a strided 2-D input keeps its shape.
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(16, 16).t()
+    got = e2m1_decode(codes, dtype)
+    assert got.dtype == dtype and got.shape == codes.shape
+    for code, value in zip(codes.flatten().tolist(), got.flatten().tolist(), strict=True):
+        expected = e2m1_reference(code & 0xF)
+        assert value == expected, hex(code)
+        assert math.copysign(1.0, value) == math.copysign(1.0, expected), hex(code)
 
 
 def test_decoded_e2m1_negative_zero_keeps_its_sign():
