@@ -7,12 +7,14 @@ library's bit manipulation or with PyTorch's casts.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from fractions import Fraction
 
 import flashinfer_layouts as fl
 import pytest
 import torch
+from flashinfer_layouts._bits import float32_to_e4m3_bits
 
 # --- independent references -----------------------------------------------------------------
 
@@ -108,6 +110,27 @@ def test_fp8_e4m3_ties_and_subnormals_hand_built():
     assert [e4m3_nearest(Fraction(v), str(v).startswith("-")) for v, _ in E4M3_CASES] == [
         b for _, b in E4M3_CASES
     ]
+
+
+def test_fp8_e4m3_encoder_at_every_midpoint_and_its_float32_neighbours():
+    # Each E4M3 value, each midpoint between neighbours (and above 448), and the float32
+    # values up to 3 ulps either side of them, both signs: every rounding boundary the
+    # integer encoder has, including the subnormal steps and the saturation at 464.
+    points = [v for _, v in E4M3_FINITE] + [Fraction(464), Fraction(480), Fraction(2**20)]
+    anchors = set(points)
+    anchors.update((a + b) / 2 for a, b in itertools.pairwise(points))
+    words = set()
+    for anchor in anchors:
+        word = float32_bits(float(anchor))  # every anchor is exact in float32
+        words.update(w for w in range(word - 3, word + 4) if 0 <= w < 0x7F800000)
+    words = sorted(words)
+    magnitudes = torch.tensor(words, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    for negative in (False, True):
+        x = -magnitudes if negative else magnitudes
+        got = float32_to_e4m3_bits(x).tolist()
+        for word, byte in zip(words, got, strict=True):
+            value = struct.unpack("<f", struct.pack("<I", word))[0]
+            assert byte == e4m3_nearest(Fraction(value), negative), (hex(word), negative)
 
 
 @pytest.mark.parametrize(

@@ -153,32 +153,32 @@ def float32_to_e4m3_bits(x: torch.Tensor) -> torch.Tensor:
     Returns:
         uint8 tensor of ``x``'s shape; ``.view(torch.float8_e4m3fn)`` reinterprets it.
     """
-    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-    sign = (bits < 0).to(torch.int64) << 7
+    bits = x.to(torch.float32).contiguous().view(torch.int32)
+    sign = (bits >> 24) & 0x80  # bit 31 to bit 7 (the shift's fill bits are masked off)
     mag = bits & _FLOAT32_ABS_MASK
     biased = mag >> 23
 
+    # Round to nearest even by adding just under half a step plus the kept part's lowest bit:
+    # the sum carries into the kept bits exactly when the dropped bits exceed half a step, or
+    # equal it with an odd kept part. Everything stays in int32 (half the memory traffic of
+    # int64 in eager code); no sum below can overflow.
+    #
     # |x| >= 2**-6 (biased >= 121), E4M3 normal: keep the top 3 fraction bits, round the
-    # other 20 to nearest even, and rebias the exponent from 127 to 7 (subtract 120 << 3 from
-    # the 12-bit exponent|fraction field). A carry out of the fraction bumps the exponent,
-    # which is exactly the rounded-up value.
-    kept = mag >> 20
-    dropped = mag & 0xFFFFF
-    half_ulp = 0x80000
-    up = (dropped > half_ulp) | ((dropped == half_ulp) & ((kept & 1) == 1))
-    normal = kept + up.to(torch.int64) - (120 << 3)
+    # other 20, and rebias the exponent from 127 to 7 (subtract 120 << 3 from the 12-bit
+    # exponent|fraction field). A carry out of the fraction bumps the exponent, which is
+    # exactly the rounded-up value. Magnitudes are capped at 512 first: everything from 464
+    # up saturates to 448 anyway, and the cap keeps the sum inside int32.
+    capped = mag.clamp_max(0x44000000)
+    normal = ((capped + (0x7FFFF + ((capped >> 20) & 1))) >> 20) - (120 << 3)
 
     # |x| < 2**-6: E4M3 subnormal, code = |x| / 2**-9 rounded to nearest even (0..8; 8 is
     # the smallest normal 2**-6, whose code is also 8). |x| = significand * 2**(e - 150) with
     # e = max(biased, 1), so the code is significand >> (141 - e), rounded; shifts of 25 or
     # more leave less than half a step (significand < 2**24), i.e. code 0.
-    significand = (mag & 0x7FFFFF) | ((biased > 0).to(torch.int64) << 23)
+    significand = (mag & 0x7FFFFF) | (biased.clamp_max(1) << 23)
     shift = (141 - biased.clamp_min(1)).clamp(21, 25)
-    quotient = significand >> shift
-    twice_rest = (significand - (quotient << shift)) << 1
     step = torch.ones_like(shift) << shift
-    up = (twice_rest > step) | ((twice_rest == step) & ((quotient & 1) == 1))
-    subnormal = quotient + up.to(torch.int64)
+    subnormal = (significand + ((step >> 1) - 1) + ((significand >> shift) & 1)) >> shift
 
     code = torch.where(biased >= 121, normal, subnormal).clamp_max(E4M3_MAX_CODE) | sign
     code = torch.where(mag > _FLOAT32_EXPONENT_MASK, E4M3_NAN_CODE, code)
