@@ -23,12 +23,12 @@ import os
 from collections.abc import Callable
 
 import torch
+from flashinfer_jit.op_args import describe, int_hint, shown
 from flashinfer_schedule import (
     compute_paged_mqa_logits_schedule,
     device_num_sms,
     min_block_table_width,
 )
-from flashinfer_schedule._args import describe, int_hint, shown
 
 VALIDATE_ENV_VAR = "FLASHINFER_VALIDATE_INPUTS"
 _ENV_TRUE = frozenset({"1", "true", "yes", "on"})

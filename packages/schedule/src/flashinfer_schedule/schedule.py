@@ -39,9 +39,8 @@ makes), SM 2 units 0-2 and SM 3 units 3-4 of request 2.
 from __future__ import annotations
 
 import torch
-
-from ._args import check_int, describe, shown, type_name
-from ._tracing import plain_eager
+from flashinfer_jit.op_args import check_int, describe, shown, type_name
+from flashinfer_jit.tracing import plain_eager
 
 __all__ = [
     "DEFAULT_CPU_NUM_SMS",

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from ._args import check_int, shown
+from flashinfer_jit.op_args import check_int, shown
 
 __all__ = ["OUTPUT_COLUMN_GRANULARITY", "min_block_table_width", "padded_seq_len"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flashinfer_schedule._tracing import plain_eager
+from flashinfer_jit.tracing import plain_eager
 
 from .. import _validation as v
 from .problem import Problem

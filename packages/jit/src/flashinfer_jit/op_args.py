@@ -1,4 +1,9 @@
-"""Argument checks shared by the public functions of the package."""
+"""How the kernel packages' public functions check scalar arguments and name refused values.
+
+Shared by `flashinfer_schedule` and `flashinfer_attn_scores` (and meant for every package
+built on this runtime), so their errors word a refused value the same way, also under
+`torch.compile`. `flashinfer_layouts` depends on torch alone and keeps its own checks.
+"""
 
 from __future__ import annotations
 

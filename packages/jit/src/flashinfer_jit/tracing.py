@@ -1,4 +1,8 @@
-"""Whether a call runs outside every tracer (shared with `flashinfer_attn_scores`)."""
+"""Whether a call runs outside every tracer, and so may launch a kernel directly.
+
+Used by every public function of the kernel packages that launches on CUDA: outside a
+tracer it launches through `Kernel`, under one it must go through its `torch.library` op.
+"""
 
 import torch
 

@@ -1,0 +1,82 @@
+"""`flashinfer_jit.tracing` and `flashinfer_jit.op_args`, the helpers the kernel packages'
+public functions share (CPU only)."""
+
+import numpy as np
+import pytest
+import torch
+from flashinfer_jit.op_args import check_int, describe, int_hint, shown, type_name
+from flashinfer_jit.tracing import plain_eager
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+
+def _branch(x: torch.Tensor) -> torch.Tensor:
+    return x + 1 if plain_eager() else x - 1
+
+
+def test_plain_eager_outside_every_tracer():
+    assert plain_eager()
+    assert torch.equal(_branch(torch.zeros(2)), torch.ones(2))
+
+
+def test_plain_eager_false_under_torch_compile():
+    compiled = torch.compile(_branch, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(torch.zeros(2)), -torch.ones(2))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.trace from 2.11 on
+def test_plain_eager_false_under_jit_trace():
+    traced = torch.jit.trace(_branch, torch.zeros(2), check_trace=False)
+    assert torch.equal(traced(torch.zeros(2)), -torch.ones(2))
+
+
+def test_plain_eager_false_under_dispatch_modes():
+    with FakeTensorMode():
+        assert not plain_eager()
+    graph = make_fx(_branch)(torch.zeros(2))
+    assert torch.equal(graph(torch.zeros(2)), -torch.ones(2))
+    assert plain_eager()  # the modes are popped again
+
+
+def test_check_int_takes_python_and_numpy_integers():
+    assert check_int("n", 7) == 7
+    value = check_int("n", np.int64(7))
+    assert value == 7 and type(value) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (True, "bool (True)"),
+        (np.bool_(True), "numpy.bool"),
+        (2.0, "float (2.0)"),
+        ("3", "str ('3')"),
+        (torch.tensor(3), "torch.Tensor of dtype torch.int64, shape [] on cpu"),
+    ],
+)
+def test_check_int_refuses_other_values_by_name(value, named):
+    with pytest.raises(TypeError, match=r"^max_seq_len must be an int, got ") as info:
+        check_int("max_seq_len", value)
+    assert named in str(info.value)
+
+
+def test_a_tensor_given_for_an_int_gets_a_hint():
+    with pytest.raises(TypeError, match=r"pass a Python int such as int\(t.max\(\)\)"):
+        check_int("max_seq_len", torch.tensor(3))
+    assert int_hint(3) == ""
+
+
+def test_describe_never_prints_tensor_data():
+    t = torch.full((2, 3), 123456.0)
+    text = describe(t)
+    assert text == "torch.Tensor of dtype torch.float32, shape [2, 3] on cpu"
+    assert "123456" not in text
+
+
+def test_type_name_qualifies_non_builtins():
+    assert type_name(3) == "int"
+    assert type_name(np.int32(3)) == "numpy.int32"
+
+
+def test_shown_is_the_value_itself_in_eager():
+    assert shown(5) == 5 and shown(2.5) == 2.5 and shown(True) is True
