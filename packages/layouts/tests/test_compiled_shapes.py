@@ -119,3 +119,116 @@ def test_offset_broadcast_error_survives_compile():
     compiled = torch.compile(fl.swizzle_128x4_offset)
     with pytest.raises(ValueError, match=r"row and col must broadcast together; got shapes"):
         compiled(row, col, 4)
+
+
+def _u8(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.uint8)
+
+
+def _slots(count: int) -> torch.Tensor:
+    return torch.zeros(count, dtype=torch.int64)
+
+
+# Refused calls whose messages print sizes, and the sizes each message must show. Under
+# dynamic=True the sizes are symbols while dynamo traces: a shape printed as it is read
+# "(s93, s58, s97)" before `_checks.plain`, and some numbers could not be formatted at all.
+SIZED_ERRORS = [
+    (fl.unpack_fp8_kv_cache, lambda: (_u8(5, 64, 132),), "got 3-D shape (5, 64, 132)"),
+    (fl.dequantize_fp8_kv_cache, lambda: (_u8(5, 64, 1, 4),), "got 4 (shape (5, 64, 1, 4))"),
+    (
+        fl.write_fp8_kv_cache,
+        lambda: (_u8(5, 64, 1, 264)[..., :132], torch.randn(3, 128), _slots(3)),
+        "got strides (16896, 264, 264, 1) for shape (5, 64, 1, 132)",
+    ),
+    (
+        fl.write_fp8_kv_cache,
+        lambda: (_u8(1, 64, 1, 132).expand(5, 64, 1, 132), torch.randn(3, 128), _slots(3)),
+        ">= the 8448 elements of one block; got strides (0, 132, 132, 1)",
+    ),
+    (
+        fl.write_fp8_kv_cache,
+        lambda: (_u8(5, 64, 1, 132), torch.randn(3, 64), _slots(3)),
+        "must be 128; got 64 (shape (3, 64))",
+    ),
+    (
+        fl.write_fp8_kv_cache,
+        lambda: (_u8(5, 64, 1, 132), torch.randn(3, 128), _slots(4)),
+        "must be 3; got 4 (shape (4,))",
+    ),
+    (
+        fl.pack_fp8_kv_cache,
+        lambda: (torch.zeros(5, 64, 1, 128).to(torch.float8_e4m3fn), torch.zeros(5, 64)),
+        "got 4-D shape (5, 64, 1, 128)",
+    ),
+    (fl.dequantize_mxfp4_kv_cache, lambda: (_u8(5, 64, 1, 67),), "got 67"),
+    (
+        lambda kv: fl.dequantize_mxfp4_kv_cache(kv, interleaved=True),
+        lambda: (_u8(5, 64, 1, 68),),
+        "got block_size 64",
+    ),
+    (fl.quantize_mxfp4, lambda: (torch.randn(5, 48),), "multiple of 32 (sf_vec_size); got 48"),
+    (
+        lambda x: fl.quantize_mxfp4(x, sf_vec_size=96),
+        lambda: (torch.randn(5, 64),),
+        "head_dim (64); got 96",
+    ),
+    (
+        fl.unpack_mxfp4_q,
+        lambda: (_u8(5, 1, 64, 65), torch.zeros(5, 1, 64, dtype=torch.int32)),
+        "got 65 (shape (5, 1, 64, 65))",
+    ),
+    (
+        fl.unpack_mxfp4_q,
+        lambda: (_u8(5, 1, 64, 64), torch.zeros(5, 2, 64, dtype=torch.int32)),
+        "q_sf must have shape (5, 1, 64) [batch_size, next_n, num_heads]; got (5, 2, 64)",
+    ),
+    (
+        lambda a, s: fl.nvfp4_dequantize(a, s, 1.0),
+        lambda: (_u8(5, 16), _u8(5, 3)),
+        "a_sf must have shape (128, 4) [padded_rows, padded_scale_cols]; got (5, 3)",
+    ),
+    (
+        lambda a, s: fl.nvfp4_dequantize(a, s, 1.0, swizzled=False),
+        lambda: (_u8(5, 16), _u8(5, 3)),
+        "a_sf must have shape (5, 2) [M, K/sf_vec_size] (linear); got (5, 3)",
+    ),
+    (
+        lambda a, s: fl.nvfp4_dequantize(a, s, 1.0),
+        lambda: (_u8(5, 16), _u8(7)),
+        "must hold 128 * 4 = 512 elements; got 7",
+    ),
+    (
+        lambda a, s: fl.nvfp4_dequantize(a, s, 1.0),
+        lambda: (_u8(5, 16), _u8(2, 128, 4)),
+        "(128, 4); got shape (2, 128, 4)",
+    ),
+    (
+        lambda a, s: fl.nvfp4_dequantize(a, s, 1.0, m=7),
+        lambda: (_u8(5, 16), _u8(128, 4)),
+        "m must equal a_fp4.shape[0] (5); got 7",
+    ),
+    (
+        lambda pages: fl.msa_page_views(pages, 2),
+        lambda: (_u8(3, 100),),
+        "(page bytes for num_kv_heads=2) must be 36864; got 100 (shape (3, 100))",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "make_args", "sizes"),
+    SIZED_ERRORS,
+    ids=[sizes[:40] for _, _, sizes in SIZED_ERRORS],
+)
+def test_refused_sizes_print_as_numbers_under_compile(call, make_args, sizes):
+    """The error of a fullgraph compile carries the eager message word for word, sizes
+    included, with static and with dynamic shapes."""
+    with pytest.raises(ValueError) as eager:
+        call(*make_args())
+    message = str(eager.value)
+    assert sizes in message
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported) as compiled:
+            torch.compile(call, fullgraph=True, dynamic=dynamic)(*make_args())
+        assert message in str(compiled.value), f"dynamic={dynamic}"

@@ -39,6 +39,28 @@ def type_name(value: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def plain(value: object) -> object:
+    """A size, or a shape or stride tuple, as an error message prints it: ``(5, 64, 132)``.
+
+    Under ``torch.compile(dynamic=True)`` sizes are symbols. Dynamo formats a single size into
+    an f-string with its traced value, but a tuple of them as ``(s93, s58, s97)``, and a
+    symbolic Python number can fail to format at all ("BUILD_STRING type error", the message
+    lost). So a tuple is formatted item by item here, and a number passes through ``int()`` /
+    ``float()``, which give the traced value (specialising the graph, only on a raising path).
+    """
+    if isinstance(value, bool):
+        return value
+    # dynamo traces a symbolic size as an int (isinstance(size, torch.SymInt) is False there)
+    if isinstance(value, (int, torch.SymInt)):
+        return int(value)
+    if isinstance(value, (float, torch.SymFloat)):
+        return float(value)
+    if isinstance(value, (tuple, list)):  # torch.Size is a tuple
+        items = [f"{plain(v)}" for v in value]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    return value
+
+
 def python_int(value: object) -> object:
     """A numpy (or other ``numbers.Integral``) integer as the Python int it holds; any other
     value unchanged, for the checks to accept or name. A bool stays a bool, a tensor a tensor."""
@@ -90,7 +112,7 @@ def dtype(name: str, t: torch.Tensor, allowed: torch.dtype | Sequence[torch.dtyp
 def ndim(name: str, t: torch.Tensor, expected: int, layout: str) -> None:
     if t.dim() != expected:
         raise ValueError(
-            f"{name} must be {expected}-D {layout}; got {t.dim()}-D shape {tuple(t.shape)}"
+            f"{name} must be {expected}-D {layout}; got {t.dim()}-D shape {plain(t.shape)}"
         )
 
 
@@ -98,23 +120,23 @@ def min_ndim(name: str, t: torch.Tensor, minimum: int, layout: str) -> None:
     if t.dim() < minimum:
         raise ValueError(
             f"{name} must have at least {minimum} dimension(s) {layout}; "
-            f"got {t.dim()}-D shape {tuple(t.shape)}"
+            f"got {t.dim()}-D shape {plain(t.shape)}"
         )
 
 
 def dim_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -> None:
     if t.shape[dim] != expected:
         raise ValueError(
-            f"{name}.shape[{dim}] ({what}) must be {expected}; got {t.shape[dim]} "
-            f"(shape {tuple(t.shape)})"
+            f"{name}.shape[{dim}] ({what}) must be {plain(expected)}; got {plain(t.shape[dim])} "
+            f"(shape {plain(t.shape)})"
         )
 
 
 def in_range(name: str, value: int, low: int, high: int | None = None) -> None:
     """Raise ValueError unless ``low <= value`` (and ``value < high`` when ``high`` is given)."""
     if value < low or (high is not None and value >= high):
-        expected = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"{name} must be {expected}; got {value}")
+        expected = f">= {plain(low)}" if high is None else f"in [{plain(low)}, {plain(high)})"
+        raise ValueError(f"{name} must be {expected}; got {plain(value)}")
 
 
 def divisible(
@@ -122,13 +144,13 @@ def divisible(
 ) -> None:
     """``value`` must be a multiple of ``divisor`` (named in the message when it is an argument)."""
     if divisor <= 0 or value % divisor != 0:
-        expected = divisor if divisor_name is None else f"{divisor} ({divisor_name})"
-        raise ValueError(f"{name}: {what} must be a multiple of {expected}; got {value}")
+        expected = plain(divisor) if divisor_name is None else f"{plain(divisor)} ({divisor_name})"
+        raise ValueError(f"{name}: {what} must be a multiple of {expected}; got {plain(value)}")
 
 
 def same_shape(name: str, t: torch.Tensor, expected: Sequence[int], layout: str) -> None:
     if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{name} must have shape {tuple(expected)} {layout}; got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape {plain(expected)} {layout}; got {plain(t.shape)}")
 
 
 def same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
@@ -156,8 +178,8 @@ def blocks_contiguous(name: str, t: torch.Tensor) -> None:
         if t.shape[dim] > 1 and t.stride(dim) != expected:
             raise ValueError(
                 f"{name} must store each block (each {name}[i]) contiguously: strides of "
-                f"dims 1..{t.dim() - 1} must be {_contiguous_strides(t.shape[1:])}; "
-                f"got strides {t.stride()} for shape {tuple(t.shape)}"
+                f"dims 1..{t.dim() - 1} must be {plain(_contiguous_strides(t.shape[1:]))}; "
+                f"got strides {plain(t.stride())} for shape {plain(t.shape)}"
             )
         expected *= t.shape[dim]
 
@@ -173,15 +195,15 @@ def blocks_disjoint(name: str, t: torch.Tensor) -> None:
     block_size = math.prod(t.shape[1:])
     if t.stride(0) < block_size:
         raise ValueError(
-            f"{name} blocks must not overlap: stride(0) must be >= the {block_size} elements "
-            f"of one block; got strides {t.stride()} for shape {tuple(t.shape)}"
+            f"{name} blocks must not overlap: stride(0) must be >= the {plain(block_size)} elements "
+            f"of one block; got strides {plain(t.stride())} for shape {plain(t.shape)}"
         )
 
 
 def positive_int(name: str, value: object) -> int:
     value = exact_int(name, value)
     if value <= 0:
-        raise ValueError(f"{name} must be positive; got {value}")
+        raise ValueError(f"{name} must be positive; got {plain(value)}")
     return value
 
 
@@ -248,7 +270,7 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
         if value.numel() != 1:
             raise ValueError(
                 f"{name} must hold exactly one element (0-d or 1-element tensor); "
-                f"got shape {tuple(value.shape)}"
+                f"got shape {plain(value.shape)}"
             )
         scale = value.reshape(()).to(dtype=torch.float32)
         if value.device.type == "cpu" and not torch.compiler.is_compiling():

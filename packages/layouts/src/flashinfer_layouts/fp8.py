@@ -100,7 +100,9 @@ def quantize_fp8_per_token(
     _checks.dtype("x", x, _checks.FLOAT_DTYPES)
     _checks.min_ndim("x", x, 1, "[..., head_dim]")
     if x.shape[-1] == 0:
-        raise ValueError(f"x must have a non-empty last dimension; got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"x must have a non-empty last dimension; got shape {_checks.plain(x.shape)}"
+        )
     _checks.choice("scale_mode", scale_mode, FP8_SCALE_MODES)
 
     xf = x.to(torch.float32)
@@ -139,7 +141,7 @@ def _check_kv_fused(kv_fused: torch.Tensor) -> None:
     if kv_fused.shape[3] <= 4:
         raise ValueError(
             f"kv_fused.shape[3] (head_dim + 4) must be greater than 4; "
-            f"got {kv_fused.shape[3]} (shape {tuple(kv_fused.shape)})"
+            f"got {_checks.plain(kv_fused.shape[3])} (shape {_checks.plain(kv_fused.shape)})"
         )
 
 
@@ -173,7 +175,7 @@ def pack_fp8_kv_cache(values: torch.Tensor, scales: torch.Tensor) -> torch.Tenso
     _checks.same_shape("scales", scales, (nb, bs), "[num_blocks, block_size]")
     _checks.same_device("scales", scales, "values", values)
     if d == 0:
-        raise ValueError(f"values must have head_dim >= 1; got shape {tuple(values.shape)}")
+        raise ValueError(f"values must have head_dim >= 1; got shape {_checks.plain(values.shape)}")
 
     value_region = values.contiguous().view(torch.uint8).reshape(nb, bs * d)
     scale_region = float32_to_le_bytes(scales).reshape(nb, bs * 4)

@@ -134,7 +134,7 @@ def _check_v_scale_tile(name: str, t: torch.Tensor) -> None:
     if tuple(t.shape[-2:]) != (MSA_PAGE_SIZE, _SCALES_PER_TOKEN):
         raise ValueError(
             f"{name} must end in ({MSA_PAGE_SIZE}, {_SCALES_PER_TOKEN}) "
-            f"[tokens, scales per token]; got shape {tuple(t.shape)}"
+            f"[tokens, scales per token]; got shape {_checks.plain(t.shape)}"
         )
 
 
@@ -179,7 +179,7 @@ def pack_nvfp4_msa_pages(
     _checks.same_shape("v", v, k.shape, "(same as k)")
     _checks.same_device("v", v, "k", k)
     if k.shape[1] == 0:
-        raise ValueError(f"k must have num_kv_heads >= 1; got shape {tuple(k.shape)}")
+        raise ValueError(f"k must have num_kv_heads >= 1; got shape {_checks.plain(k.shape)}")
     k_sf = _checks.global_scale("k_global_sf", k_global_sf, k.device)
     v_sf = _checks.global_scale("v_global_sf", v_global_sf, k.device)
 
@@ -198,7 +198,11 @@ def _check_pages(pages: torch.Tensor, num_kv_heads: int) -> MsaPageOffsets:
     # num_kv_heads is symbolic, and dynamo cannot format a symbolic int into a string.
     if pages.shape[1] != offsets.page_bytes:
         _checks.dim_size(
-            "pages", pages, 1, offsets.page_bytes, f"page bytes for num_kv_heads={num_kv_heads}"
+            "pages",
+            pages,
+            1,
+            offsets.page_bytes,
+            f"page bytes for num_kv_heads={_checks.plain(num_kv_heads)}",
         )
     return offsets
 
@@ -241,7 +245,7 @@ def msa_page_views(
     if pages.shape[0] > 0 and pages.stride(1) != 1:
         raise ValueError(
             f"pages must have contiguous bytes within a page (stride(1) == 1); "
-            f"got strides {tuple(pages.stride())}"
+            f"got strides {_checks.plain(pages.stride())}"
         )
     h = num_kv_heads
     data_shape = (h, MSA_PAGE_SIZE, _DATA_BYTES_PER_TOKEN)

@@ -95,13 +95,13 @@ def _check_sf_vec_size(
     sf_vec_size = _checks.positive_int("sf_vec_size", sf_vec_size)
     if sf_vec_size % 2 != 0:
         raise ValueError(
-            f"sf_vec_size must be even (a multiple of 2: two nibbles per byte); got {sf_vec_size}"
+            f"sf_vec_size must be even (a multiple of 2: two nibbles per byte); got {_checks.plain(sf_vec_size)}"
         )
     # Larger than a non-empty head_dim, it cannot be a group size: the fault is sf_vec_size.
     if 0 < head_dim < sf_vec_size:
         raise ValueError(
-            f"sf_vec_size must be an even divisor of {arg}'s head_dim ({head_dim}); "
-            f"got {sf_vec_size}"
+            f"sf_vec_size must be an even divisor of {arg}'s head_dim "
+            f"({_checks.plain(head_dim)}); got {_checks.plain(sf_vec_size)}"
         )
     _checks.divisible(arg, head_dim, sf_vec_size, what, "sf_vec_size")
     return sf_vec_size
@@ -155,7 +155,9 @@ def _check_float_rows(name: str, x: object, sf_vec_size: int) -> int:
     _checks.min_ndim(name, x, 1, "[..., head_dim]")
     sf_vec_size = _check_sf_vec_size(sf_vec_size, x.shape[-1], name)
     if x.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty last dimension; got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have a non-empty last dimension; got shape {_checks.plain(x.shape)}"
+        )
     return sf_vec_size
 
 
@@ -406,7 +408,7 @@ def _check_interleaved_block_size(block_size: object) -> int:
     if block_size != INTERLEAVED_BLOCK_SIZE:
         raise ValueError(
             f"the interleaved scale order needs block_size == {INTERLEAVED_BLOCK_SIZE}; "
-            f"got block_size {block_size}"
+            f"got block_size {_checks.plain(block_size)}"
         )
     return block_size
 
@@ -421,7 +423,7 @@ def _check_kv_fused(kv_fused: torch.Tensor) -> int:
     if width == 0 or width % 17 != 0:
         raise ValueError(
             "kv_fused.shape[3] must be head_dim/2 + head_dim/32 = 17 * head_dim / 32 for a "
-            f"head_dim that is a multiple of 32 (e.g. 68 for head_dim 128); got {width}"
+            f"head_dim that is a multiple of 32 (e.g. 68 for head_dim 128); got {_checks.plain(width)}"
         )
     return width * 32 // 17
 
@@ -482,7 +484,9 @@ def pack_mxfp4_kv_cache(
     nb, bs, half = packed.shape
     _checks.divisible("packed", half * 2, MXFP4_SF_VEC_SIZE, "head_dim (2 * packed.shape[2])")
     if half == 0:
-        raise ValueError(f"packed must have head_dim >= 32; got shape {tuple(packed.shape)}")
+        raise ValueError(
+            f"packed must have head_dim >= 32; got shape {_checks.plain(packed.shape)}"
+        )
     n_sf = half * 2 // MXFP4_SF_VEC_SIZE
     _checks.same_shape("scales", scales, (nb, bs, n_sf), "[num_blocks, block_size, head_dim/32]")
     _checks.same_device("scales", scales, "packed", packed)

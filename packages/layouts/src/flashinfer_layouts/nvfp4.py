@@ -75,7 +75,10 @@ def swizzled_128x4_shape(rows: int, cols: int) -> tuple[int, int]:
     """
     rows, cols = _checks.exact_int("rows", rows), _checks.exact_int("cols", cols)
     if rows < 0 or cols < 0:
-        raise ValueError(f"rows and cols must be non-negative; got rows={rows}, cols={cols}")
+        raise ValueError(
+            "rows and cols must be non-negative; "
+            f"got rows={_checks.plain(rows)}, cols={_checks.plain(cols)}"
+        )
     return _round_up(rows, _TILE_ROWS), _round_up(cols, _TILE_COLS)
 
 
@@ -144,7 +147,7 @@ def _check_broadcast(name: str, t: torch.Tensor, other_name: str, other: torch.T
         if size != other_size and size != 1 and other_size != 1:
             raise ValueError(
                 f"{name} and {other_name} must broadcast together; got shapes "
-                f"{tuple(t.shape)} and {tuple(other.shape)}"
+                f"{_checks.plain(t.shape)} and {_checks.plain(other.shape)}"
             )
 
 
@@ -234,16 +237,17 @@ def _unswizzle(sf_swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 def _check_swizzled_buffer(name: str, buf: torch.Tensor, prows: int, pcols: int) -> None:
     if buf.dim() == 1:
         if buf.numel() != prows * pcols:
+            prows, pcols = _checks.plain(prows), _checks.plain(pcols)
             raise ValueError(
                 f"{name} (flat swizzled) must hold {prows} * {pcols} = {prows * pcols} "
-                f"elements; got {buf.numel()}"
+                f"elements; got {_checks.plain(buf.numel())}"
             )
     elif buf.dim() == 2:
         _checks.same_shape(name, buf, (prows, pcols), "[padded_rows, padded_scale_cols]")
     else:
         raise ValueError(
             f"{name} must be 1-D (flat) or 2-D [padded_rows, padded_scale_cols] "
-            f"({prows}, {pcols}); got shape {tuple(buf.shape)}"
+            f"{_checks.plain((prows, pcols))}; got shape {_checks.plain(buf.shape)}"
         )
 
 
@@ -444,9 +448,13 @@ def nvfp4_dequantize(
     sf_vec_size = _check_sf_vec_size(sf_vec_size)
     rows, cols_k = a_fp4.shape[0], a_fp4.shape[1] * 2
     if m is not None and _checks.exact_int("m", m) != rows:
-        raise ValueError(f"m must equal a_fp4.shape[0] ({rows}); got {m}")
+        raise ValueError(
+            f"m must equal a_fp4.shape[0] ({_checks.plain(rows)}); got {_checks.plain(m)}"
+        )
     if k is not None and _checks.exact_int("k", k) != cols_k:
-        raise ValueError(f"k must equal 2 * a_fp4.shape[1] ({cols_k}); got {k}")
+        raise ValueError(
+            f"k must equal 2 * a_fp4.shape[1] ({_checks.plain(cols_k)}); got {_checks.plain(k)}"
+        )
     _checks.divisible("a_fp4", cols_k, sf_vec_size, "K (2 * a_fp4.shape[1])")
     _checks.same_device("a_sf", a_sf, "a_fp4", a_fp4)
     _checks.flag("swizzled", swizzled)
