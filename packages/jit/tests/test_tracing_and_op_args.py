@@ -1,9 +1,12 @@
 """`flashinfer_jit.tracing` and `flashinfer_jit.op_args`, the helpers the kernel packages'
 public functions share (CPU only)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
+from flashinfer_jit import op_args
 from flashinfer_jit.op_args import check_int, describe, int_hint, shown, type_name
 from flashinfer_jit.tracing import plain_eager
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -80,3 +83,27 @@ def test_type_name_qualifies_non_builtins():
 
 def test_shown_is_the_value_itself_in_eager():
     assert shown(5) == 5 and shown(2.5) == 2.5 and shown(True) is True
+
+
+def test_sizes_and_strides_print_like_torch():
+    t = torch.zeros(2, 8, 128)
+    assert op_args.sizes(t.shape) == str(list(t.shape)) == "[2, 8, 128]"
+    assert op_args.strides(t.stride()) == str(t.stride()) == "(1024, 128, 1)"
+    assert op_args.strides(torch.zeros(5).stride()) == "(1,)"
+    assert op_args.sizes(torch.zeros(()).shape) == "[]"
+
+
+def test_sizes_print_numbers_under_a_dynamic_trace():
+    """Formatted as they are, symbolic sizes print as symbols ("[s48, s91]", "s85**2")."""
+
+    def refuse(t):
+        raise ValueError(f"shape {op_args.sizes(t.shape)}, strides {op_args.strides(t.stride())}")
+
+    t = torch.zeros(7, 5)[:, :3]
+    expected = "shape [7, 3], strides (5, 1)"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        refuse(t)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(expected)):
+        torch.compile(refuse, fullgraph=True, dynamic=True)(t)
+    assert describe(t) == "torch.Tensor of dtype torch.float32, shape [7, 3] on cpu"

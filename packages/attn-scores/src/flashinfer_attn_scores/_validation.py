@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 
 import torch
-from flashinfer_jit.op_args import describe, int_hint, shown
+from flashinfer_jit.op_args import describe, int_hint, shown, sizes, strides, type_name
 from flashinfer_schedule import (
     compute_paged_mqa_logits_schedule,
     device_num_sms,
@@ -46,18 +46,6 @@ SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
 SUPPORTED_CAPABILITY = (9, 0)
 
 
-def _shape(t: torch.Tensor) -> list[int]:
-    return list(t.shape)
-
-
-def _type_name(value: object) -> str:
-    """`int`, or `numpy.int64` for a type outside the builtins (whose bare name may be a
-    builtin's: numpy's bool scalar type is also called `bool`)."""
-    kind = type(value)
-    module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
-
-
 def check_tensor(name: str, value: object) -> torch.Tensor:
     """Raise TypeError unless `value` is a dense (strided) tensor whose memory holds its values.
 
@@ -69,7 +57,7 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
     too (pytorch/pytorch#145093), and the op sees the negated values.
     """
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(value)}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(value)}")
     if value.layout != torch.strided or value.is_nested:
         layout = "nested" if value.is_nested else str(value.layout)
         raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {layout}")
@@ -89,7 +77,7 @@ def check_dtype(name: str, t: torch.Tensor, expected: torch.dtype) -> None:
 def check_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
     if t.dim() != ndim:
         raise ValueError(
-            f"{name} must be {ndim}-D {layout}, got {t.dim()}-D tensor of shape {_shape(t)}"
+            f"{name} must be {ndim}-D {layout}, got {t.dim()}-D tensor of shape {sizes(t.shape)}"
         )
 
 
@@ -98,7 +86,7 @@ def check_dim(name: str, t: torch.Tensor, dim: int, expected: int, meaning: str)
     if t.shape[dim] != expected:
         raise ValueError(
             f"{name}.shape[{dim}] must be {meaning} = {expected}, "
-            f"got {t.shape[dim]} ({name} shape {_shape(t)})"
+            f"got {t.shape[dim]} ({name} shape {sizes(t.shape)})"
         )
 
 
@@ -209,6 +197,11 @@ def check_cuda_arch(op: str, device: torch.device) -> None:
         )
 
 
+def _of_q(q_shape: tuple | None) -> str:
+    # Formatted only on a raising path: printing a traced size specialises the graph to it.
+    return "" if q_shape is None else f" (q shape {sizes(q_shape)})"
+
+
 def check_head_geometry(
     num_heads: int, head_dim: int, next_n: int, *, q_shape: tuple | None = None
 ) -> None:
@@ -218,25 +211,24 @@ def check_head_geometry(
     and show q's shape); precompile passes none, its values being its own arguments. An fp4
     call has its fixed 64 heads and head_dim 128 checked before, so only fp8 calls (head_dim
     = q.shape[3]) can fail here."""
-    of_q = "" if q_shape is None else f" (q shape {list(q_shape)})"
     if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE:
         source = "" if q_shape is None else " (q.shape[3])"
         raise ValueError(
             f"head_dim{source} must be a positive multiple of {HEAD_DIM_MULTIPLE}, "
-            f"got {head_dim}{of_q}"
+            f"got {head_dim}{_of_q(q_shape)}"
         )
     if num_heads <= 0 or num_heads % NUM_HEADS_MULTIPLE:
         source = "" if q_shape is None else " (q.shape[2])"
         raise ValueError(
             f"num_heads{source} must be a positive multiple of {NUM_HEADS_MULTIPLE}, "
-            f"got {num_heads}{of_q}"
+            f"got {num_heads}{_of_q(q_shape)}"
         )
     rows = next_n * num_heads
     low, high = ROW_HEADS_RANGE
     if rows % ROW_HEADS_MULTIPLE or not low <= rows <= high:
         raise ValueError(
             f"next_n * num_heads must be a multiple of {ROW_HEADS_MULTIPLE} in [{low}, {high}], "
-            f"got next_n={next_n} * num_heads={num_heads} = {rows}{of_q}"
+            f"got next_n={next_n} * num_heads={num_heads} = {rows}{_of_q(q_shape)}"
         )
 
 
@@ -245,7 +237,7 @@ def check_block_size(kv_fused: torch.Tensor) -> int:
     if block_size not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(
             f"block_size (kv_fused.shape[1]) must be one of {SUPPORTED_BLOCK_SIZES}, "
-            f"got {block_size} (kv_fused shape {_shape(kv_fused)})"
+            f"got {block_size} (kv_fused shape {sizes(kv_fused.shape)})"
         )
     return block_size
 
@@ -260,7 +252,7 @@ def check_kv_fused_blocks_contiguous(kv_fused: torch.Tensor) -> None:
                 "kv_fused must store each block's bytes contiguously (the kernel reads a block "
                 "as one flat byte run): strides of dims 1..3 must be "
                 f"({kv_fused.shape[2] * kv_fused.shape[3]}, {kv_fused.shape[3]}, 1), "
-                f"got strides {kv_fused.stride()} for shape {_shape(kv_fused)}"
+                f"got strides {strides(kv_fused.stride())} for shape {sizes(kv_fused.shape)}"
             )
         expected *= size
 
@@ -282,7 +274,7 @@ def check_kv_fused_block_stride(kv_fused: torch.Tensor) -> None:
             f"kv_fused blocks must not overlap and must start at multiples of "
             f"{KV_BLOCK_STRIDE_MULTIPLE} bytes: stride(0) must be a multiple of "
             f"{KV_BLOCK_STRIDE_MULTIPLE} and >= the block's {block_bytes} bytes, "
-            f"got strides {kv_fused.stride()} for shape {_shape(kv_fused)}"
+            f"got strides {strides(kv_fused.stride())} for shape {sizes(kv_fused.shape)}"
         )
 
 
@@ -297,7 +289,7 @@ def check_block_tables(block_tables: torch.Tensor, batch_size: int) -> None:
     if block_tables.stride(1) != 1 and block_tables.shape[1] > 1:
         raise ValueError(
             "block_tables must have contiguous rows (stride(1) == 1), "
-            f"got strides {block_tables.stride()} for shape {_shape(block_tables)}"
+            f"got strides {strides(block_tables.stride())} for shape {sizes(block_tables.shape)}"
         )
 
 
@@ -314,14 +306,14 @@ def check_schedule_meta(schedule_meta: object, q: torch.Tensor) -> torch.Tensor:
     check_same_device("q", q, schedule_meta=t)
     num_sms = device_num_sms(q.device)
     expected = [num_sms + 1, 2]
-    if _shape(t) != expected:
+    if list(t.shape) != expected:
         raise ValueError(
             f"schedule_meta must have shape [num_sms + 1, 2] = {expected} for {q.device} "
-            f"(num_sms={num_sms}), got {_shape(t)}; build it with "
+            f"(num_sms={num_sms}), got {sizes(t.shape)}; build it with "
             "compute_paged_mqa_logits_schedule(seq_lens, device=q.device, ...)"
         )
     if not t.is_contiguous():
-        raise ValueError(f"schedule_meta must be contiguous, got strides {t.stride()}")
+        raise ValueError(f"schedule_meta must be contiguous, got strides {strides(t.stride())}")
     return t
 
 
@@ -341,26 +333,26 @@ def check_out(
     check_ndim("out", t, 2, "[>= batch_size*next_n, >= padded_seq_len(max_seq_len)]")
     if t.shape[0] < rows:
         raise ValueError(
-            f"out must have at least batch_size*next_n = {rows} rows, got shape {_shape(t)}"
+            f"out must have at least batch_size*next_n = {rows} rows, got shape {sizes(t.shape)}"
         )
     require(
         t.shape[1] >= padded_cols,
         lambda: ValueError(
             f"out must have at least padded_seq_len(max_seq_len) = {padded_cols} columns "
-            f"(the kernel may write into the padding past max_seq_len), got shape {_shape(t)}"
+            f"(the kernel may write into the padding past max_seq_len), got shape {sizes(t.shape)}"
         ),
     )
     # stride first: under torch.compile an out sized from device data has a width without a
     # value, and its unit stride decides the test without asking for one.
     if t.stride(1) != 1 and t.shape[1] > 1:
         raise ValueError(
-            f"out must have contiguous rows (stride(1) == 1), got strides {t.stride()}"
+            f"out must have contiguous rows (stride(1) == 1), got strides {strides(t.stride())}"
         )
     require(
         t.stride(0) >= padded_cols,
         lambda: ValueError(
             f"out rows must not overlap: stride(0) must be >= padded_seq_len(max_seq_len) = "
-            f"{padded_cols}, got strides {t.stride()} for shape {_shape(t)}"
+            f"{padded_cols}, got strides {strides(t.stride())} for shape {sizes(t.shape)}"
         ),
     )
     return t

@@ -476,6 +476,77 @@ def test_a_refused_symbolic_argument_keeps_its_message_under_fullgraph(call, val
             torch.compile(call, fullgraph=True, dynamic=dynamic)(args, value)
 
 
+def _replaced(args: tuple, index: int, change) -> tuple:
+    return (*args[:index], change(args[index]), *args[index + 1 :])
+
+
+# Refused tensors whose messages print shapes or strides, and what each message must show.
+# Under dynamic=True the sizes are symbols while dynamo traces; formatted as a list they read
+# "[s48, s91, s88]" or "(s85**2, s85)" unless printed item by item (`op_args.sizes`).
+SIZED_TENSOR_ERRORS = [
+    (
+        lambda a: fa.fp8_paged_mqa_logits(*_replaced(a, 0, lambda q: q[:, 0]), 64),
+        "got 3-D tensor of shape [2, 8, 128]",
+    ),
+    (
+        lambda a: fa.fp8_paged_mqa_logits(*_replaced(a, 2, lambda w: w[:, :4].contiguous()), 64),
+        "got 4 (weights shape [2, 4])",
+    ),
+    (
+        lambda a: fa.fp8_paged_mqa_logits(
+            *_replaced(a, 3, lambda t: torch.stack([t, t], 2)[..., 0]), 64
+        ),
+        "got strides (4, 2) for shape [2, 2]",
+    ),
+    (
+        lambda a: fa.fp8_paged_mqa_logits(
+            *_replaced(a, 1, lambda kv: torch.cat([kv, kv], 3)[..., :132]), 64
+        ),
+        "got strides (8448, 264, 264, 1) for shape [6, 32, 1, 132]",
+    ),
+    (
+        lambda a: fa.fp8_paged_mqa_logits(*_replaced(a, 4, lambda s: s[:, None]), 64),
+        "got 2-D tensor of shape [2, 1]",
+    ),
+    (lambda a: fa.fp8_paged_mqa_logits(*a, 64, out=torch.zeros(1, 64)), "got shape [1, 64]"),
+    (lambda a: fa.fp8_paged_mqa_logits(*a, 64, out=torch.zeros(256, 2).t()), "got strides (1, 2)"),
+    (
+        lambda a: fa.fp8_paged_mqa_logits(
+            *a, 64, schedule_meta=torch.zeros(5, 3, dtype=torch.int32)
+        ),
+        "got [5, 3]",
+    ),
+    (
+        lambda a: fa.compute_paged_mqa_logits_schedule(a[4][:, None]),
+        "got 2-D shape [2, 1]",
+    ),
+    (
+        lambda a: fa.compute_paged_mqa_logits_schedule(
+            a[4], num_sms=4, out=torch.zeros(3, 2, dtype=torch.int32)
+        ),
+        "= [5, 2] (num_sms=4), got [3, 2]",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "sizes"), SIZED_TENSOR_ERRORS, ids=[s[:40] for _, s in SIZED_TENSOR_ERRORS]
+)
+def test_refused_shapes_print_as_numbers_under_fullgraph(call, sizes):
+    """A fullgraph compile's error carries the eager message word for word, sizes included,
+    with static and with dynamic shapes."""
+    args = make_fp8_case([40, 3], next_n=1, num_heads=8, head_dim=128, seed=115).fp8_args()[:5]
+    with pytest.raises(ValueError) as eager:
+        call(args)
+    message = str(eager.value)
+    assert sizes in message
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported) as compiled:
+            torch.compile(call, fullgraph=True, dynamic=dynamic)(args)
+        assert message in str(compiled.value), f"dynamic={dynamic}"
+
+
 def test_a_numpy_integer_under_fullgraph_gets_a_hint():
     """Dynamo traces a numpy scalar as an array, not as `numbers.Integral` (PyTorch 2.13), so
     a fullgraph compile refuses what eager accepts; the error says how to pass it. Without

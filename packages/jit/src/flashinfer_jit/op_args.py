@@ -38,6 +38,24 @@ def shown(value: object) -> object:
     return value
 
 
+def _size_items(values: object) -> list[str]:
+    # Item by item: under torch.compile(dynamic=True) dynamo formats one symbolic size with its
+    # traced value, but a tuple or list of them as symbols ("[s48, s91, s88]", "s85**2").
+    return [f"{shown(v)}" for v in values]
+
+
+def sizes(values: object) -> str:
+    """A shape as an error message prints it, ``[2, 8, 128]``, also under a dynamic trace."""
+    return f"[{', '.join(_size_items(values))}]"
+
+
+def strides(values: object) -> str:
+    """Strides as an error message prints them, ``(4, 2)`` or ``(1,)`` like ``t.stride()``,
+    also under a dynamic trace."""
+    items = _size_items(values)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
 def _traced_numpy(value: object) -> bool:
     """Whether dynamo traces `value`, a numpy scalar, as an array (PyTorch 2.13): it is then
     neither `numbers.Integral` nor safe to repr (the repr would read the traced data)."""
@@ -49,9 +67,8 @@ def describe(value: object) -> str:
     and device (a tensor's repr reads its data: a host sync on CUDA, and refused by dynamo
     under `torch.compile(fullgraph=True)`, which would hide the error behind its own)."""
     if isinstance(value, torch.Tensor):
-        # A nested tensor has no sizes; under a trace they may be symbols such as s74.
-        exact = not (value.is_nested or torch.compiler.is_compiling())
-        shape = f"shape {list(value.shape)}" if exact else f"{value.dim()}-D"
+        # A nested tensor has no sizes.
+        shape = f"{value.dim()}-D" if value.is_nested else f"shape {sizes(value.shape)}"
         return f"{type_name(value)} of dtype {value.dtype}, {shape} on {value.device}"
     if _traced_numpy(value):
         return "a numpy value"

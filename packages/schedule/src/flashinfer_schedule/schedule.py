@@ -39,7 +39,7 @@ makes), SM 2 units 0-2 and SM 3 units 3-4 of request 2.
 from __future__ import annotations
 
 import torch
-from flashinfer_jit.op_args import check_int, describe, shown, type_name
+from flashinfer_jit.op_args import check_int, describe, shown, sizes, strides, type_name
 from flashinfer_jit.tracing import plain_eager
 
 __all__ = [
@@ -256,11 +256,11 @@ def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
     expected = (num_sms + 1, 2)
     if tuple(out.shape) != expected:
         raise ValueError(
-            f"out must have shape [num_sms + 1, 2] = {[shown(num_sms + 1), 2]} "
-            f"(num_sms={shown(num_sms)}), got {list(out.shape)}"
+            f"out must have shape [num_sms + 1, 2] = {sizes((num_sms + 1, 2))} "
+            f"(num_sms={shown(num_sms)}), got {sizes(out.shape)}"
         )
     if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+        raise ValueError(f"out must be contiguous, got strides {strides(out.stride())}")
     if not _same_device(out.device, device):
         raise ValueError(f"out must be on the target device {device}, got {out.device}")
     return out
@@ -381,7 +381,7 @@ def compute_paged_mqa_logits_schedule(
         raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
     if seq_lens.dim() != 1:
         raise ValueError(
-            f"seq_lens must be 1-D [batch_size], got {seq_lens.dim()}-D shape {list(seq_lens.shape)}"
+            f"seq_lens must be 1-D [batch_size], got {seq_lens.dim()}-D shape {sizes(seq_lens.shape)}"
         )
     if seq_lens.shape[0] > _MAX_BATCH_SIZE:
         raise ValueError(

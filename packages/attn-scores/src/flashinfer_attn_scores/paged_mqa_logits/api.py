@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from flashinfer_jit.op_args import sizes
 
 from .. import _validation as v
 from . import custom_ops, dispatch, launcher
@@ -487,7 +488,7 @@ def fp4_paged_mqa_logits(
         if head_dim != FP4_HEAD_DIM:
             raise ValueError(
                 f"head_dim (2 * q.shape[3]) must be {FP4_HEAD_DIM} for the FP4 kernel, got "
-                f"{head_dim} (q shape {list(q.shape)})"
+                f"{head_dim} (q shape {sizes(q.shape)})"
             )
         if not 1 <= next_n <= FP4_MAX_NEXT_N:
             raise ValueError(

@@ -23,6 +23,7 @@ package, skipping export's input guards, would otherwise leave unchecked.
 """
 
 import torch
+from flashinfer_jit.op_args import sizes, strides
 from flashinfer_schedule import padded_seq_len
 
 from . import fp8_sm90, launcher
@@ -65,8 +66,8 @@ def _check_storage_fits(out_storage: torch.Tensor, q: torch.Tensor, max_seq_len:
     if not fits:
         raise ValueError(
             f"out must hold batch_size*next_n = {rows} rows of padded_seq_len(max_seq_len) = "
-            f"{cols} columns with contiguous rows, got shape {list(out_storage.shape)} and "
-            f"strides {out_storage.stride()}"
+            f"{cols} columns with contiguous rows, got shape {sizes(out_storage.shape)} and "
+            f"strides {strides(out_storage.stride())}"
         )
 
 
