@@ -107,3 +107,41 @@ def test_sizes_print_numbers_under_a_dynamic_trace():
     with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(expected)):
         torch.compile(refuse, fullgraph=True, dynamic=True)(t)
     assert describe(t) == "torch.Tensor of dtype torch.float32, shape [7, 3] on cpu"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_size_read_from_data_prints_as_a_question_mark(dynamic):
+    """nonzero()'s row count has no value while dynamo traces: formatting it as a number
+    would lose the whole message (dynamo cannot trace the string built from it)."""
+
+    def refuse(x):
+        rows = x.nonzero()
+        raise ValueError(
+            f"shape {op_args.sizes(rows.shape)}, strides {op_args.strides(rows.stride())}; {describe(rows)}"
+        )
+
+    x = torch.tensor([0, 3, 0, 4, 5])
+    with pytest.raises(ValueError, match=re.escape("shape [3, 1], strides (1, 3);")):
+        refuse(x)
+    expected = (
+        "shape [?, 1], strides (1, ?); torch.Tensor of dtype torch.int64, shape [?, 1] on cpu"
+    )
+    torch._dynamo.reset()
+    with (
+        torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True),
+        pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(expected)),
+    ):
+        torch.compile(refuse, fullgraph=True, dynamic=dynamic)(x)
+
+
+def test_describe_names_a_traced_tensors_shape():
+    def refuse(t):
+        raise TypeError(f"got {describe(t)}")
+
+    t = torch.zeros(3, 4, dtype=torch.int32)
+    torch._dynamo.reset()
+    with pytest.raises(
+        torch._dynamo.exc.Unsupported,
+        match=re.escape("got torch.Tensor of dtype torch.int32, shape [3, 4] on cpu"),
+    ):
+        torch.compile(refuse, fullgraph=True, dynamic=True)(t)

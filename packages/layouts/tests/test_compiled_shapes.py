@@ -7,6 +7,8 @@ symbolic-shape graph (a size-specialised first graph would hide a wrong dynamic 
 
 from __future__ import annotations
 
+import re
+
 import flashinfer_layouts as fl
 import pytest
 import torch
@@ -232,3 +234,22 @@ def test_refused_sizes_print_as_numbers_under_compile(call, make_args, sizes):
         with pytest.raises(torch._dynamo.exc.Unsupported) as compiled:
             torch.compile(call, fullgraph=True, dynamic=dynamic)(*make_args())
         assert message in str(compiled.value), f"dynamic={dynamic}"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_shape_read_from_data_keeps_the_message(dynamic):
+    """A pool made inside the compiled function from nonzero() has a row count with no
+    value while dynamo traces; the message prints it as ``?`` instead of being lost."""
+
+    def unpack(x):
+        return fl.unpack_fp8_kv_cache(x.nonzero().to(torch.uint8))
+
+    x = torch.tensor([0, 3, 0, 4, 5])
+    with pytest.raises(ValueError, match=re.escape("got 2-D shape (3, 1)")):
+        unpack(x)
+    torch._dynamo.reset()
+    with (
+        torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True),
+        pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape("got 2-D shape (?, 1)")),
+    ):
+        torch.compile(unpack, fullgraph=True, dynamic=dynamic)(x)

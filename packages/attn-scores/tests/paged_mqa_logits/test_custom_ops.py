@@ -260,6 +260,22 @@ def test_dynamic_shapes_compile_once_and_match_eager(variant):
     assert counter.frame_count == 1
 
 
+def test_a_new_head_geometry_does_not_recompile():
+    """fp8 calls of three (num_heads, head_dim) pairs run one dynamic graph: the checks
+    format a traced size only when they raise (printing one specialises the graph to it)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(fa.fp8_paged_mqa_logits, backend=counter, fullgraph=True, dynamic=True)
+    for seed, (num_heads, head_dim) in enumerate([(20, 96), (12, 128), (28, 64)]):
+        case = make_fp8_case(
+            [37, 0, 90], next_n=2, num_heads=num_heads, head_dim=head_dim, seed=120 + seed
+        )
+        got = compiled(*case.fp8_args())
+        assert_same_valid_region(got, fa.fp8_paged_mqa_logits(*case.fp8_args()), case.seq_lens, 2)
+    assert counter.frame_count == 1
+
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 

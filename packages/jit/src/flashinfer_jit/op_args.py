@@ -38,22 +38,45 @@ def shown(value: object) -> object:
     return value
 
 
-def _size_items(values: object) -> list[str]:
-    # Item by item: under torch.compile(dynamic=True) dynamo formats one symbolic size with its
-    # traced value, but a tuple or list of them as symbols ("[s48, s91, s88]", "s85**2").
-    return [f"{shown(v)}" for v in values]
+# How a size read from tensor data (an unbacked symbol, e.g. after nonzero()) prints while
+# dynamo traces with dynamic shapes: it has no value then.
+DATA_DEPENDENT_SIZE = "?"
+
+
+def _size_text(size: object) -> str:
+    if not torch.compiler.is_compiling():
+        return f"{size}"
+    from torch.fx.experimental.symbolic_shapes import guard_or_false  # imports sympy
+
+    # A size with a traced value (or a constant) decides one of the two, and dynamo then
+    # formats the value; a size read from data that may be 0 or more decides neither. (One
+    # known >= 1 passes as having a value and prints as dynamo quotes its symbol: kept, ugly.)
+    if not (guard_or_false(size < 1) or guard_or_false(size >= 1)):
+        return DATA_DEPENDENT_SIZE
+    return f"{int(size)}"
+
+
+def _joined(values: object) -> str:
+    # Item by item, with f-strings only: dynamo formats one traced size with its value but a
+    # tuple or list of them as symbols ("[s48, s91, s88]", "s85**2"), and it cannot trace
+    # str.join over a string it built from a size read from data.
+    text = ""
+    for index, size in enumerate(values):
+        text = _size_text(size) if index == 0 else f"{text}, {_size_text(size)}"
+    return text
 
 
 def sizes(values: object) -> str:
-    """A shape as an error message prints it, ``[2, 8, 128]``, also under a dynamic trace."""
-    return f"[{', '.join(_size_items(values))}]"
+    """A shape as an error message prints it, ``[2, 8, 128]``, also under a dynamic trace
+    (where a size read from tensor data prints as ``?``)."""
+    return f"[{_joined(values)}]"
 
 
 def strides(values: object) -> str:
     """Strides as an error message prints them, ``(4, 2)`` or ``(1,)`` like ``t.stride()``,
     also under a dynamic trace."""
-    items = _size_items(values)
-    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    text = _joined(values)
+    return f"({text},)" if len(values) == 1 else f"({text})"
 
 
 def _traced_numpy(value: object) -> bool:

@@ -43,21 +43,26 @@ def plain(value: object) -> object:
     """A size, or a shape or stride tuple, as an error message prints it: ``(5, 64, 132)``.
 
     Under ``torch.compile(dynamic=True)`` sizes are symbols. Dynamo formats a single size into
-    an f-string with its traced value, but a tuple of them as ``(s93, s58, s97)``, and a
-    symbolic Python number can fail to format at all ("BUILD_STRING type error", the message
-    lost). So a tuple is formatted item by item here, and a number passes through ``int()`` /
-    ``float()``, which give the traced value (specialising the graph, only on a raising path).
+    an f-string with its traced value, but a tuple of them as ``(s93, s58, s97)``, so a tuple
+    is formatted item by item here (with f-strings only: dynamo cannot trace ``str.join``
+    over a string built from a size read from data). A size read from tensor data (e.g.
+    after ``nonzero()``) has no value while dynamo traces and prints as ``?``.
     """
-    if isinstance(value, bool):
-        return value
-    # dynamo traces a symbolic size as an int (isinstance(size, torch.SymInt) is False there)
-    if isinstance(value, (int, torch.SymInt)):
-        return int(value)
-    if isinstance(value, (float, torch.SymFloat)):
-        return float(value)
     if isinstance(value, (tuple, list)):  # torch.Size is a tuple
-        items = [f"{plain(v)}" for v in value]
-        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+        text = ""
+        for index, size in enumerate(value):
+            text = f"{plain(size)}" if index == 0 else f"{text}, {plain(size)}"
+        return f"({text},)" if len(value) == 1 else f"({text})"
+    compiling = torch.compiler.is_compiling()
+    if compiling and isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+        from torch.fx.experimental.symbolic_shapes import guard_or_false  # imports sympy
+
+        # dynamo traces a symbolic size as an int. A size with a traced value (or a constant)
+        # decides one of the two; a size read from data that may be 0 or more decides neither.
+        if not (guard_or_false(value < 1) or guard_or_false(value >= 1)):
+            return "?"
+        # int(): dynamo cannot always format the symbol itself ("BUILD_STRING type error")
+        return int(value)
     return value
 
 
