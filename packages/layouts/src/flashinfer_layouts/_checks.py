@@ -53,12 +53,14 @@ def plain(value: object) -> object:
         for index, size in enumerate(value):
             text = f"{plain(size)}" if index == 0 else f"{text}, {plain(size)}"
         return f"({text},)" if len(value) == 1 else f"({text})"
-    compiling = torch.compiler.is_compiling()
-    if compiling and isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+    is_size = isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+    if is_size and torch.compiler.is_compiling():
         from torch.fx.experimental.symbolic_shapes import guard_or_false  # imports sympy
 
         # dynamo traces a symbolic size as an int. A size with a traced value (or a constant)
         # decides one of the two; a size read from data that may be 0 or more decides neither.
+        # (One read from data but known to be >= 1 passes, and prints as dynamo quotes its
+        # symbol: the message is kept, oddly quoted.)
         if not (guard_or_false(value < 1) or guard_or_false(value >= 1)):
             return "?"
         # int(): dynamo cannot always format the symbol itself ("BUILD_STRING type error")
