@@ -24,7 +24,11 @@ from test_gpu import VARIANTS, poisoned_out
 TEST_KERNELS = Path(__file__).with_name("pdl_test_kernels.cu")
 LATE_COPY = jit.KernelSpec.make("late_copy", TEST_KERNELS)
 EARLY_READ = jit.KernelSpec.make("early_read", TEST_KERNELS)
-DELAY_NS = 1_000_000  # far longer than a logits call's host time, launch and prologue
+# Far longer than a logits call's host time, launch and prologue (tens of microseconds): the
+# read-order test below needs the host back from the call while late_copy still idles. At 1 ms
+# the host missed that in three whole-suite runs (twice on 2026-12-02, once on 2026-12-05 with
+# this file running alone after the other shards).
+DELAY_NS = 20_000_000
 
 
 def late_copy(dst: torch.Tensor, src: torch.Tensor, delay_ns: int = DELAY_NS) -> None:
@@ -165,7 +169,10 @@ def test_a_call_reads_its_inputs_only_after_the_kernel_before_it(variant, writte
             got = late_copy_then_call()
             # The host got here while late_copy still idled (the call did not synchronise),
             # so the call's kernel was launched behind it: the premise test shows it starts.
-            assert not torch.cuda.current_stream().query(), "the call waited on the host"
+            assert not torch.cuda.current_stream().query(), (
+                f"attempt {attempt}: the call waited on the host (or the host stalled for"
+                f" {DELAY_NS / 1e6:g} ms): the read order was not tested"
+            )
         torch.cuda.synchronize()
         assert torch.equal(dst, src)
         wrong = int((got[mask] != placed[mask]).sum())
