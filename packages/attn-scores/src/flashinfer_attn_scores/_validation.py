@@ -373,14 +373,54 @@ def out_written_bytes(out: torch.Tensor, rows: int, padded_cols: int) -> int:
     return ((rows - 1) * out.stride(0) + padded_cols) * out.element_size()
 
 
-def out_overlap_error(name: str, out_start: int, out_end: int, first: int, extent: int):
-    """The ValueError for an `out` whose written bytes [out_start, out_end) meet input `name`'s
-    elements [first, first + extent): on CUDA other CTAs still read the inputs while `out` is
+# Beyond this many runs of contiguous bytes an input is not walked: its byte extent meeting
+# out's written rows counts as an overlap (no input of these ops comes near it in practice).
+_EXACT_OVERLAP_RUNS = 1 << 22
+
+
+def meets_written_rows(t: torch.Tensor, offset: int, pitch: int, width: int, rows: int) -> bool:
+    """Whether an element of `t`, whose first byte lies `offset` bytes past out's first, shares a
+    byte with the rows a call writes: bytes [k * pitch, k * pitch + width) for k < `rows`.
+
+    Exact, from `t`'s sizes and strides alone (no data read, any device): a wide-pitch `out`
+    leaves the tail of each row unwritten, and an input may live there. `t` is walked as runs
+    of contiguous bytes (its unit-stride dimension, if any); see `_EXACT_OVERLAP_RUNS`.
+    """
+    if rows <= 0 or width <= 0 or t.numel() == 0:
+        return False
+    pitch = max(pitch, width)  # one row (the only case a narrower pitch passes validation)
+    size = t.element_size()
+    run, dims = size, []
+    for n, s in zip(t.shape, t.stride(), strict=True):
+        if n == 1:
+            continue
+        if s == 1 and run == size:
+            run = n * size
+        else:
+            dims.append((n, s * size))
+    if dims and torch.Size(n for n, _ in dims).numel() > _EXACT_OVERLAP_RUNS:
+        return True
+    starts = torch.tensor([offset], dtype=torch.int64)
+    for n, step in dims:
+        starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * step).flatten()
+    row = torch.div(starts, pitch, rounding_mode="floor")
+    inside = (row >= 0) & (row < rows) & (starts - row * pitch < width)
+    next_row = (row + 1).clamp(min=0)
+    reaches_next = (next_row < rows) & (starts + run > next_row * pitch)
+    return bool((inside | reaches_next).any())
+
+
+def out_overlap_error(
+    name: str, out_start: int, rows: int, width: int, pitch: int, first: int, extent: int
+):
+    """The ValueError for an `out` whose written rows meet input `name`'s elements (which lie
+    in bytes [first, first + extent)): on CUDA other CTAs still read the inputs while `out` is
     written (PyTorch's own out= ops refuse overlap too)."""
     return ValueError(
-        f"out overlaps {name}: the output region the call writes, bytes "
-        f"[{out_start:#x}, {out_end:#x}), shares memory with {name}'s elements "
-        f"[{first:#x}, {first + extent:#x}); pass an out that shares no memory with the inputs"
+        f"out overlaps {name}: the call writes {rows} row(s) of {width} bytes every {pitch} "
+        f"bytes from {out_start:#x}, and some of {name}'s elements (within bytes "
+        f"[{first:#x}, {first + extent:#x})) lie there; pass an out that shares no memory with "
+        f"the inputs"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_scores_cases import make_fp4_case, make_fp8_case
+from flashinfer_attn_scores import _validation as v
 from flashinfer_attn_scores.paged_mqa_logits import custom_ops, dispatch, launcher
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
 
@@ -66,7 +67,7 @@ def test_remembered_call_refuses_an_out_that_overlaps_an_input():
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     weights = buffer[3 * width - 1 : 3 * width + 2]  # its first element is out's last written
-    with pytest.raises(ValueError, match=r"out overlaps weights: .* shares memory"):
+    with pytest.raises(ValueError, match=r"out overlaps weights: .* lie there"):
         eager((tensors[0], tensors[1], weights, tensors[3], tensors[4]), None, out)
     assert calls == []
     eager((tensors[0], tensors[1], buffer[3 * width :][:3], tensors[3], tensors[4]), None, out)
@@ -84,11 +85,79 @@ def test_an_input_ending_at_outs_first_element_overlaps_and_one_ending_before_it
     check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
-    with pytest.raises(ValueError, match=r"out overlaps weights: .* shares memory"):
+    with pytest.raises(ValueError, match=r"out overlaps weights: .* lie there"):
         eager((tensors[0], tensors[1], buffer[1:4], tensors[3], tensors[4]), None, out)
     assert calls == []
     eager((tensors[0], tensors[1], buffer[:3], tensors[3], tensors[4]), None, out)
     assert len(calls) == 1
+
+
+def _bytes_of(t: torch.Tensor, offset: int) -> set[int]:
+    """Every byte of `t`'s elements, `offset` bytes past a base, by enumeration."""
+    index = torch.zeros((), dtype=torch.int64)
+    for n, s in zip(t.shape, t.stride(), strict=True):
+        index = index[..., None] + torch.arange(n) * s
+    size = t.element_size()
+    return {offset + i * size + b for i in index.flatten().tolist() for b in range(size)}
+
+
+def test_the_exact_overlap_test_agrees_with_enumerated_bytes():
+    """`meets_written_rows` against a brute-force set intersection, over random strided inputs
+    (expanded, transposed, gapped, of 1-8 byte elements) near out's rows."""
+    gen = torch.Generator().manual_seed(7)
+    dtypes = (torch.uint8, torch.int16, torch.float32, torch.float64)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high, (), generator=gen))
+
+    meets = misses = 0
+    for _ in range(3000):
+        rows, width = draw(1, 4), draw(1, 40)
+        pitch = width + draw(0, 30)
+        written = {k * pitch + j for k in range(rows) for j in range(width)}
+        ndim = draw(1, 4)
+        shape = tuple(draw(1, 5) for _ in range(ndim))
+        stride = tuple(draw(0, 9) for _ in range(ndim))
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+        t = torch.empty(span, dtype=dtypes[draw(0, 4)]).as_strided(shape, stride)
+        offset = draw(-120, rows * pitch + 20)
+        expected = bool(_bytes_of(t, offset) & written)
+        got = v.meets_written_rows(t, offset, pitch, width, rows)
+        assert got == expected, (shape, stride, t.dtype, offset, pitch, width, rows)
+        meets, misses = meets + expected, misses + (not expected)
+    assert meets > 500 and misses > 500  # both verdicts drawn often
+
+
+def test_an_input_in_the_unwritten_tail_of_outs_rows_is_accepted():
+    """A wide-pitch out writes only the first padded_seq_len columns of each row; weights kept
+    in the rest of the same buffer share no byte with what the call writes (their extent does
+    cover a written row), and the call gives the logits of a separate out. Moved one column
+    into a written row, they are refused."""
+    import flashinfer_attn_scores as fa
+
+    case = make_fp8_case([70, 5], next_n=1, num_heads=16, head_dim=64, block_size=64)
+    padded = fa.padded_seq_len(case.max_seq_len)
+    heads = case.weights.shape[1]
+    arena = torch.zeros(case.rows, padded + heads)
+    out = arena[:, :padded]
+    weights = arena[:, padded:]
+    weights.copy_(case.weights)
+    args = list(case.fp8_args())
+    args[2] = weights
+    got = fa.fp8_paged_mqa_logits(*args, out=out)
+    expected = fa.fp8_paged_mqa_logits(*case.fp8_args())
+    mask = valid_mask(case.seq_lens, 1, case.max_seq_len)
+    assert torch.equal(got[mask], expected[mask])
+    assert torch.equal(weights, case.weights)  # not written
+
+    wide = torch.zeros(case.rows, padded + heads)
+    shifted = wide[
+        :, padded - 1 : padded - 1 + heads
+    ]  # each row's first weight on out's last column
+    shifted.copy_(case.weights)
+    args[2] = shifted
+    with pytest.raises(ValueError, match=r"out overlaps weights: the call writes 2 row\(s\)"):
+        fa.fp8_paged_mqa_logits(*args, out=wide[:, :padded])
 
 
 def test_remembered_call_refuses_an_inference_out_outside_inference_mode():

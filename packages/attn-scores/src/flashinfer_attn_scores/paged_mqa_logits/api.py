@@ -163,10 +163,12 @@ def fp8_paged_mqa_logits(
             columns: it stores whole 64-position units),
             rows contiguous (`stride(1) == 1`) and not overlapping
             (`stride(0) >= padded_seq_len(max_seq_len)`; a row slice of a wider buffer is
-            fine, an `expand()`ed or `as_strided()` overlapping buffer is not). The region a
-            call writes must share no memory with any input (`ValueError`, checked on every
-            eager call). Only the first `batch_size*next_n` rows are written. Required for
-            CUDA-graph capture; one address-stable max-batch buffer can serve every capture.
+            fine, an `expand()`ed or `as_strided()` overlapping buffer is not). What a call
+            writes (the first `padded_seq_len(max_seq_len)` columns of its rows) must share
+            no byte with any input's elements (`ValueError`, checked on every eager call; an
+            input in the unwritten tail of a wider row is fine). Only the first
+            `batch_size*next_n` rows are written. Required for CUDA-graph capture; one
+            address-stable max-batch buffer can serve every capture.
 
     Returns:
         `[batch_size*next_n, max_seq_len]` tensor of `output_dtype`, always a view of the
@@ -404,7 +406,8 @@ def fp4_paged_mqa_logits(
         out: Optional output storage with the same rules as for `fp8_paged_mqa_logits`: on q's
             device, dtype `output_dtype`, 2-D, at least `batch_size*next_n` rows and
             `padded_seq_len(max_seq_len)` columns, `stride(1) == 1`,
-            `stride(0) >= padded_seq_len(max_seq_len)`, sharing no memory with the inputs.
+            `stride(0) >= padded_seq_len(max_seq_len)`, what a call writes sharing no byte
+            with the inputs.
             Only the first `batch_size*next_n` rows are written. Required for CUDA-graph
             capture.
 

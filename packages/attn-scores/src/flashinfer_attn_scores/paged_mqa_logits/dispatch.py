@@ -127,28 +127,47 @@ INPUT_NAMES = {
 
 
 class OutCheck:
-    """Refuses an `out` whose written region shares memory with an input (the byte extents of
-    that region and of every input are fixed by the argument signature, so a call only reads
-    addresses: 0.7 us on a desktop CPU), and an inference-tensor `out` outside inference mode,
-    which the direct CUDA launch would otherwise write (the custom op refuses it)."""
+    """Refuses an `out` whose written rows share memory with an input, and an inference-tensor
+    `out` outside inference mode, which the direct CUDA launch would otherwise write (the
+    custom op refuses it).
 
-    __slots__ = ("_checked", "_written")
+    The byte extents of the written rows and of every input are fixed by the argument
+    signature, so a call first only compares addresses (0.7 us on a desktop CPU). Where two
+    extents meet, the elements are compared exactly (an input may sit in the unwritten tail
+    of a wide-pitch `out`'s rows); that verdict depends only on the input's offset from `out`,
+    and is remembered by it."""
+
+    __slots__ = ("_checked", "_geometry", "_verdicts", "_written")
 
     def __init__(self, variant: str, problem: Problem, inputs: tuple, out: torch.Tensor) -> None:
         self._written = v.out_written_bytes(out, problem.rows, problem.padded_cols)
+        size = out.element_size()
+        self._geometry = (out.stride(0) * size, problem.padded_cols * size, problem.rows)
         extents = (v.byte_extent(t) for t in inputs)
         named = zip(range(len(inputs)), INPUT_NAMES[variant], extents, strict=True)
         self._checked = tuple(entry for entry in named if entry[2])
+        self._verdicts: dict[tuple[int, int], bool] = {}
 
     def __call__(self, inputs: tuple, out: torch.Tensor) -> None:
         start = out.data_ptr()
         end = start + self._written
         for index, name, extent in self._checked:
             first = inputs[index].data_ptr()
-            if first < end and start < first + extent:
-                raise v.out_overlap_error(name, start, end, first, extent)
+            if first < end and start < first + extent and self._meets(index, inputs, first - start):
+                pitch, width, rows = self._geometry
+                raise v.out_overlap_error(name, start, rows, width, pitch, first, extent)
         if out.is_inference() and not torch.is_inference_mode_enabled():
             raise v.inference_out_error()
+
+    def _meets(self, index: int, inputs: tuple, offset: int) -> bool:
+        verdict = self._verdicts.get((index, offset))
+        if verdict is None:
+            pitch, width, rows = self._geometry
+            verdict = v.meets_written_rows(inputs[index], offset, pitch, width, rows)
+            if len(self._verdicts) >= 64:
+                self._verdicts.clear()
+            self._verdicts[(index, offset)] = verdict
+        return verdict
 
 
 class EagerCall:
