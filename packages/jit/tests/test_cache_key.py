@@ -285,6 +285,69 @@ def test_a_quoted_include_of_a_sibling_in_a_nested_folder_is_hashed(tmp_path):
     assert _key(spec) != before
 
 
+# Spellings of an include line that NVRTC's preprocessor reads as one (comments, line
+# continuations, any horizontal whitespace, the %: digraph, include_next).
+INCLUDE_SPELLINGS = {
+    "plain": b'#include "v.h"\n',
+    "form feed": b'\x0c#include "v.h"\n',
+    "vertical tab": b'\x0b# include "v.h"\n',
+    "comment before": b'/* c */ #include "v.h"\n',
+    "comment inside": b'#/* c */include "v.h"\n',
+    "comment over lines": b'/* a\n b */ #include "v.h"\n',
+    "continuation after #": b'#\\\ninclude "v.h"\n',
+    "continuation before the name": b'#include \\\n"v.h"\n',
+    "digraph": b'%:include "v.h"\n',
+    "include_next": b'#include_next "v.h"\n',
+    "crlf": b'struct before_t {};\r\n#include "v.h"\r\n',
+}
+INCLUDE_KERNEL = (
+    b'static_assert(V == 1, "v.h read");\nextern "C" __global__ void k(int* o) { o[0] = V; }\n'
+)
+
+
+@pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
+def test_every_spelling_of_an_include_is_followed(tmp_path, spelling):
+    """A header the preprocessor reads must be in the key whatever the include line's
+    spelling, or editing it would serve the old cubin."""
+    (tmp_path / "k.cu").write_bytes(INCLUDE_SPELLINGS[spelling] + INCLUDE_KERNEL)
+    (tmp_path / "v.h").write_text("#define V 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
+    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == [
+        tmp_path / "k.cu",
+        tmp_path / "v.h",
+    ]
+    before = _key(spec)
+    (tmp_path / "v.h").write_text("#define V 1 // edited\n")
+    assert _key(spec) != before
+
+
+@pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
+def test_nvrtc_reads_each_spelling_as_an_include(tmp_path, spelling):
+    """The premise of the test above: the kernel's static_assert needs v.h."""
+    (tmp_path / "k.cu").write_bytes(INCLUDE_SPELLINGS[spelling] + INCLUDE_KERNEL)
+    (tmp_path / "v.h").write_text("#define V 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
+    assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'// #include "v.h"\n',
+        b'/*\n#include "v.h"\n*/\n',
+        b'const char* s = "/*";\n#include "w.h"\nconst char* t = "*/";\n',
+    ],
+    ids=["line comment", "block comment", "comment markers in strings"],
+)
+def test_an_include_inside_a_comment_is_not_followed(tmp_path, text):
+    (tmp_path / "k.cu").write_bytes(text)
+    (tmp_path / "v.h").write_text("#define V 1\n")
+    (tmp_path / "w.h").write_text("#define W 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
+    names = [f.include_name for f in compute_key(spec, "sm_90a", base_options()).files]
+    assert names == (["<main>", "w.h"] if b"w.h" in text else ["<main>"])
+
+
 # Each header defines WHICH differently; the kernel's static_asserts fail to compile unless
 # NVRTC read the header this test expects, so the expectation is checked against NVRTC.
 PRECEDENCE_MAIN = """\

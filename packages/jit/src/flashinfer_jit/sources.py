@@ -7,6 +7,11 @@ file's folder (quoted form only), then the spec's source folder, its `include_di
 package's own include folder. Includes found nowhere there are CUDA/CCCL/system headers; those
 are covered by the toolchain versions in the key instead of by their text. Includes whose
 name is a macro (`#include HEADER`) cannot be followed and are ignored.
+
+Lines are read as the preprocessor sees them: line continuations spliced, comments removed
+(so `/* c */ #include`, `#/* c */include` and an include split by `\\` count), any
+horizontal whitespace (form feed and vertical tab too), the `%:` digraph for `#`, and
+`#include_next`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,28 @@ from pathlib import Path
 from .spec import KernelSpec
 from .toolchain import PACKAGE_INCLUDE_DIR
 
-_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.MULTILINE)
+_INCLUDE = re.compile(
+    rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(?:_next)?[ \t\f\v]*([<"])([^>"\n]+)[>"]', re.MULTILINE
+)
+# String and character literals (kept: a `//` or `/*` inside one starts no comment), then
+# comments; a literal or line comment ends at its line's end.
+_LITERAL_OR_COMMENT = re.compile(
+    rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.DOTALL
+)
+
+
+def _without_comments(content: bytes) -> bytes:
+    """`content` as the preprocessor's directive phase reads it: one newline convention,
+    continuations spliced, each comment one space (a line comment nothing)."""
+    text = content.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\\\n", b"")
+
+    def blank(match: re.Match) -> bytes:
+        token = match.group(0)
+        if token.startswith(b"//"):
+            return b""
+        return b" " if token.startswith(b"/*") else token
+
+    return _LITERAL_OR_COMMENT.sub(blank, text)
 
 
 @dataclass(frozen=True)
@@ -99,7 +125,7 @@ def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
     def visit(include_name: str, path: Path, content: bytes) -> None:
         visited.add((path.resolve(), path.parent.resolve()))
         files.append(SourceFile(include_name, path, hashlib.sha256(content).hexdigest()))
-        for match in _INCLUDE.finditer(content):
+        for match in _INCLUDE.finditer(_without_comments(content)):
             quoted = match.group(1) == b'"'
             name = match.group(2).decode("utf-8", "replace").strip()
             candidates = ((path.parent,) if quoted else ()) + dirs
