@@ -47,7 +47,29 @@ def _write_computed_region(
     logits = out_storage[:rows, :max_seq_len]
     row_lens = seq_lens.to(torch.int64).repeat_interleave(next_n)
     computed = torch.arange(max_seq_len)[None, :] < row_lens[:, None]
-    logits[computed] = expected[computed].to(out_storage.dtype)
+    logits[computed] = round_once(expected[computed], out_storage.dtype)
+
+
+def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 `values` rounded once, to nearest even, to `dtype`.
+
+    PyTorch converts float64 to float16 or bfloat16 through float32, two roundings (1 + 2^-11
+    + 2^-40 becomes 1, not 1 + 2^-10, in float16). Rounding to float32 to odd first (toward
+    zero, the last bit set where inexact) makes the second rounding give the once-rounded
+    value, as float32 keeps at least two bits more than either 16-bit format at every
+    magnitude, their subnormals included.
+    """
+    single = values.to(torch.float32)
+    if dtype not in (torch.float16, torch.bfloat16):
+        return single if dtype == torch.float32 else values.to(dtype)
+    widened = single.to(torch.float64)
+    inexact = (widened != values) & torch.isfinite(values)
+    bits = single.view(torch.int32)
+    # Sign and magnitude: one less in the bits is one step toward zero (inf to the largest
+    # finite value, the smallest subnormal to zero).
+    bits = torch.where(inexact & (widened.abs() > values.abs()), bits - 1, bits)
+    bits = torch.where(inexact, bits | 1, bits)
+    return bits.view(torch.float32).to(dtype)
 
 
 def _check_storage_fits(out_storage: torch.Tensor, q: torch.Tensor, max_seq_len: int) -> None:
