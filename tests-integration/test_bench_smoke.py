@@ -48,8 +48,9 @@ def test_work_model_counts_each_input_and_output_once() -> None:
     assert work.kv_tokens == 300
     assert work.kv_bytes == 300 * 132
     assert work.output_bytes == 300 * 2 * 4
-    # q (fp8) + weights (fp32) + block table (2 x ceil(200/64) int32) + seq_lens.
-    assert work.small_input_bytes == 2 * 2 * 64 * 128 + 4 * 64 * 4 + 2 * 4 * 4 + 2 * 4
+    # q (fp8) + weights (fp32) + the block-table entries read (ceil(100/64) + ceil(200/64)
+    # int32: each request's own blocks, not the widest request's) + seq_lens.
+    assert work.small_input_bytes == 2 * 2 * 64 * 128 + 4 * 64 * 4 + (2 + 4) * 4 + 2 * 4
     assert work.flops == 2 * 64 * 128 * 2 * 300
     fp4 = bench.models.work_model(
         bench.shapes.IndexerShape("fp4", 2, 150, 2, 64), [100, 200], torch.bfloat16

@@ -56,8 +56,9 @@ def work_model(shape: IndexerShape, seq_lens: list[int], output_dtype: torch.dty
         q_bytes = rows * h * d
     else:
         q_bytes = rows * h * (d // 2) + rows * h * 4  # packed q + one int32 of scales per head
-    table_width = max(-(-length // shape.block_size) for length in seq_lens)
-    small = q_bytes + rows * h * 4 + b * table_width * 4 + b * 4
+    # The kernel reads a request's block-table row only up to its own last block.
+    table_entries = sum(-(-length // shape.block_size) for length in seq_lens)
+    small = q_bytes + rows * h * 4 + table_entries * 4 + b * 4
     return WorkModel(
         kv_tokens=tokens,
         kv_bytes=tokens * kv_bytes_per_token(shape.op, d),
