@@ -8,10 +8,14 @@ package's own include folder. Includes found nowhere there are CUDA/CCCL/system 
 are covered by the toolchain versions in the key instead of by their text. Includes whose
 name is a macro (`#include HEADER`) cannot be followed and are ignored.
 
-Lines are read as the preprocessor sees them: line continuations spliced, comments removed
-(so `/* c */ #include`, `#/* c */include` and an include split by `\\` count), any
-horizontal whitespace (form feed and vertical tab too), the `%:` digraph for `#`, and
-`#include_next`.
+The lines are scanned twice, and an include found by either scan is followed: as written, and
+as the preprocessor reads them (line continuations spliced, comments removed, so
+`/* c */ #include`, `#/* c */include` and an include split by `\\` count). The second scan
+knows string and character literals but not raw strings or digit separators, which can make
+it take code for a comment; the first scan covers what that hides. Both accept any
+horizontal whitespace (form feed and vertical tab too), the `%:` digraph for `#` and
+`#include_next`, whose header is hashed in every folder of the search path that has it (the
+one NVRTC reads is among them).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .spec import KernelSpec
 from .toolchain import PACKAGE_INCLUDE_DIR
 
 _INCLUDE = re.compile(
-    rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(?:_next)?[ \t\f\v]*([<"])([^>"\n]+)[>"]', re.MULTILINE
+    rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(_next)?[ \t\f\v]*([<"])([^>"\n]+)[>"]', re.MULTILINE
 )
 # String and character literals (kept: a `//` or `/*` inside one starts no comment), then
 # comments; a literal or line comment ends at its line's end.
@@ -34,10 +38,21 @@ _LITERAL_OR_COMMENT = re.compile(
 )
 
 
-def _without_comments(content: bytes) -> bytes:
-    """`content` as the preprocessor's directive phase reads it: one newline convention,
+def _includes(content: bytes) -> list[tuple[bool, bool, str]]:
+    """`(next, quoted, name)` of every include either scan finds, in order of first finding."""
+    lines = content.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    found: dict[tuple[bool, bool, str], None] = {}
+    for text in (_without_comments(lines), lines):
+        for match in _INCLUDE.finditer(text):
+            name = match.group(3).decode("utf-8", "replace").strip()
+            found[(match.group(1) is not None, match.group(2) == b'"', name)] = None
+    return list(found)
+
+
+def _without_comments(lines: bytes) -> bytes:
+    """`lines` (newlines only) as the preprocessor's directive phase reads them:
     continuations spliced, each comment one space (a line comment nothing)."""
-    text = content.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\\\n", b"")
+    text = lines.replace(b"\\\n", b"")
 
     def blank(match: re.Match) -> bytes:
         token = match.group(0)
@@ -125,9 +140,7 @@ def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
     def visit(include_name: str, path: Path, content: bytes) -> None:
         visited.add((path.resolve(), path.parent.resolve()))
         files.append(SourceFile(include_name, path, hashlib.sha256(content).hexdigest()))
-        for match in _INCLUDE.finditer(_without_comments(content)):
-            quoted = match.group(1) == b'"'
-            name = match.group(2).decode("utf-8", "replace").strip()
+        for include_next, quoted, name in _includes(content):
             candidates = ((path.parent,) if quoted else ()) + dirs
             for folder in candidates:
                 # Not resolved: NVRTC searches a quoted include's folder as the including
@@ -136,7 +149,8 @@ def collect_sources(spec: KernelSpec) -> tuple[str, tuple[SourceFile, ...]]:
                 if header.is_file():
                     if (header.resolve(), header.parent.resolve()) not in visited:
                         visit(name, header, header.read_bytes())
-                    break
+                    if not include_next:
+                        break
 
     visit("<main>", spec.source, main_bytes)
     return main_text, tuple(files)
