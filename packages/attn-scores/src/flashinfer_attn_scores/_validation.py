@@ -373,35 +373,36 @@ def out_written_bytes(out: torch.Tensor, rows: int, padded_cols: int) -> int:
     return ((rows - 1) * out.stride(0) + padded_cols) * out.element_size()
 
 
-# Beyond this many runs of contiguous bytes an input is not walked: its byte extent meeting
-# out's written rows counts as an overlap (no input of these ops comes near it in practice).
+# Beyond this many runs of contiguous bytes an input is not walked (its byte extent meeting
+# out's written rows then counts as an overlap). A pool of blocks with a pitch wider than a
+# block is one run per block: 2^22 runs take about 0.1 s and 0.2 GB of host memory.
 _EXACT_OVERLAP_RUNS = 1 << 22
 
 
-def meets_written_rows(t: torch.Tensor, offset: int, pitch: int, width: int, rows: int) -> bool:
+def meets_written_rows(
+    t: torch.Tensor, offset: int, pitch: int, width: int, rows: int
+) -> bool | None:
     """Whether an element of `t`, whose first byte lies `offset` bytes past out's first, shares a
     byte with the rows a call writes: bytes [k * pitch, k * pitch + width) for k < `rows`.
 
     Exact, from `t`'s sizes and strides alone (no data read, any device): a wide-pitch `out`
     leaves the tail of each row unwritten, and an input may live there. `t` is walked as runs
-    of contiguous bytes (its unit-stride dimension, if any); see `_EXACT_OVERLAP_RUNS`.
+    of contiguous bytes (its innermost dimensions merged while each continues the one inside
+    it); None where it has more than `_EXACT_OVERLAP_RUNS` runs and was not walked.
     """
     if rows <= 0 or width <= 0 or t.numel() == 0:
         return False
     pitch = max(pitch, width)  # one row (the only case a narrower pitch passes validation)
     size = t.element_size()
-    run, dims = size, []
-    for n, s in zip(t.shape, t.stride(), strict=True):
-        if n == 1:
-            continue
-        if s == 1 and run == size:
-            run = n * size
-        else:
-            dims.append((n, s * size))
-    if dims and torch.Size(n for n, _ in dims).numel() > _EXACT_OVERLAP_RUNS:
-        return True
+    # Dimensions of one element or stride 0 add no bytes.
+    dims = sorted((s * size, n) for n, s in zip(t.shape, t.stride(), strict=True) if n > 1 and s)
+    run = size
+    while dims and dims[0][0] == run:
+        run *= dims.pop(0)[1]
+    if torch.Size(n for _, n in dims).numel() > _EXACT_OVERLAP_RUNS:
+        return None
     starts = torch.tensor([offset], dtype=torch.int64)
-    for n, step in dims:
+    for step, n in dims:
         starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * step).flatten()
     row = torch.div(starts, pitch, rounding_mode="floor")
     inside = (row >= 0) & (row < rows) & (starts - row * pitch < width)
@@ -411,16 +412,32 @@ def meets_written_rows(t: torch.Tensor, offset: int, pitch: int, width: int, row
 
 
 def out_overlap_error(
-    name: str, out_start: int, rows: int, width: int, pitch: int, first: int, extent: int
+    name: str,
+    out_start: int,
+    rows: int,
+    width: int,
+    pitch: int,
+    first: int,
+    extent: int,
+    exact: bool = True,
 ):
     """The ValueError for an `out` whose written rows meet input `name`'s elements (which lie
-    in bytes [first, first + extent)): on CUDA other CTAs still read the inputs while `out` is
-    written (PyTorch's own out= ops refuse overlap too)."""
+    in bytes [first, first + extent)), or, where `exact` is false, whose byte ranges meet
+    and whose elements were too many to compare: on CUDA other CTAs still read the inputs
+    while `out` is written (PyTorch's own out= ops refuse overlap too)."""
+    written = (
+        f"the call writes {rows} row(s) of {width} bytes every {pitch} bytes from {out_start:#x}"
+    )
+    elements = f"{name}'s elements (within bytes [{first:#x}, {first + extent:#x}))"
+    if exact:
+        found = f"{written}, and some of {elements} lie there"
+    else:
+        found = (
+            f"{written}, which meets the byte range of {elements}; {name} has too many separate "
+            f"runs of bytes (over {_EXACT_OVERLAP_RUNS}) to compare element by element"
+        )
     return ValueError(
-        f"out overlaps {name}: the call writes {rows} row(s) of {width} bytes every {pitch} "
-        f"bytes from {out_start:#x}, and some of {name}'s elements (within bytes "
-        f"[{first:#x}, {first + extent:#x})) lie there; pass an out that shares no memory with "
-        f"the inputs"
+        f"out overlaps {name}: {found}; pass an out that shares no memory with the inputs"
     )
 
 

@@ -128,6 +128,22 @@ def test_the_exact_overlap_test_agrees_with_enumerated_bytes():
     assert meets > 500 and misses > 500  # both verdicts drawn often
 
 
+def test_contiguous_dimensions_are_walked_as_one_run_and_too_many_runs_are_refused(monkeypatch):
+    """A block-pitched pool is one run per block (its inner dimensions merged); past the
+    walking limit the extents decide, and the error says the elements were not compared."""
+    monkeypatch.setattr(v, "_EXACT_OVERLAP_RUNS", 4)
+    pool = torch.empty(4, 8, 1, 12, dtype=torch.uint8)  # contiguous: one run
+    assert v.meets_written_rows(pool, 1000, 64, 16, 2) is False
+    pitched = torch.empty(4, 128, dtype=torch.uint8)[:, :96].view(4, 8, 1, 12)  # 4 runs
+    assert v.meets_written_rows(pitched, -96, 128, 32, 1) is False  # block 0 ends at out's start
+    assert v.meets_written_rows(pitched, -95, 128, 32, 1) is True
+    strided = pitched[:, :, :, ::2]  # 192 one-byte runs
+    assert v.meets_written_rows(strided, 0, 128, 32, 1) is None
+    error = v.out_overlap_error("kv_fused", 0, 1, 32, 128, 0, 480, exact=False)
+    assert "too many separate runs of bytes (over 4)" in str(error)
+    assert "lie there" not in str(error)
+
+
 def test_an_input_in_the_unwritten_tail_of_outs_rows_is_accepted():
     """A wide-pitch out writes only the first padded_seq_len columns of each row; weights kept
     in the rest of the same buffer share no byte with what the call writes (their extent does

@@ -146,28 +146,31 @@ class OutCheck:
         extents = (v.byte_extent(t) for t in inputs)
         named = zip(range(len(inputs)), INPUT_NAMES[variant], extents, strict=True)
         self._checked = tuple(entry for entry in named if entry[2])
-        self._verdicts: dict[tuple[int, int], bool] = {}
+        self._verdicts: dict[tuple[int, int], bool | None] = {}
 
     def __call__(self, inputs: tuple, out: torch.Tensor) -> None:
         start = out.data_ptr()
         end = start + self._written
         for index, name, extent in self._checked:
             first = inputs[index].data_ptr()
-            if first < end and start < first + extent and self._meets(index, inputs, first - start):
+            if first >= end or start >= first + extent:
+                continue
+            meets = self._meets(index, inputs, first - start)
+            if meets is not False:
                 pitch, width, rows = self._geometry
-                raise v.out_overlap_error(name, start, rows, width, pitch, first, extent)
+                exact = meets is not None
+                raise v.out_overlap_error(name, start, rows, width, pitch, first, extent, exact)
         if out.is_inference() and not torch.is_inference_mode_enabled():
             raise v.inference_out_error()
 
-    def _meets(self, index: int, inputs: tuple, offset: int) -> bool:
-        verdict = self._verdicts.get((index, offset))
-        if verdict is None:
+    def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
+        key = (index, offset)
+        if key not in self._verdicts:
             pitch, width, rows = self._geometry
-            verdict = v.meets_written_rows(inputs[index], offset, pitch, width, rows)
             if len(self._verdicts) >= 64:
                 self._verdicts.clear()
-            self._verdicts[(index, offset)] = verdict
-        return verdict
+            self._verdicts[key] = v.meets_written_rows(inputs[index], offset, pitch, width, rows)
+        return self._verdicts[key]
 
 
 class EagerCall:
