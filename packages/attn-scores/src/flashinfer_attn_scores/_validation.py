@@ -329,6 +329,8 @@ def check_out(
     t = check_tensor("out", out)
     if t.dtype != output_dtype:
         raise TypeError(f"out must have dtype output_dtype = {output_dtype}, got {t.dtype}")
+    if t.requires_grad and torch.is_grad_enabled():
+        raise grad_out_error()
     check_same_device("q", q, out=t)
     check_ndim("out", t, 2, "[>= batch_size*next_n, >= padded_seq_len(max_seq_len)]")
     if t.shape[0] < rows:
@@ -438,6 +440,18 @@ def out_overlap_error(
         )
     return ValueError(
         f"out overlaps {name}: {found}; pass an out that shares no memory with the inputs"
+    )
+
+
+def grad_out_error() -> RuntimeError:
+    """The error for an `out` that requires grad while grad mode is on. The op writes `out` in
+    place and has no backward: autograd would treat the logits as a view of `out`'s old values
+    and hand `out` wrong gradients. PyTorch's own out= functions refuse it as well."""
+    return RuntimeError(
+        "out requires grad (requires_grad=True) while grad mode is on; the op writes out in "
+        "place and has no backward, so autograd would take the logits for a view of out's old "
+        "values (PyTorch's own out= functions refuse this too); pass an out with "
+        "requires_grad=False, or make the call under torch.no_grad()"
     )
 
 

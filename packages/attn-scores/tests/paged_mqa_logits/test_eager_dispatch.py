@@ -176,6 +176,34 @@ def test_an_input_in_the_unwritten_tail_of_outs_rows_is_accepted():
         fa.fp8_paged_mqa_logits(*args, out=wide[:, :padded])
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on(compiled):
+    """The op writes out in place and has no backward: autograd would take the logits for a
+    view of out's old values (found by a review: out.grad came back non-zero). Refused on the
+    first call, on a remembered one and compiled; accepted under torch.no_grad()."""
+    import flashinfer_attn_scores as fa
+
+    case = make_fp8_case([70, 5], next_n=1, num_heads=16, head_dim=64, block_size=64)
+    padded = fa.padded_seq_len(case.max_seq_len)
+    op = (
+        torch.compile(fa.fp8_paged_mqa_logits, fullgraph=True)
+        if compiled
+        else fa.fp8_paged_mqa_logits
+    )
+    plain = torch.zeros(case.rows, padded)
+    op(*case.fp8_args(), out=plain)  # the signature is remembered now (eager)
+    leaf = torch.zeros(case.rows, padded, requires_grad=True)
+    for _ in range(2):
+        with pytest.raises(Exception, match="out requires grad") as raised:
+            op(*case.fp8_args(), out=leaf)
+        assert compiled or raised.type is RuntimeError
+    assert torch.equal(leaf.detach(), torch.zeros_like(plain))  # not written
+    mask = valid_mask(case.seq_lens, 1, case.max_seq_len)
+    with torch.no_grad():
+        got = op(*case.fp8_args(), out=leaf)
+        assert torch.equal(got[mask], plain[:, : case.max_seq_len][mask])
+
+
 def test_remembered_call_refuses_an_inference_out_outside_inference_mode():
     """PyTorch allows no in-place update of an inference tensor outside inference mode; the
     direct CUDA launch must refuse it as the custom op does, and allow it inside the mode."""

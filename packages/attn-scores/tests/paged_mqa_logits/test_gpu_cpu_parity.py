@@ -727,8 +727,10 @@ MUTATIONS: dict[str, Mutation] = {
         },
         OK,
     ),
+    # The op has no backward: autograd would take the logits for a view of out's old values.
     "out_requires_grad": M(
-        lambda a: {"out": nan_buffer(*out_shape(a), dtype=out_dtype(a)).requires_grad_()}, OK
+        lambda a: {"out": nan_buffer(*out_shape(a), dtype=out_dtype(a)).requires_grad_()},
+        raises(RuntimeError, r"out requires grad \(requires_grad=True\) while grad mode is on"),
     ),
     "out_and_output_dtype_float16": M(
         lambda a: {

@@ -198,7 +198,8 @@ def fp8_paged_mqa_logits(
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
             on a device type other than CUDA/CPU; or `out` is an inference tensor (created
             under `torch.inference_mode()`) and the call is made outside inference mode,
-            where PyTorch allows no in-place update of it.
+            where PyTorch allows no in-place update of it; or `out` requires grad while
+            grad mode is on (the op has no backward).
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep every
@@ -435,7 +436,8 @@ def fp4_paged_mqa_logits(
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
             on a device type other than CUDA/CPU; or `out` is an inference tensor (created
             under `torch.inference_mode()`) and the call is made outside inference mode,
-            where PyTorch allows no in-place update of it.
+            where PyTorch allows no in-place update of it; or `out` requires grad while
+            grad mode is on (the op has no backward).
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep `q`,

@@ -127,9 +127,9 @@ INPUT_NAMES = {
 
 
 class OutCheck:
-    """Refuses an `out` whose written rows share memory with an input, and an inference-tensor
+    """Refuses an `out` whose written rows share memory with an input, an inference-tensor
     `out` outside inference mode, which the direct CUDA launch would otherwise write (the
-    custom op refuses it).
+    custom op refuses it), and an `out` that requires grad while grad mode is on.
 
     The byte extents of the written rows and of every input are fixed by the argument
     signature, so a call first only compares addresses (0.7 us on a desktop CPU). Where two
@@ -162,6 +162,8 @@ class OutCheck:
                 raise v.out_overlap_error(name, start, rows, width, pitch, first, extent, exact)
         if out.is_inference() and not torch.is_inference_mode_enabled():
             raise v.inference_out_error()
+        if out.requires_grad and torch.is_grad_enabled():
+            raise v.grad_out_error()
 
     def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
         key = (index, offset)
@@ -290,23 +292,24 @@ def run(
             dtype=output_dtype,
             device=q.device,
         )
-    # narrow, not a slice: under torch.compile a slice to a max_seq_len read from device data
-    # has a size dynamo must bound with a new symbol (torch 2.11); narrow's size is the length.
-    logits = storage.narrow(0, 0, problem.rows).narrow(1, 0, problem.max_seq_len)
     # Nothing to launch. An empty pool leaves a valid call only zero-length requests, whose
     # rows are never written (and TMA cannot describe a pool of no blocks). On CPU the
     # reference still runs, so a length that would read a block is refused as elsewhere.
-    if problem.rows == 0 or (problem.num_blocks == 0 and q.is_cuda):
-        return logits
-    if q.is_cuda and eager:
-        launch = prepare(storage)
-        if out is not None:
-            torch.autograd.graph.increment_version(out)
-        launch(*tensors, storage, schedule_meta)
-        if memoizable(key):
-            if len(_EAGER_CALLS) >= _VALIDATED_LIMIT:
-                _EAGER_CALLS.clear()
-            _EAGER_CALLS[key] = EagerCall(launch, problem, storage, check_out)
-    else:
-        compute(storage)
-    return logits
+    if not (problem.rows == 0 or (problem.num_blocks == 0 and q.is_cuda)):
+        if q.is_cuda and eager:
+            launch = prepare(storage)
+            if out is not None:
+                torch.autograd.graph.increment_version(out)
+            launch(*tensors, storage, schedule_meta)
+            if memoizable(key):
+                if len(_EAGER_CALLS) >= _VALIDATED_LIMIT:
+                    _EAGER_CALLS.clear()
+                _EAGER_CALLS[key] = EagerCall(launch, problem, storage, check_out)
+        else:
+            compute(storage)
+    # The view after the write: under torch.compile and torch.no_grad() a view taken before
+    # the custom op's in-place write to an `out` that requires grad fails AOTAutograd ("a view
+    # was created in no_grad mode and its base ... modified inplace").
+    # narrow, not a slice: under torch.compile a slice to a max_seq_len read from device data
+    # has a size dynamo must bound with a new symbol (torch 2.11); narrow's size is the length.
+    return storage.narrow(0, 0, problem.rows).narrow(1, 0, problem.max_seq_len)
