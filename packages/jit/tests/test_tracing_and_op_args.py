@@ -41,6 +41,20 @@ def test_plain_eager_false_under_dispatch_modes():
     assert plain_eager()  # the modes are popped again
 
 
+def test_plain_eager_false_under_torch_func_transforms():
+    """Their tensors are wrappers without storage (no data pointer to launch on)."""
+    seen = []
+
+    def record(x: torch.Tensor) -> torch.Tensor:
+        seen.append(plain_eager())
+        return (x * x).sum()
+
+    torch.func.grad(record)(torch.ones(2))
+    torch.func.vmap(record)(torch.ones(3, 2))
+    torch.func.functionalize(record)(torch.ones(2))
+    assert seen == [False, False, False]
+
+
 def test_check_int_takes_python_and_numpy_integers():
     assert check_int("n", 7) == 7
     value = check_int("n", np.int64(7))

@@ -204,6 +204,23 @@ def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on(compiled):
         assert torch.equal(got[mask], plain[:, : case.max_seq_len][mask])
 
 
+def test_torch_func_transforms_reach_the_custom_op():
+    """Under torch.func.grad the call goes through the custom op, whose refusal is PyTorch's
+    own, instead of reading addresses of wrapper tensors ("Cannot access data pointer")."""
+    import flashinfer_attn_scores as fa
+
+    case = make_fp8_case([70, 5], next_n=1, num_heads=16, head_dim=64, block_size=64)
+    q, kv, weights, tables, lens, max_seq_len = case.fp8_args()
+    out = torch.zeros(case.rows, fa.padded_seq_len(max_seq_len))
+
+    def total(w: torch.Tensor) -> torch.Tensor:
+        return fa.fp8_paged_mqa_logits(q, kv, w, tables, lens, max_seq_len, out=out).sum()
+
+    with pytest.raises(RuntimeError) as raised:
+        torch.func.grad(total)(weights)
+    assert "data pointer" not in str(raised.value) and "overlaps" not in str(raised.value)
+
+
 def test_remembered_call_refuses_an_inference_out_outside_inference_mode():
     """PyTorch allows no in-place update of an inference tensor outside inference mode; the
     direct CUDA launch must refuse it as the custom op does, and allow it inside the mode."""
