@@ -338,13 +338,26 @@ def test_nvrtc_reads_each_spelling_as_an_include(tmp_path, spelling):
         b'__device__ constexpr int a = f(1\'000, "it\'s /*");\n#include "v.h"\n/* c */\n',
         b"#include <sub//v.h>\n",
         b'#if 0\n#error don\'t\n#endif\n#include "v.h"\n',
+        b'__device__ const char s[] = R"(\nx /*\n)";\n/* c */ #include "v.h"\n',
+        b'__device__ const char s[] = u8R"d(\n/*)d";\n#inc\\\nlude "v.h"\n',
+        b"__device__ constexpr int f(int, const char*) { return 0; }\n"
+        b'__device__ constexpr int a = f(1\'000, "it\'s /*");\n/* c */ #include "v.h"\n',
     ],
-    ids=["raw string", "digit separator", "slashes in the name", "apostrophe in #error"],
+    ids=[
+        "raw string",
+        "digit separator",
+        "slashes in the name",
+        "apostrophe in #error",
+        "raw string, then a comment before the include",
+        "prefixed raw string, then a split include",
+        "digit separator, then a comment before the include",
+    ],
 )
 def test_code_the_comment_scan_misreads_still_has_its_includes_followed(tmp_path, text):
-    """The scan without comments knows no raw strings or digit separators: there it takes code
-    for a comment. The scan of the text as written still finds the include (found by a
-    review: each of these served a stale cubin, the first three after the comment scan came)."""
+    """Code where a naive comment scan sees a comment (a `/*` in a raw string or after a digit
+    separator) or cuts a name (`<sub//v.h>`): the include is followed all the same, whether
+    only the scan of the text as written can see it or only the scan without comments (found
+    by two reviews: each served a stale cubin at some point of this change)."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "k.cu").write_bytes(text + INCLUDE_KERNEL)
     header = tmp_path / ("sub" if b"sub//" in text else "") / "v.h"

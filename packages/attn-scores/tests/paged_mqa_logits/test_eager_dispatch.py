@@ -204,6 +204,22 @@ def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on(compiled):
         assert torch.equal(got[mask], plain[:, : case.max_seq_len][mask])
 
 
+def test_a_remembered_call_refuses_a_grad_out_first_as_validation_does():
+    """The same arguments raise the same error on a first and on a remembered call: the grad
+    refusal before the overlap and inference checks (found by a review)."""
+    problem = _problem(rows=3, max_seq_len=300)
+    width = problem.padded_cols
+    buffer = torch.zeros(4 * width, requires_grad=True)
+    out = buffer[: 3 * width].view(3, width)
+    tensors = tuple(torch.ones(k) for k in range(1, 6))
+    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
+    overlapping = (tensors[0], tensors[1], buffer[3 * width - 1 :], tensors[3], tensors[4], None)
+    with pytest.raises(RuntimeError, match="out requires grad"):
+        check_out(overlapping, out)
+    with torch.no_grad(), pytest.raises(ValueError, match="out overlaps weights"):
+        check_out(overlapping, out)
+
+
 def test_torch_func_transforms_reach_the_custom_op():
     """Under torch.func.grad the call goes through the custom op, whose refusal is PyTorch's
     own, instead of reading addresses of wrapper tensors ("Cannot access data pointer")."""

@@ -10,9 +10,10 @@ name is a macro (`#include HEADER`) cannot be followed and are ignored.
 
 The lines are scanned twice, and an include found by either scan is followed: as written, and
 as the preprocessor reads them (line continuations spliced, comments removed, so
-`/* c */ #include`, `#/* c */include` and an include split by `\\` count). The second scan
-knows string and character literals but not raw strings or digit separators, which can make
-it take code for a comment; the first scan covers what that hides. Both accept any
+`/* c */ #include`, `#/* c */include` and an include split by `\\` count; string, character
+and raw string literals and numbers with digit separators are skipped as tokens, so a `/*`
+inside one opens no comment). The first scan covers what the second cannot parse (`<a//b.h>`
+reads as a comment there). Both accept any
 horizontal whitespace (form feed and vertical tab too), the `%:` digraph for `#` and
 `#include_next`, whose header is hashed in every folder of the search path that has it (the
 one NVRTC reads is among them).
@@ -31,10 +32,17 @@ from .toolchain import PACKAGE_INCLUDE_DIR
 _INCLUDE = re.compile(
     rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(_next)?[ \t\f\v]*([<"])([^>"\n]+)[>"]', re.MULTILINE
 )
-# String and character literals (kept: a `//` or `/*` inside one starts no comment), then
-# comments; a literal or line comment ends at its line's end.
+# Tokens kept whole, so that a `//` or `/*` inside one starts no comment: raw strings (which
+# may span lines), identifiers (so `xR"(` opens no raw string), numbers (a C++14
+# digit separator `'` is no character literal), string and character literals (ending at
+# their line's end); then the comments.
 _LITERAL_OR_COMMENT = re.compile(
-    rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.DOTALL
+    rb'(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'
+    rb"|[A-Za-z_]\w*"
+    rb"|\.?[0-9](?:'?[0-9A-Za-z_.]|[eEpP][+-])*"
+    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
+    rb"|//[^\n]*|/\*.*?\*/",
+    re.DOTALL,
 )
 
 

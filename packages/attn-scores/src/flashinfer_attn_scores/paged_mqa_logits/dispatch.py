@@ -149,6 +149,8 @@ class OutCheck:
         self._verdicts: dict[tuple[int, int], bool | None] = {}
 
     def __call__(self, inputs: tuple, out: torch.Tensor) -> None:
+        if out.requires_grad and torch.is_grad_enabled():  # first, as in validation
+            raise v.grad_out_error()
         start = out.data_ptr()
         end = start + self._written
         for index, name, extent in self._checked:
@@ -162,8 +164,6 @@ class OutCheck:
                 raise v.out_overlap_error(name, start, rows, width, pitch, first, extent, exact)
         if out.is_inference() and not torch.is_inference_mode_enabled():
             raise v.inference_out_error()
-        if out.requires_grad and torch.is_grad_enabled():
-            raise v.grad_out_error()
 
     def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
         key = (index, offset)
