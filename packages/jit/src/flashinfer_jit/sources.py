@@ -8,8 +8,9 @@ package's own include folder. Includes found nowhere there are CUDA/CCCL/system 
 are covered by the toolchain versions in the key instead of by their text. Includes whose
 name is a macro (`#include HEADER`) cannot be followed and are ignored.
 
-The lines are scanned twice, and an include found by either scan is followed: as written, and
-as the preprocessor reads them (line continuations spliced, comments removed, so
+The lines are scanned as written and, where they can hide an include from that scan (see
+`_COMMENT_SCAN_NEEDED`), a second time; an include either scan finds is followed. The second
+scan reads them as the preprocessor does (line continuations spliced, comments removed, so
 `/* c */ #include`, `#/* c */include` and an include split by `\\` count; string, character
 and raw string literals and numbers with digit separators are skipped as tokens, so a `/*`
 inside one opens no comment). The first scan covers what the second cannot parse (`<a//b.h>`
@@ -21,6 +22,7 @@ one NVRTC reads is among them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -33,28 +35,52 @@ _INCLUDE = re.compile(
     rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(_next)?[ \t\f\v]*([<"])([^>"\n]+)[>"]', re.MULTILINE
 )
 # Tokens kept whole, so that a `//` or `/*` inside one starts no comment: raw strings (which
-# may span lines), identifiers (so `xR"(` opens no raw string), numbers (a C++14
-# digit separator `'` is no character literal), string and character literals (ending at
-# their line's end); then the comments.
+# may span lines; not after a letter, digit or `_`, where `R"(` is no raw string), numbers with
+# a C++14 digit separator (whose `'` opens no character literal), string and character
+# literals (ending at their line's end); then the comments. Identifiers are not matched: a
+# callback per token would make the scan ten times slower.
 _LITERAL_OR_COMMENT = re.compile(
-    rb'(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'
-    rb"|[A-Za-z_]\w*"
-    rb"|\.?[0-9](?:'?[0-9A-Za-z_.]|[eEpP][+-])*"
+    rb'(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'
+    rb"|(?<![\w.])\.?[0-9][\w.]*'[\w.']*"
     rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
     rb"|//[^\n]*|/\*.*?\*/",
     re.DOTALL,
 )
 
 
-def _includes(content: bytes) -> list[tuple[bool, bool, str]]:
-    """`(next, quoted, name)` of every include either scan finds, in order of first finding."""
+# Where the text as written can hide an include from `_INCLUDE`: a comment closing before a
+# directive or opening inside one, a continuation in a directive line that is none of the
+# usual others (`#define` macros are), or in an include's name. Only then does the comment
+# scan run; on most files it would only cost time (several milliseconds per header). One
+# pattern each: an alternation of them scans twice as slowly.
+_COMMENT_SCAN_NEEDED = tuple(
+    re.compile(pattern, re.MULTILINE)
+    for pattern in (
+        rb"\*/[ \t\f\v]*(?:#|%:)",
+        rb"#[ \t\f\v]*/\*",
+        rb"%:[ \t\f\v]*/\*",
+        rb"include(?:_next)?[ \t\f\v]*/\*",
+        rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*"
+        rb"(?!(?:define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|warning|line)\b)"
+        rb"[^\n]*\\\n",
+    )
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _includes(content: bytes) -> tuple[tuple[bool, bool, str], ...]:
+    """`(next, quoted, name)` of every include either scan finds, in order of first finding.
+    Remembered by content: every configuration of a kernel reads the same headers."""
     lines = content.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    texts = [lines]
+    if any(pattern.search(lines) for pattern in _COMMENT_SCAN_NEEDED):
+        texts.append(_without_comments(lines))
     found: dict[tuple[bool, bool, str], None] = {}
-    for text in (_without_comments(lines), lines):
+    for text in texts:
         for match in _INCLUDE.finditer(text):
             name = match.group(3).decode("utf-8", "replace").strip()
             found[(match.group(1) is not None, match.group(2) == b'"', name)] = None
-    return list(found)
+    return tuple(found)
 
 
 def _without_comments(lines: bytes) -> bytes:
