@@ -342,6 +342,12 @@ def test_nvrtc_reads_each_spelling_as_an_include(tmp_path, spelling):
         b'__device__ const char s[] = u8R"d(\n/*)d";\n#inc\\\nlude "v.h"\n',
         b"__device__ constexpr int f(int, const char*) { return 0; }\n"
         b'__device__ constexpr int a = f(1\'000, "it\'s /*");\n/* c */ #include "v.h"\n',
+        b'/* c *\\\n/ #include "v.h"\n',
+        b'%\\\n:include "v.h"\n',
+        b'#\rinclude "v.h"\n',
+        b"#define M 1'/*'\n/* c */ #include \"v.h\"\n/* */\n",
+        b'#if 0\ndon\'t " /*\n#endif\n/* d */ #include "v.h"\n',
+        b"/* c */ #include <sub//v.h>\n",
     ],
     ids=[
         "raw string",
@@ -351,13 +357,19 @@ def test_nvrtc_reads_each_spelling_as_an_include(tmp_path, spelling):
         "raw string, then a comment before the include",
         "prefixed raw string, then a split include",
         "digit separator, then a comment before the include",
+        "a continuation splitting the */ before the directive",
+        "a continuation splitting %:",
+        "a lone carriage return, a space to NVRTC",
+        "a quote after a number, then a comment before the include",
+        "an unterminated quote in #if 0, then a comment before the include",
+        "slashes in the name after a comment",
     ],
 )
 def test_code_the_comment_scan_misreads_still_has_its_includes_followed(tmp_path, text):
     """Code where a naive comment scan sees a comment (a `/*` in a raw string or after a digit
     separator) or cuts a name (`<sub//v.h>`): the include is followed all the same, whether
     only the scan of the text as written can see it or only the scan without comments (found
-    by two reviews: each served a stale cubin at some point of this change)."""
+    by three reviews: each served a stale cubin at some point of this change)."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "k.cu").write_bytes(text + INCLUDE_KERNEL)
     header = tmp_path / ("sub" if b"sub//" in text else "") / "v.h"
@@ -365,6 +377,16 @@ def test_code_the_comment_scan_misreads_still_has_its_includes_followed(tmp_path
     spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
     assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin  # NVRTC reads it
     assert header in [f.path for f in compute_key(spec, "sm_90a", base_options()).files]
+
+
+@pytest.mark.parametrize("name", ["v.h ", " v.h"])
+def test_a_header_name_is_taken_as_written(tmp_path, name):
+    """Spaces inside the quotes are part of the name (NVRTC opens `v.h `, not `v.h`)."""
+    (tmp_path / "k.cu").write_bytes(f'#include "{name}"\n'.encode() + INCLUDE_KERNEL)
+    (tmp_path / name).write_text("#define V 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
+    assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin
+    assert tmp_path / name in [f.path for f in compute_key(spec, "sm_90a", base_options()).files]
 
 
 def test_include_next_hashes_the_header_it_reaches(tmp_path):

@@ -8,13 +8,10 @@ package's own include folder. Includes found nowhere there are CUDA/CCCL/system 
 are covered by the toolchain versions in the key instead of by their text. Includes whose
 name is a macro (`#include HEADER`) cannot be followed and are ignored.
 
-The lines are scanned as written and, where they can hide an include from that scan (see
-`_COMMENT_SCAN_NEEDED`), a second time; an include either scan finds is followed. The second
-scan reads them as the preprocessor does (line continuations spliced, comments removed, so
-`/* c */ #include`, `#/* c */include` and an include split by `\\` count; string, character
-and raw string literals and numbers with digit separators are skipped as tokens, so a `/*`
-inside one opens no comment). The first scan covers what the second cannot parse (`<a//b.h>`
-reads as a comment there). Both accept any
+The lines are scanned as written, with line continuations spliced and, where a block comment
+sits in or before a directive, also without block comments (string, character and raw string
+literals and numbers with digit separators read as tokens, so a `/*` inside one opens no
+comment); an include any of these scans finds is followed (see `_includes`). Each accepts any
 horizontal whitespace (form feed and vertical tab too), the `%:` digraph for `#` and
 `#include_next`, whose header is hashed in every folder of the search path that has it (the
 one NVRTC reads is among them).
@@ -32,69 +29,77 @@ from .spec import KernelSpec
 from .toolchain import PACKAGE_INCLUDE_DIR
 
 _INCLUDE = re.compile(
-    rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(_next)?[ \t\f\v]*([<"])([^>"\n]+)[>"]', re.MULTILINE
+    rb'^[ \t\f\v]*(?:#|%:)[ \t\f\v]*include(_next)?[ \t\f\v]*(?:"([^"\n]+)"|<([^>\n]+)>)',
+    re.MULTILINE,
 )
 # Tokens kept whole, so that a `//` or `/*` inside one starts no comment: raw strings (which
 # may span lines; not after a letter, digit or `_`, where `R"(` is no raw string), numbers with
-# a C++14 digit separator (whose `'` opens no character literal), string and character
-# literals (ending at their line's end); then the comments. Identifiers are not matched: a
-# callback per token would make the scan ten times slower.
+# a C++14 digit separator (a `'` between word characters opens no character literal), string
+# and character literals (ending at their closing quote or, unterminated, at the line's end,
+# as NVRTC reads them); then the comments. Identifiers are not matched: a callback per token
+# would make the scan ten times slower.
 _LITERAL_OR_COMMENT = re.compile(
     rb'(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'
-    rb"|(?<![\w.])\.?[0-9][\w.]*'[\w.']*"
-    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
+    rb"|(?<![\w.])\.?[0-9][\w.]*(?:'\w[\w.]*)+"
+    rb'|"(?:\\.|[^"\\\n])*(?:"|(?=\n)|\Z)'
+    rb"|'(?:\\.|[^'\\\n])*(?:'|(?=\n)|\Z)"
     rb"|//[^\n]*|/\*.*?\*/",
     re.DOTALL,
 )
-
-
-# Where the text as written can hide an include from `_INCLUDE`: a comment closing before a
-# directive or opening inside one, a continuation in a directive line that is none of the
-# usual others (`#define` macros are), or in an include's name. Only then does the comment
-# scan run; on most files it would only cost time (several milliseconds per header). One
-# pattern each: an alternation of them scans twice as slowly.
+# Where a block comment can hide an include from `_INCLUDE` (on the spliced text): closing
+# before a directive, or opening inside one. Only then does the comment scan run; on most
+# files it would only cost time (several milliseconds per header). One pattern each: an
+# alternation of them scans twice as slowly.
 _COMMENT_SCAN_NEEDED = tuple(
-    re.compile(pattern, re.MULTILINE)
+    re.compile(pattern)
     for pattern in (
         rb"\*/[ \t\f\v]*(?:#|%:)",
         rb"#[ \t\f\v]*/\*",
         rb"%:[ \t\f\v]*/\*",
         rb"include(?:_next)?[ \t\f\v]*/\*",
-        rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*"
-        rb"(?!(?:define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|warning|line)\b)"
-        rb"[^\n]*\\\n",
     )
 )
 
 
 @functools.lru_cache(maxsize=64)
 def _includes(content: bytes) -> tuple[tuple[bool, bool, str], ...]:
-    """`(next, quoted, name)` of every include either scan finds, in order of first finding.
-    Remembered by content: every configuration of a kernel reads the same headers."""
-    lines = content.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    texts = [lines]
-    if any(pattern.search(lines) for pattern in _COMMENT_SCAN_NEEDED):
-        texts.append(_without_comments(lines))
+    """`(next, quoted, name)` of every include any scan finds, in order of first finding.
+
+    The texts scanned: the lines as written; with line continuations spliced (they may split
+    any token, `%:` and `*/` included); and, where a block comment sits in or before a
+    directive, spliced and without block comments (`//` comments stay, read as tokens, so
+    `<a//b.h>` keeps its name). NVRTC reads a lone carriage return as a space, not a line
+    end; a text that has one is scanned both ways. Remembered by content: every
+    configuration of a kernel reads the same headers.
+    """
+    unix = content.replace(b"\r\n", b"\n")
+    bases = [unix.replace(b"\r", b"\n")]
+    if b"\r" in unix:
+        bases.append(unix.replace(b"\r", b" "))
+    texts = []
+    for lines in bases:
+        spliced = lines.replace(b"\\\n", b"")
+        texts += [lines, spliced]
+        if any(pattern.search(spliced) for pattern in _COMMENT_SCAN_NEEDED):
+            texts.append(_without_block_comments(spliced))
     found: dict[tuple[bool, bool, str], None] = {}
     for text in texts:
         for match in _INCLUDE.finditer(text):
-            name = match.group(3).decode("utf-8", "replace").strip()
-            found[(match.group(1) is not None, match.group(2) == b'"', name)] = None
+            quoted = match.group(2) is not None
+            name = match.group(2) if quoted else match.group(3)
+            found[(match.group(1) is not None, quoted, name.decode("utf-8", "replace"))] = None
     return tuple(found)
 
 
-def _without_comments(lines: bytes) -> bytes:
-    """`lines` (newlines only) as the preprocessor's directive phase reads them:
-    continuations spliced, each comment one space (a line comment nothing)."""
-    text = lines.replace(b"\\\n", b"")
+def _without_block_comments(spliced: bytes) -> bytes:
+    """`spliced` (continuations joined) with each block comment one space, as the
+    preprocessor's directive phase reads it; literals and line comments kept as they are."""
 
     def blank(match: re.Match) -> bytes:
         token = match.group(0)
-        if token.startswith(b"//"):
-            return b""
         return b" " if token.startswith(b"/*") else token
 
-    return _LITERAL_OR_COMMENT.sub(blank, text)
+    return _LITERAL_OR_COMMENT.sub(blank, spliced)
 
 
 @dataclass(frozen=True)
