@@ -79,7 +79,7 @@ def _includes(content: bytes) -> tuple[tuple[bool, bool, str], ...]:
     texts = []
     for lines in bases:
         spliced = lines.replace(b"\\\n", b"")
-        texts += [lines, spliced]
+        texts += [lines, spliced] if spliced != lines else [lines]
         if any(pattern.search(spliced) for pattern in _COMMENT_SCAN_NEEDED):
             texts.append(_without_block_comments(spliced))
     found: dict[tuple[bool, bool, str], None] = {}

@@ -70,8 +70,8 @@ def fp8_paged_mqa_logits(
     slot sees.
 
     CPU tensors run the float64 reference (`fp8_paged_mqa_logits_reference`) through the
-    same validation, then round once to `output_dtype`; `epi_dtype`/`acc_dtype` are checked but do
-    not change the CPU result. CUDA tensors run the SM90 kernel. Either runs inside the
+    same validation, then round once to `output_dtype`; `epi_dtype`/`acc_dtype` are checked
+    but do not change the CPU result. CUDA tensors run the SM90 kernel. Either runs inside the
     custom op `torch.ops.flashinfer_attn_scores.fp8_paged_mqa_logits_into` (which writes into
     the padded storage), so `torch.compile(fullgraph=True)` traces through this function.
 
@@ -327,8 +327,8 @@ def fp4_paged_mqa_logits(
     every `next_n` is one pass over the KV.
 
     CPU tensors run the float64 reference (`fp4_paged_mqa_logits_reference`) through the
-    same validation, then round once to `output_dtype`; `epi_dtype` is checked but does not change
-    the CPU result. CUDA tensors run the SM90 kernel. Either runs inside the custom op
+    same validation, then round once to `output_dtype`; `epi_dtype` is checked but does not
+    change the CPU result. CUDA tensors run the SM90 kernel. Either runs inside the custom op
     `torch.ops.flashinfer_attn_scores.fp4_paged_mqa_logits_into`, so
     `torch.compile(fullgraph=True)` traces through this function.
 
