@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 import textwrap
@@ -123,6 +124,19 @@ def test_compile_check_with_an_empty_spec_list_exits_zero(spec_module, cache_dir
     assert "nothing to compile" in capsys.readouterr().out
 
 
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    not _installed("flashinfer-jit"),
+    reason="flashinfer-jit is imported from its source folder, not installed: entry points "
+    "come from an installed distribution's metadata",
+)
 def test_the_package_registers_its_self_test_kernels():
     sources = discover_registered_specs()
     mine = [s for s in sources if "flashinfer_jit.selftest" in s.name]

@@ -102,12 +102,27 @@ def test_the_current_device_without_cuda_is_a_clear_runtime_error(monkeypatch, e
 
 @pytest.mark.parametrize("exc", NO_CUDA, ids=["cpu_torch", "no_driver"])
 def test_load_kernel_on_the_current_device_without_cuda_is_a_clear_runtime_error(monkeypatch, exc):
+    kernel_module._torch_module()  # the first call picks the query; this test replaces it after
     monkeypatch.setattr(kernel_module, "_current_device", _without_cuda(exc))
     with pytest.raises(
         RuntimeError,
         match="device: without an index it is PyTorch's current CUDA device, but there is none",
     ):
         load_kernel(SCALE_ADD)
+
+
+def test_load_kernel_on_the_current_device_keeps_the_launch_paths_device_query(monkeypatch):
+    # The launch path asks `torch._C._cuda_getDevice` (no lazy-init wrapper) where the build has
+    # it; a first `load_kernel(spec)` used to replace that, for every kernel loaded after it,
+    # with `torch.cuda.current_device`.
+    monkeypatch.setattr(kernel_module, "_torch", None)
+    monkeypatch.setattr(kernel_module, "_current_device", None)
+    try:
+        load_kernel(SCALE_ADD)
+    except RuntimeError:
+        pass  # no GPU here; the query was picked before the load failed
+    expected = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    assert kernel_module._current_device is expected
 
 
 def _fake_device(monkeypatch, name: str, capability: tuple[int, int]) -> None:

@@ -490,7 +490,6 @@ class Kernel:
 _LOADED: dict[tuple[KernelSpec, int], Kernel] = {}
 _LOAD_LOCKS: dict[tuple[KernelSpec, int], threading.Lock] = {}
 _LOAD_LOCKS_GUARD = threading.Lock()
-_current_device: Callable[[], int] | None = None
 
 
 def load_kernel(
@@ -514,10 +513,9 @@ def load_kernel(
         RuntimeError: No driver/GPU (also for `device=None` without a CUDA device), or the
             driver failed to load the cubin.
     """
-    global _current_device
     if device is None:
-        if _current_device is None:
-            _current_device = _torch_module().cuda.current_device
+        if _torch is None:
+            _torch_module()  # picks `_current_device`, the launch path's query too
         try:
             index = _current_device()
         except (AssertionError, RuntimeError) as exc:  # CPU-only torch raises AssertionError
