@@ -151,7 +151,7 @@ def resolve_device(device: object) -> torch.device:
             resolved = (
                 torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
             )
-        except RuntimeError as err:
+        except (RuntimeError, ValueError, OverflowError) as err:  # 2**63: "Overflow when unpacking"
             raise ValueError(f"device: cannot parse {device!r} as a torch device ({err})") from err
     else:
         raise TypeError(f"device must be a torch.device, str or int, got {describe(device)}")
@@ -239,6 +239,8 @@ def device_num_sms(device: torch.device | str | int) -> int:
 
 
 def _check_dense(name: str, t: torch.Tensor) -> None:
+    if t.is_nested:  # the older nested layout reports torch.strided, and has no sizes
+        raise TypeError(f"{name} must be a dense (torch.strided) tensor, got a nested tensor")
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {t.layout}")
     # A negated view's memory holds the negated values, which the CUDA kernel would read.
@@ -263,7 +265,33 @@ def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
         raise ValueError(f"out must be contiguous, got strides {strides(out.stride())}")
     if not _same_device(out.device, device):
         raise ValueError(f"out must be on the target device {device}, got {out.device}")
+    if plain_eager() and out.is_inference() and not torch.is_inference_mode_enabled():
+        # PyTorch refuses this in-place update on CPU; the direct CUDA launch would not notice.
+        raise RuntimeError(
+            "out is an inference tensor (created under torch.inference_mode()) and this call "
+            "is outside inference mode, where PyTorch allows no in-place update of it; make the "
+            "call inside torch.inference_mode(), or pass an out created outside it"
+        )
     return out
+
+
+def _check_out_apart(out: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """Refuse an `out` that shares bytes with `seq_lens` (the CUDA kernel writes rows of `out`
+    before it has read every length, so its schedule would depend on the overlap)."""
+    if seq_lens.numel() == 0 or not plain_eager():  # tracers' tensors have no addresses
+        return
+    first, last = out.data_ptr(), out.data_ptr() + out.numel() * 4  # contiguous int32
+    base, step = seq_lens.data_ptr(), seq_lens.stride(0) * 4
+    if step == 0:
+        hit = base < last and base + 4 > first
+    else:  # the first length ending after `first`, then whether it starts before `last`
+        i = max(0, (first - base - 4) // step + 1)
+        hit = i < seq_lens.shape[0] and base + i * step < last
+    if hit:
+        raise ValueError(
+            f"out shares memory with seq_lens (out bytes [{first:#x}, {last:#x}), seq_lens "
+            f"from {base:#x} with stride {seq_lens.stride(0)}); pass an out of its own"
+        )
 
 
 def _compute_schedule_torch(
@@ -369,8 +397,10 @@ def compute_paged_mqa_logits_schedule(
             ints, not bools or tensors).
         ValueError: `seq_lens` is not 1-D or has 2**31 or more entries, `variant` is unknown,
             `next_n` or `num_sms` (1..2**31 - 1) is out of range, `out` has the wrong shape,
-            layout or device, the device type is neither CUDA nor CPU, CUDA is not available,
-            or the CUDA device index is not that of a visible device.
+            layout or device or shares memory with `seq_lens`, the device type is neither
+            CUDA nor CPU, CUDA is not available, or the CUDA device index is not that of a
+            visible device.
+        RuntimeError: `out` is an inference tensor and the call is outside inference mode.
     """
     if not isinstance(seq_lens, torch.Tensor):
         raise TypeError(f"seq_lens must be a torch.Tensor, got {type_name(seq_lens)}")
@@ -400,6 +430,8 @@ def compute_paged_mqa_logits_schedule(
         out = torch.empty(num_sms + 1, 2, dtype=torch.int32, device=target)
     else:
         _check_out(out, num_sms, target)
+        if _same_device(seq_lens.device, target):
+            _check_out_apart(out, seq_lens)
     if not _same_device(seq_lens.device, target):
         seq_lens = seq_lens.to(target)
     if target.type == "cuda":

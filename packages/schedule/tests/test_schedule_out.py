@@ -1,0 +1,101 @@
+"""`compute_paged_mqa_logits_schedule(..., out=)`: what `out` may share, and inputs it refuses.
+
+The overlap check is compared with the bytes each tensor covers, enumerated one element at a
+time; the CUDA variants (gpu-marked) hold the kernel to the same refusals, since its direct
+launch would otherwise write `out` without PyTorch noticing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from flashinfer_schedule import compute_paged_mqa_logits_schedule
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _element_bytes(t: torch.Tensor) -> set[int]:
+    """Every byte address `t` covers, from its sizes and strides (int32 elements)."""
+    base = t.data_ptr()
+    if t.dim() == 1:
+        return {base + 4 * i * t.stride(0) + k for i in range(t.shape[0]) for k in range(4)}
+    return {
+        base + 4 * (i * t.stride(0) + j * t.stride(1)) + k
+        for i in range(t.shape[0])
+        for j in range(t.shape[1])
+        for k in range(4)
+    }
+
+
+def _random_views(rng: random.Random, device: str):
+    num_sms = rng.randint(1, 6)
+    storage = torch.randint(0, 500, (160,), dtype=torch.int32, device=device)
+    count = rng.randint(1, 12)
+    stride = rng.choice([0, 1, 1, 2, 3, 7, 13])
+    span = (count - 1) * stride + 1
+    lens_at = rng.randint(0, 160 - span)
+    seq_lens = storage.as_strided((count,), (stride,), lens_at)
+    out_at = rng.randint(0, 160 - 2 * (num_sms + 1))
+    out = storage.as_strided((num_sms + 1, 2), (2, 1), out_at)
+    return seq_lens, out, num_sms
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_sharing_memory_with_seq_lens_is_refused_exactly_when_bytes_meet(device):
+    rng = random.Random(20261205)
+    refused = accepted = 0
+    for _ in range(600):
+        seq_lens, out, num_sms = _random_views(rng, device)
+        meets = bool(_element_bytes(seq_lens) & _element_bytes(out))
+        if meets:
+            with pytest.raises(ValueError, match=r"^out shares memory with seq_lens \(out bytes"):
+                compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, out=out)
+            refused += 1
+        else:
+            expected = compute_paged_mqa_logits_schedule(seq_lens.clone(), num_sms=num_sms)
+            got = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, out=out)
+            assert got is out and torch.equal(got, expected)
+            accepted += 1
+    assert refused > 50 and accepted > 50  # both sides of the check were exercised
+
+
+def test_out_on_another_device_than_seq_lens_needs_no_overlap_check():
+    # A CPU seq_lens moved to the target is a copy; the same storage cannot be in both.
+    storage = torch.zeros(40, dtype=torch.int32)
+    seq_lens = storage[:4].fill_(100)
+    got = compute_paged_mqa_logits_schedule(
+        seq_lens, "cpu", num_sms=2, out=storage[10:16].view(3, 2)
+    )
+    assert torch.equal(got, compute_paged_mqa_logits_schedule(seq_lens.clone(), num_sms=2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_inference_out_outside_inference_mode_is_refused(device):
+    seq_lens = torch.tensor([100, 0, 300], dtype=torch.int32, device=device)
+    with torch.inference_mode():
+        out = torch.full((5, 2), -7, dtype=torch.int32, device=device)
+    with pytest.raises(RuntimeError, match=r"^out is an inference tensor .* outside inference"):
+        compute_paged_mqa_logits_schedule(seq_lens, num_sms=4, out=out)
+    assert (out == -7).all()  # not written
+    with torch.inference_mode():
+        got = compute_paged_mqa_logits_schedule(seq_lens, num_sms=4, out=out)
+    assert got is out and torch.equal(out, compute_paged_mqa_logits_schedule(seq_lens, num_sms=4))
+
+
+@pytest.mark.parametrize("argument", ["seq_lens", "out"])
+def test_a_nested_tensor_is_a_type_error_naming_the_argument(argument):
+    nested = torch.nested.nested_tensor(
+        [torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)]
+    )
+    seq_lens = nested if argument == "seq_lens" else torch.tensor([1, 2], dtype=torch.int32)
+    out = nested if argument == "out" else None
+    with pytest.raises(TypeError, match=rf"^{argument} must be a dense .* got a nested tensor$"):
+        compute_paged_mqa_logits_schedule(seq_lens, "cpu", num_sms=2, out=out)
+
+
+@pytest.mark.parametrize("index", [2**63, 2**64 + 1])
+def test_a_cuda_index_past_64_bits_is_a_value_error_naming_device(index):
+    with pytest.raises(ValueError, match=rf"^device: cannot parse {index} as a torch device"):
+        compute_paged_mqa_logits_schedule(torch.tensor([1], dtype=torch.int32), index)
