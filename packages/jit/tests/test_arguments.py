@@ -203,3 +203,29 @@ def test_a_numpy_bool_is_no_real_number():
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match="f32: expected a real number, got bool"):
         f32(np.True_)
+
+
+def test_the_device_error_names_the_argument():
+    packer = ArgumentPacker([(0, 8), (8, 8), (16, 4)], CPU, "k")
+    tensor = torch.ones(3)
+    packer.pack((tensor, tensor, i32(1)))
+    wrong = ArgumentPacker([(0, 8), (8, 8), (16, 4)], 0, "k")
+    with pytest.raises(ValueError, match=r"got a tensor on cpu \(argument 0\)$"):
+        wrong.pack((tensor, tensor, i32(1)))
+
+
+@pytest.mark.parametrize(
+    ("params", "plain", "words"),
+    [
+        ([], 5, r"match the C parameter \(the driver reported no parameter sizes"),
+        ([(0, 1)], True, r"which is 1 bytes: no wrapper has that size.*\(a bool: pass i32"),
+        ([(0, 4)], True, r"match the 4-byte parameter \(a bool: pass i32\(int\(value\)\)"),
+        ([(0, 2)], 2.0, r"which is 2 bytes: no wrapper has that size"),
+    ],
+)
+def test_plain_numbers_are_told_what_the_parameter_needs(params, plain, words):
+    # Without a parameter list a plain number has no size to quote; a bool fits no wrapper.
+    packer = ArgumentPacker(params, CPU, "k")
+    with pytest.raises(TypeError, match=words) as info:
+        packer.pack((plain,))
+    assert "0-byte" not in str(info.value)

@@ -252,6 +252,27 @@ def test_tensor_map_for_passes_rank_3_dims_and_strides_innermost_first(monkeypat
     assert kwargs["swizzle"] == "32B"
 
 
+def test_tensor_map_for_ignores_the_stride_of_a_size_one_dimension(monkeypatch):
+    # PyTorch leaves a size-1 dimension's stride arbitrary; `is_contiguous()` ignores it.
+    calls = []
+    monkeypatch.setattr(tma_module, "make_tensor_map", lambda *a, **k: calls.append((a, k)))
+    tensor = torch.empty(4, 1, 64, dtype=torch.float16).as_strided((4, 1, 64), (64, 1, 1))
+    assert tensor.is_contiguous()
+    tensor_map_for(tensor, (2, 1, 64), swizzle="none")
+    ((_, kwargs),) = calls
+    assert kwargs["global_dims"] == (64, 1, 4)
+    assert kwargs["global_strides_bytes"] == (128, 128)
+
+
+def test_tensor_map_for_names_the_dimension_whose_stride_breaks_tma():
+    tensor = torch.empty(40).as_strided((4, 8), (3, 1))
+    with pytest.raises(
+        ValueError,
+        match=r"^tensor: TMA .* dimension 0 of shape \(4, 8\) has stride 3 elements = 12 bytes",
+    ):
+        tensor_map_for(tensor, (4, 8))
+
+
 def test_tensor_map_needs_a_cuda_tensor():
     with pytest.raises(ValueError, match="needs a CUDA tensor"):
         make_tensor_map(torch.ones(16, 16), None, (16, 16), (64,), (16, 16))

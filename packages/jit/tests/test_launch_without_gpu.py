@@ -517,3 +517,55 @@ def test_prepared_launch_errors_name_the_launch(kernel, fake_driver):
         launch(*_args())
     assert "grid=(4, 1, 1) block=(1024, 1, 1)" in str(info.value)
     assert "programmatic=True" in str(info.value)
+
+
+def test_a_cluster_given_as_a_list_launches_like_the_tuple(kernel, fake_driver):
+    args = _args()
+    kernel.launch(8, 64, *args, cluster=[2])
+    kernel.prepare_launch(8, 64, cluster=[2, 1])(*args)
+    ex = [c for c in fake_driver.calls if c[0] == "cuLaunchKernelEx"]
+    assert len(ex) == 2 and all(c[3] == (2, 1, 1) for c in ex)
+
+
+@pytest.mark.parametrize("handle", [-1, 2**64])
+def test_an_int_stream_outside_64_bits_is_a_value_error_naming_stream(kernel, handle):
+    with pytest.raises(
+        ValueError, match=rf"^stream: an int handle must be in \[0, 2\*\*64\), got {handle}$"
+    ):
+        kernel.launch(1, 32, *_args(), stream=handle)
+
+
+@pytest.mark.parametrize("stream_device", [1, 0])
+def test_a_torch_stream_of_another_device_is_refused(kernel, fake_driver, stream_device):
+    # Kernel on "device -1" (CPU tensors pass its checks); the stand-in is a torch-like stream.
+    stream = SimpleNamespace(cuda_stream=0xD00D, device_index=stream_device)
+    with pytest.raises(
+        ValueError,
+        match=rf"^stream: 'scale_add.*' runs on cuda:-1 but the stream is on cuda:{stream_device}$",
+    ):
+        kernel.launch(1, 32, *_args(), stream=stream)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+    same = SimpleNamespace(cuda_stream=0xD00D, device_index=kernel.device_index)
+    kernel.launch(1, 32, *_args(), stream=same)
+    assert [c[1] for c in fake_driver.calls if c[0] == "cuLaunchKernel"] == [KERNEL_HANDLE]
+
+
+def test_torch_module_publishes_torch_only_after_its_hooks(monkeypatch):
+    # Another thread that sees `_torch` set reads the hooks without a lock: they must be set.
+    seen = {}
+    real_import = (
+        __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    )
+
+    def spying_import(name, *rest, **kw):
+        if name == "torch._C" and kernel_module._torch is not None:
+            seen["hooks"] = (kernel_module._raw_stream, kernel_module._current_device)
+        return real_import(name, *rest, **kw)
+
+    monkeypatch.setattr(kernel_module, "_torch", None)
+    monkeypatch.setattr(kernel_module, "_raw_stream", None)
+    monkeypatch.setattr(kernel_module, "_current_device", None)
+    monkeypatch.setattr("builtins.__import__", spying_import)
+    kernel_module._torch_module()
+    monkeypatch.undo()
+    assert "hooks" not in seen  # `_torch` was still None while the hooks were being picked

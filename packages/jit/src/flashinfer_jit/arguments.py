@@ -45,6 +45,22 @@ def _kind_of(kind: type, tensor_type: type) -> str:
     return "unsupported"
 
 
+def _parameter_words(size: int, kind: type) -> str:
+    """What to say of the C parameter a plain number was given for."""
+    if size == 0:  # no parameter list from the driver: a plain number has no size to go by
+        words = "the C parameter (the driver reported no parameter sizes for this kernel)"
+    elif size in (4, 8):
+        words = f"the {size}-byte parameter"
+    else:  # bool, char, half, ...: the wrappers are 4 or 8 bytes
+        words = (
+            f"the parameter, which is {size} bytes: no wrapper has that size, so declare the "
+            "kernel's parameter as a 4- or 8-byte type"
+        )
+    if kind is bool:
+        words += " (a bool: pass i32(int(value)) or u32(int(value)))"
+    return words
+
+
 def _natural_size(kind: type, tensor_type: type) -> int:
     category = _kind_of(kind, tensor_type)
     if category == "tensor":
@@ -135,11 +151,11 @@ class ArgumentPacker:
             raise RuntimeError("argument plan rejected the types it was built for")
         return packed
 
-    def _device_error(self, tensor: Any) -> None:
+    def _device_error(self, tensor: Any, index: int) -> None:
         # Called from generated packers; always raises.
         raise ValueError(
             f"kernel {self.label!r} runs on cuda:{self.device_index} but got a tensor on "
-            f"{tensor.device}"
+            f"{tensor.device} (argument {index})"
         )
 
     def _build(self, types: tuple[type, ...]) -> Callable[[tuple], Any]:
@@ -167,7 +183,7 @@ class ArgumentPacker:
                 code, got = "Q", 8
                 values.append(f"a{index}.data_ptr()")
                 if self.check_devices:
-                    device_checks.append(f"a{index}")
+                    device_checks.append(index)
             elif category == "scalar":
                 code, got = kind.format, kind.size
                 values.append(f"a{index}.value")
@@ -178,7 +194,7 @@ class ArgumentPacker:
                 raise TypeError(
                     f"kernel {self.label!r} argument {index}: a plain Python {kind.__name__} "
                     f"does not say its C type; wrap it as flashinfer_jit.i32, u32, i64, u64, "
-                    f"f32 or f64 to match the {size}-byte parameter"
+                    f"f32 or f64 to match {_parameter_words(size, kind)}"
                 )
             else:
                 raise TypeError(
@@ -237,9 +253,9 @@ class ArgumentPacker:
             type_checks = " or ".join(f"type({n}) is not t{i}" for i, n in enumerate(names))
             lines.append(f"    if {type_checks}:")
             lines.append("        return None")
-            for name in device_checks:
-                lines.append(f"    if {name}.get_device() != device:")
-                lines.append(f"        device_error({name})")
+            for i in device_checks:
+                lines.append(f"    if a{i}.get_device() != device:")
+                lines.append(f"        device_error(a{i}, {i})")
             lines.append("    ident = get_ident()")
             lines.append("    entry = buffers.get(ident)")
             lines.append("    if entry is None:")

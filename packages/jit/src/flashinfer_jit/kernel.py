@@ -46,7 +46,6 @@ def _torch_module() -> Any:
     if _torch is None:
         import torch
 
-        _torch = torch
         try:
             from torch._C import _cuda_getCurrentRawStream as raw
             from torch._C import _cuda_getDevice as current
@@ -58,6 +57,8 @@ def _torch_module() -> Any:
                 return torch.cuda.current_stream(index).cuda_stream
 
             _raw_stream, _current_device = _fallback, torch.cuda.current_device
+        # Last: another thread that sees `_torch` set reads the two hooks without the lock.
+        _torch = torch
     return _torch
 
 
@@ -74,8 +75,11 @@ def stream_handle(stream: Any) -> int:
 
     Raises:
         TypeError: `stream` is none of those.
+        ValueError: An int handle outside [0, 2**64).
     """
     if isinstance(stream, int) and not isinstance(stream, bool):
+        if not 0 <= stream < 2**64:
+            raise ValueError(f"stream: an int handle must be in [0, 2**64), got {stream}")
         return stream
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is not None:
@@ -218,8 +222,9 @@ class Kernel:
 
         Raises:
             TypeError: Wrong number, type or size of arguments.
-            ValueError: Bad grid/block/cluster, tensor on another device, or `shared_mem`
-                above what the device allows.
+            ValueError: Bad grid/block/cluster, a tensor or PyTorch stream on another
+                device, an int stream handle outside [0, 2**64), or `shared_mem` above what
+                the device allows.
             KernelLaunchError: The driver refused the launch.
         """
         gx, gy, gz = (
@@ -230,7 +235,9 @@ class Kernel:
         )
         if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
-        handle = self._raw_stream(self.device_index) if stream is None else stream_handle(stream)
+        handle = self._raw_stream(self.device_index) if stream is None else self._handle(stream)
+        if type(cluster) is list:  # the launch is a dict key below
+            cluster = tuple(cluster)
         buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched
         # The legacy/per-thread default streams (handles 0-2) belong to whatever context is
         # current. PyTorch's current device (a thread-local read, unlike the driver's
@@ -292,6 +299,8 @@ class Kernel:
         bx, by, bz = _dim3(block, "block")
         if type(shared_mem) is not int or shared_mem < 0 or shared_mem > self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
+        if type(cluster) is list:  # part of the configurations' keys
+            cluster = tuple(cluster)
         if cluster is not None:
             self._launch_config((gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, 0))
         pack = (self._unchecked_packer() if devices_checked else self._packer).pack
@@ -363,6 +372,19 @@ class Kernel:
                 f"once now, never on replay). Capture on a stream of cuda:{self.device_index}, "
                 f"e.g. torch.cuda.graph(g, stream=torch.cuda.Stream({self.device_index}))."
             )
+
+    def _handle(self, stream: Any) -> int:
+        """`stream_handle`, refusing a PyTorch stream of another device: the driver would run
+        the kernel on that stream's GPU with this device's addresses, or, for its default
+        stream, on this device's default stream instead of the one named."""
+        handle = stream_handle(stream)
+        index = getattr(stream, "device_index", None)  # torch.cuda.Stream / ExternalStream
+        if type(index) is int and index != self.device_index:
+            raise ValueError(
+                f"stream: {self.spec.label!r} runs on cuda:{self.device_index} but the stream "
+                f"is on cuda:{index}"
+            )
+        return handle
 
     def _launch_ex(self, launch: tuple, params: Any) -> Any:
         # `launch` (grid, block, shared memory, cluster, PDL, stream) is also the config's key.

@@ -387,11 +387,29 @@ def tensor_map_for(
             f"strides {tensor.stride()}"
         )
     size = tensor.element_size()
+    strides_bytes: list[int] = []  # innermost first, as the descriptor takes them
+    inner_extent = tensor.shape[-1] * size
+    for d in range(tensor.dim() - 2, -1, -1):
+        if tensor.shape[d] == 1:
+            # PyTorch leaves a size-1 dimension's stride arbitrary (`is_contiguous()` ignores
+            # it) and TMA never steps along it: use the packed value, rounded up to 16.
+            stride = max(16, -(-inner_extent // 16) * 16)
+        else:
+            stride = tensor.stride(d) * size
+            if stride % 16 or not 0 < stride < 2**40:
+                raise ValueError(
+                    f"tensor: TMA needs each outer dimension's stride to be a positive multiple "
+                    f"of 16 bytes below 2**40; dimension {d} of shape {tuple(tensor.shape)} has "
+                    f"stride {tensor.stride(d)} elements = {stride} bytes (strides "
+                    f"{tensor.stride()}, {size}-byte elements)"
+                )
+        strides_bytes.append(stride)
+        inner_extent = stride * tensor.shape[d]
     return make_tensor_map(
         tensor,
         tensor.dtype,
         global_dims=tuple(reversed(tensor.shape)),
-        global_strides_bytes=tuple(s * size for s in reversed(tensor.stride()[:-1])),
+        global_strides_bytes=tuple(strides_bytes),
         box_dims=tuple(reversed(box)),
         swizzle=swizzle,
         l2_promotion=l2_promotion,
