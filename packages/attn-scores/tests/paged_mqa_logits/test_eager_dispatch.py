@@ -441,3 +441,36 @@ def test_symbolic_make_fx_records_the_custom_op():
     assert any("fp8_paged_mqa_logits_into" in target for target in targets), targets
     mask = valid_mask(case.seq_lens, 1, case.max_seq_len)  # empty requests' rows: unwritten
     assert torch.equal(graph(*case.fp8_args()[:5])[mask], call(*case.fp8_args()[:5])[mask])
+
+
+def test_an_overlap_verdict_survives_another_thread_clearing_the_verdicts():
+    """The verdict cache is shared by threads calling one remembered signature; a clear by
+    another thread right after a verdict is stored must not lose it (found by a review:
+    KeyError from a valid call)."""
+
+    class ClearedByAnotherThread(dict):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            self.clear()
+
+    problem = _problem(rows=3, max_seq_len=300)
+    width = problem.padded_cols
+    tensors = tuple(torch.ones(k) for k in range(1, 6))
+    # An input inside the extent of a wide-pitch out's rows, past their written part.
+    wide = torch.zeros(3 * 2 * width)
+    out = wide.view(3, 2 * width)[:, :width]
+    inputs = (tensors[0], tensors[1], wide[width : width + 4], tensors[3], tensors[4], None)
+    check_out = dispatch.OutCheck("fp8", problem, inputs, out)
+    check_out._verdicts = ClearedByAnotherThread()
+    check_out(inputs, out)  # no overlap, no error (raised KeyError before)
+
+
+def test_a_refused_head_dim_adds_no_kernel_configuration():
+    """Refused calls (head_dim too large for shared memory) must not grow the config cache."""
+    from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
+
+    before = fp8_sm90.fp8_config.cache_info().currsize
+    for head_dim in range(4096, 4096 + 32 * 50, 32):
+        with pytest.raises(ValueError, match="does not fit the SM90 kernel's shared memory"):
+            fp8_sm90.check_shared_memory_fit(64, head_dim, 1)
+    assert fp8_sm90.fp8_config.cache_info().currsize == before

@@ -125,6 +125,32 @@ def test_a_sparse_tensor_after_an_expanded_one_of_its_shape_is_still_refused(cou
         fa.fp8_paged_mqa_logits(*args)
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no mkldnn")
+def test_an_mkldnn_tensor_after_an_expanded_one_of_its_strides_is_still_refused(counted_checks):
+    # An mkldnn tensor reports strides (1, 0, ..., 0), as a dense weights[:, :1].expand() does.
+    case = make_fp8_case([40, 40], next_n=1, num_heads=8, head_dim=32, max_seq_len=64, seed=6)
+    args = list(case.fp8_args())
+    column = case.weights[:, :1].contiguous()
+    args[2] = column.expand(case.weights.shape)
+    assert args[2].stride() == (1, 0)
+    fa.fp8_paged_mqa_logits(*args)
+    fa.fp8_paged_mqa_logits(*args)
+    assert counted_checks == ["fp8", "fp8"]  # not remembered
+    args[2] = args[2].contiguous().to_mkldnn()
+    assert args[2].stride() == (1, 0)
+    with pytest.raises(TypeError, match=r"weights must be a dense \(torch.strided\) tensor"):
+        fa.fp8_paged_mqa_logits(*args)
+
+
+def test_a_one_dimensional_unit_stride_signature_is_still_remembered(counted_checks):
+    # (1,) is a contiguous 1-D tensor's stride, not mkldnn's pattern: seq_lens keeps it.
+    case = make_fp8_case([40, 70], next_n=1, seed=1)
+    assert case.seq_lens.stride() == (1,)
+    fa.fp8_paged_mqa_logits(*case.fp8_args())
+    fa.fp8_paged_mqa_logits(*case.fp8_args())
+    assert counted_checks == ["fp8"]
+
+
 @pytest.mark.parametrize(
     "index", [0, 1, 2, 3, 4], ids=["q", "kv_fused", "weights", "tables", "lens"]
 )

@@ -96,14 +96,17 @@ def signature(
 
 
 def memoizable(key: tuple | None) -> bool:
-    """Whether a validated signature may be remembered. Not when a tensor's strides are all 0
-    (an `expand()`ed tensor): a sparse COO tensor of the same dtype, device and shape reports
-    the same strides, and must still meet the dense-layout check."""
+    """Whether a validated signature may be remembered. The key holds no layout (reading it
+    would cost every call), so not when a tensor's strides are those another layout reports
+    for the same dtype, device and shape, which must still meet the dense-layout check: all 0
+    (an `expand()`ed tensor; sparse COO reports that too) or (1, 0, ..., 0) (mkldnn)."""
     if key is None:
         return False
     for part in key:
-        if type(part) is tuple and len(part) == 4 and part[3] and not any(part[3]):
-            return False
+        if type(part) is tuple and len(part) == 4 and part[3]:
+            strides = part[3]
+            if not any(strides[1:]) and (strides[0] == 0 or (strides[0] == 1 and len(strides) > 1)):
+                return False
     return True
 
 
@@ -167,12 +170,15 @@ class OutCheck:
 
     def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
         key = (index, offset)
-        if key not in self._verdicts:
-            pitch, width, rows = self._geometry
-            if len(self._verdicts) >= 64:
-                self._verdicts.clear()
-            self._verdicts[key] = v.meets_written_rows(inputs[index], offset, pitch, width, rows)
-        return self._verdicts[key]
+        verdicts = self._verdicts
+        if key in verdicts:
+            return verdicts[key]
+        pitch, width, rows = self._geometry
+        verdict = v.meets_written_rows(inputs[index], offset, pitch, width, rows)
+        if len(verdicts) >= 64:  # another thread may clear it too: the local is what counts
+            verdicts.clear()
+        verdicts[key] = verdict
+        return verdict
 
 
 class EagerCall:

@@ -246,10 +246,12 @@ def fp8_config(
 
 
 def fits_shared_memory(head_dim: int, num_heads: int, next_n: int) -> bool:
-    """Whether (head_dim, num_heads, next_n) fits the SM90 kernel's shared memory."""
-    return fp8_config(
+    """Whether (head_dim, num_heads, next_n) fits the SM90 kernel's shared memory. Not
+    through `fp8_config`'s cache: refused calls would add an entry for every head_dim tried."""
+    config = Fp8KernelConfig(
         64, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32
-    ).fits
+    )
+    return config.fits
 
 
 def check_shared_memory_fit(num_heads: int, head_dim: int, next_n: int) -> None:
