@@ -65,6 +65,64 @@ def test_fp4_bfloat16_output_is_a_valid_request():
     assert got == []
 
 
+def _grid(monkeypatch, **kwargs) -> list[tuple]:
+    """(variant, output dtype, epi dtype) of the configurations a CUDA precompile would build."""
+    from flashinfer_attn_scores.paged_mqa_logits import precompile as module
+
+    built = []
+    monkeypatch.setattr(module.v, "check_cuda_arch", lambda *args: None)
+    monkeypatch.setattr(
+        module.launcher,
+        "compile_paged_mqa_logits_kernels",
+        lambda configs, target: built.extend(configs),
+    )
+    monkeypatch.setattr(module, "resolve_device", lambda device: torch.device("cuda", 0))
+    fa.precompile_paged_mqa_logits("cuda:0", block_sizes=(64,), next_ns=(1,), **kwargs)
+    return sorted({(c.variant, str(c.output_dtype), str(c.epi_dtype)) for c in built})
+
+
+def test_both_variants_build_each_dtype_where_it_is_taken(monkeypatch):
+    # fp8 has no bfloat16 output or epilogue; fp4 has both. A mixed list builds what each takes.
+    got = _grid(
+        monkeypatch,
+        output_dtypes=(torch.bfloat16, torch.float32),
+        epi_dtypes=(torch.float32, torch.bfloat16),
+    )
+    assert got == [
+        ("fp4", "torch.bfloat16", "torch.bfloat16"),
+        ("fp4", "torch.bfloat16", "torch.float32"),
+        ("fp4", "torch.float32", "torch.bfloat16"),
+        ("fp4", "torch.float32", "torch.float32"),
+        ("fp8", "torch.float32", "torch.float32"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"output_dtypes": (torch.bfloat16,)},
+            r"^output_dtypes \('torch.bfloat16',\) leaves nothing to build for fp8, which takes "
+            r"\(torch.float32, torch.float16\)",
+        ),
+        (
+            {"epi_dtypes": (torch.bfloat16,)},
+            r"^epi_dtypes \('torch.bfloat16',\) leaves nothing to build for fp8",
+        ),
+        (
+            {"output_dtypes": (torch.float32, torch.float64)},
+            r"^output_dtypes entry torch.float64: none of the variants \('fp8', 'fp4'\) takes it "
+            r"\(fp8: torch.float32, torch.float16; fp4: ",
+        ),
+    ],
+)
+def test_both_variants_refuse_a_dtype_list_that_drops_something(kwargs, match):
+    # Nothing asked for is silently left out: a variant left with no dtype, or a dtype no
+    # variant takes, is refused.
+    with pytest.raises(ValueError, match=match):
+        fa.precompile_paged_mqa_logits("cpu", **kwargs)
+
+
 PRECOMPILE_ERRORS = {
     "variant_unknown": (
         {"variants": ("fp16",)},

@@ -74,6 +74,31 @@ def _check_dtype_tuple(name: str, values: object) -> tuple:
     return tuple(values)
 
 
+def _supported(
+    variant: str,
+    name: str,
+    requested: tuple,
+    allowed: tuple,
+    variant_count: int,
+    refusal: dict | None = None,
+) -> tuple:
+    """The entries of a dtype list that `variant` supports. With several variants a dtype is
+    built for those that take it (fp8 has no bfloat16 output); every variant must keep at
+    least one, so nothing asked for is silently left out."""
+    if variant_count == 1:
+        for dtype in requested:
+            v.check_dtype_choice(f"{name} ({variant})", dtype, allowed, refusal)
+        return requested
+    kept = tuple(dtype for dtype in requested if dtype in allowed)
+    if not kept:
+        names = ", ".join(str(d) for d in allowed)
+        raise ValueError(
+            f"{name} {tuple(str(d) for d in requested)} leaves nothing to build for {variant}, "
+            f"which takes ({names}): add one of those, or leave {variant!r} out of variants"
+        )
+    return kept
+
+
 def _paged_configs(
     variants: tuple,
     output_dtypes: tuple | None,
@@ -85,6 +110,23 @@ def _paged_configs(
     acc_dtypes: tuple,
 ) -> list[PagedMqaLogitsConfig]:
     """Expand the requested grid, checking every combination against the ops' restrictions."""
+    distinct = len(set(variants))
+    if distinct > 1:
+        takes = {
+            "output_dtypes": {"fp8": FP8_OUTPUT_DTYPES, "fp4": FP4_OUTPUT_DTYPES},
+            "epi_dtypes": {"fp8": FP8_EPI_DTYPES, "fp4": FP4_EPI_DTYPES},
+        }
+        for name, requested in (("output_dtypes", output_dtypes), ("epi_dtypes", epi_dtypes)):
+            for dtype in requested or ():
+                if not any(dtype in takes[name][variant] for variant in variants):
+                    each = "; ".join(
+                        f"{variant}: {', '.join(str(d) for d in takes[name][variant])}"
+                        for variant in variants
+                    )
+                    raise ValueError(
+                        f"{name} entry {dtype}: none of the variants {tuple(variants)} takes it "
+                        f"({each})"
+                    )
     configs: list[PagedMqaLogitsConfig] = []
     for variant in variants:
         outs = output_dtypes if output_dtypes is not None else _DEFAULT_OUTPUT_DTYPES[variant]
@@ -102,11 +144,10 @@ def _paged_configs(
                 (torch.float32,),
             )
             heads, dim = FP4_NUM_HEADS, FP4_HEAD_DIM
-        for dtype in outs:
+        if output_dtypes is not None:
             refusal = FP8_BF16_REFUSAL if variant == "fp8" else None
-            v.check_dtype_choice(f"output_dtypes ({variant})", dtype, allowed_out, refusal)
-        for dtype in epi_dtypes:
-            v.check_dtype_choice(f"epi_dtypes ({variant})", dtype, allowed_epi)
+            outs = _supported(variant, "output_dtypes", outs, allowed_out, distinct, refusal)
+        epis = _supported(variant, "epi_dtypes", epi_dtypes, allowed_epi, distinct)
         accs = acc_dtypes if variant == "fp8" else (torch.float32,)
         for dtype in accs:
             v.check_dtype_choice(f"acc_dtypes ({variant})", dtype, allowed_acc)
@@ -120,7 +161,7 @@ def _paged_configs(
             if variant == "fp8":
                 check_fp8_shared_memory_fit(heads, dim, next_n)
         for block_size, next_n, out_dtype, epi, acc in itertools.product(
-            block_sizes, next_ns, outs, epi_dtypes, accs
+            block_sizes, next_ns, outs, epis, accs
         ):
             interleaved = (False, True) if variant == "fp4" and block_size == 128 else (False,)
             configs.extend(
@@ -170,8 +211,10 @@ def precompile_paged_mqa_logits(
             else the CPU.
         variants: Which precisions to build, a subset of `("fp8", "fp4")`. A deployment
             usually runs one indexer precision; pass e.g. `("fp8",)`.
-        output_dtypes: Output dtypes to build for every selected variant. None (default)
-            means float32 for fp8 and both bfloat16 and float32 for fp4.
+        output_dtypes: Output dtypes to build. None (default) means float32 for fp8 and
+            both bfloat16 and float32 for fp4. With both variants selected each dtype is
+            built for the variants that take it (fp8 has no bfloat16 output), and each
+            variant must keep at least one; with one variant every entry must suit it.
         batch_sizes: Accepted for source compatibility with FlashInfer's signature; the SM90
             kernels do not specialise on batch size, so the values are only validated
             (positive ints).
@@ -179,7 +222,8 @@ def precompile_paged_mqa_logits(
         next_ns: Draft depths to build (fp4 supports 1..4).
         num_heads: fp8 head count (a multiple of 4); fp4 is fixed at 64.
         head_dim: fp8 head dimension (a multiple of 32); fp4 is fixed at 128.
-        epi_dtypes: Epilogue dtypes to build.
+        epi_dtypes: Epilogue dtypes to build, per variant as for `output_dtypes` (fp8 has
+            no bfloat16 epilogue).
         acc_dtypes: fp8 accumulator dtypes to build.
 
     Returns:
