@@ -229,3 +229,23 @@ def test_plain_numbers_are_told_what_the_parameter_needs(params, plain, words):
     with pytest.raises(TypeError, match=words) as info:
         packer.pack((plain,))
     assert "0-byte" not in str(info.value)
+
+
+@pytest.mark.parametrize(("map_device", "refused"), [(1, True), (0, False), (None, False)])
+def test_a_tensor_map_of_another_device_is_refused(map_device, refused):
+    # A descriptor holds its tensor's address; on another device's kernel it is a foreign one.
+    # A raw address's descriptor (device None) cannot be checked.
+    tmap = _tensor_map(3)
+    tmap.device_index = map_device
+    packer = ArgumentPacker([(0, 128)], 0, "k")
+    if refused:
+        with pytest.raises(
+            ValueError,
+            match=r"runs on cuda:0 but got a TensorMap of a tensor on cuda:1 \(argument 0\)$",
+        ):
+            packer.pack((tmap,))
+    else:
+        buffer, address = packer.pack((tmap,))
+        assert _param_bytes(buffer, address, [128]) == [tmap.raw]
+    unchecked = ArgumentPacker([(0, 128)], 0, "k", check_devices=False)
+    unchecked.pack((tmap,))  # the caller vouches for the devices

@@ -207,6 +207,7 @@ def test_tma_tile_arrives_intact(row, col):
     gen = _generator(4)
     source = torch.randn(200, 100, device="cuda", generator=gen)
     tensor_map = jit.tensor_map_for(source, (64, 32), swizzle="none")
+    assert tensor_map.device_index == source.device.index
     kernel = load_kernel(TMA_LOAD_TILE)
     out = torch.full((64 * 32,), float("nan"), device="cuda")
     kernel.launch(1, 128, tensor_map, out, i32(row), i32(col))

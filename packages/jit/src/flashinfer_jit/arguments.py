@@ -151,11 +151,15 @@ class ArgumentPacker:
             raise RuntimeError("argument plan rejected the types it was built for")
         return packed
 
-    def _device_error(self, tensor: Any, index: int) -> None:
+    def _device_error(self, value: Any, index: int) -> None:
         # Called from generated packers; always raises.
+        if isinstance(value, TensorMap):
+            what = f"a TensorMap of a tensor on cuda:{value.device_index}"
+        else:
+            what = f"a tensor on {value.device}"
         raise ValueError(
-            f"kernel {self.label!r} runs on cuda:{self.device_index} but got a tensor on "
-            f"{tensor.device} (argument {index})"
+            f"kernel {self.label!r} runs on cuda:{self.device_index} but got {what} "
+            f"(argument {index})"
         )
 
     def _build(self, types: tuple[type, ...]) -> Callable[[tuple], Any]:
@@ -176,7 +180,8 @@ class ArgumentPacker:
         fmt = ["<"]
         cursor = data_start
         values: list[str] = []
-        device_checks: list[str] = []
+        device_checks: list[int] = []
+        map_checks: list[int] = []  # TensorMaps: a raw address's device is unknown (None)
         for index, (kind, (offset, size)) in enumerate(zip(types, params)):
             category = _kind_of(kind, torch.Tensor)
             if category == "tensor":
@@ -190,6 +195,8 @@ class ArgumentPacker:
             elif category == "tensormap":
                 code, got = "128s", 128
                 values.append(f"a{index}.raw")
+                if self.check_devices:
+                    map_checks.append(index)
             elif category == "plain":
                 raise TypeError(
                     f"kernel {self.label!r} argument {index}: a plain Python {kind.__name__} "
@@ -255,6 +262,9 @@ class ArgumentPacker:
             lines.append("        return None")
             for i in device_checks:
                 lines.append(f"    if a{i}.get_device() != device:")
+                lines.append(f"        device_error(a{i}, {i})")
+            for i in map_checks:
+                lines.append(f"    if a{i}.device_index not in (None, device):")
                 lines.append(f"        device_error(a{i}, {i})")
             lines.append("    ident = get_ident()")
             lines.append("    entry = buffers.get(ident)")

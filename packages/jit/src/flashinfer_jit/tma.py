@@ -73,9 +73,11 @@ class TensorMap:
         global_dims: Dimensions, innermost first.
         box_dims: Box (tile) dimensions, innermost first.
         swizzle: Swizzle mode name.
+        device_index: The CUDA device of the described tensor; None for a raw address,
+            whose device the descriptor cannot know.
     """
 
-    __slots__ = ("_keepalive", "box_dims", "dtype", "global_dims", "raw", "swizzle")
+    __slots__ = ("_keepalive", "box_dims", "device_index", "dtype", "global_dims", "raw", "swizzle")
 
     def __init__(
         self,
@@ -85,6 +87,7 @@ class TensorMap:
         box_dims: tuple[int, ...],
         swizzle: str,
         keepalive: Any = None,
+        device_index: int | None = None,
     ) -> None:
         if len(raw) != 128:
             raise ValueError(f"TensorMap: expected 128 descriptor bytes, got {len(raw)}")
@@ -94,6 +97,7 @@ class TensorMap:
         self.box_dims = box_dims
         self.swizzle = swizzle
         self._keepalive = keepalive
+        self.device_index = device_index
 
     def __repr__(self) -> str:
         return (
@@ -342,7 +346,8 @@ def make_tensor_map(
         f"cuTensorMapEncodeTiled(dims={dims}, strides={strides}, box={box}, swizzle={swizzle})",
     )
     raw = ctypes.string_at(tensor_map.getPtr(), 128)
-    return TensorMap(raw, dtype, dims, box, swizzle, keepalive)
+    device_index = keepalive.device.index if keepalive is not None else None
+    return TensorMap(raw, dtype, dims, box, swizzle, keepalive, device_index)
 
 
 def tensor_map_for(
