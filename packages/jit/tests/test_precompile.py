@@ -193,3 +193,16 @@ def test_bad_arguments_are_rejected_before_any_work(
 def test_a_malformed_arch_with_no_specs_is_still_an_error(cache_dir):
     with pytest.raises(ValueError, match="arch: expected a full SM target"):
         precompile([], arch="garbage", cache_dir=cache_dir, progress=False)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_progress_bar_counts_the_configurations_on_stderr(source, cache_dir, capsys, progress):
+    # The acceptance asks for a progress bar: tqdm's on stderr, one step per configuration.
+    specs = [KernelSpec.make("fill", source, {"VALUE": v}) for v in range(3)]
+    precompile(specs, arch="sm_90a", max_workers=1, progress=progress, cache_dir=cache_dir)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    if progress:
+        assert "3/3" in captured.err
+    else:
+        assert captured.err == ""
