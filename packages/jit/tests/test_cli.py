@@ -61,6 +61,9 @@ def spec_module(tmp_path, monkeypatch):
             def empty():
                 return []
 
+            def raises():
+                raise RuntimeError("registry exploded")
+
             def with_a_folder():
                 return good() + [KernelSpec("good_kernel", HERE, label="folder")]
 
@@ -234,6 +237,8 @@ def test_an_empty_ptxas_option_fails_the_spec_not_the_process(spec_module, cache
         (["compile-check", "-j", "0"], "argument -j/--jobs: expected a positive int, got '0'"),
         (["compile-check", "--arch", "sm_9x"], "argument --arch: arch: expected a full SM target"),
         (["inspect", "{dir}/good.cu", "--arch", "sm_9"], "argument --arch: arch: expected a full"),
+        (["compile-check", "--arch", "sm_99a"], "'sm_99a' is not a target of this NVRTC"),
+        (["inspect", "jit_cli_specs:raises"], "RuntimeError: registry exploded"),
         (
             ["inspect", "{dir}/good.cu", "-D", "SCALE=2", "-D", "SCALE=3"],
             "-D SCALE given twice with different values: 2 and 3",

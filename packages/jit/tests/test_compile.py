@@ -351,6 +351,31 @@ def test_a_name_that_is_not_an_entry_point_of_a_shared_entry_is_an_error(source,
     )
 
 
+WITH_CONSTANTS = """\
+__constant__ float table_q[100];
+extern "C" __global__ void read_table(float* out) { out[threadIdx.x] = table_q[threadIdx.x]; }
+"""
+
+
+@pytest.mark.parametrize("name", ["table_q", "info"])
+def test_a_name_the_cubin_holds_as_data_is_not_an_entry_point_and_the_entry_stays(
+    tmp_path, cache_dir, caplog, name
+):
+    """A `__constant__` variable's name, or a section name's tail (`.nv.info`), is in the
+    cubin's strings but has no code: asking for it is the caller's mistake, not damage (found
+    by a review: the entry was discarded and lookup_kernel returned None)."""
+    source = tmp_path / "constants.cu"
+    source.write_text(WITH_CONSTANTS)
+    good = compile_kernel(KernelSpec.make("read_table", source), "sm_90a", cache_dir=cache_dir)
+    created = read_entry(cache_dir, good.key).manifest["created_unix"]
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        for function in (lookup_kernel, compile_kernel):
+            with pytest.raises(ValueError, match=r"entry points found: \['read_table'\]"):
+                function(KernelSpec.make(name, source), "sm_90a", cache_dir=cache_dir)
+    assert caplog.text == ""
+    assert read_entry(cache_dir, good.key).manifest["created_unix"] == created
+
+
 TWO_KERNELS = """\
 extern "C" __global__ void first_kernel(int* out) { out[threadIdx.x] = VALUE; }
 extern "C" __global__ void second_kernel(int* out) { out[threadIdx.x] = 2 * VALUE; }

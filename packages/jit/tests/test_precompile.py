@@ -206,3 +206,20 @@ def test_the_progress_bar_counts_the_configurations_on_stderr(source, cache_dir,
         assert "3/3" in captured.err
     else:
         assert captured.err == ""
+
+
+def test_an_interrupt_stops_the_compiles_it_has_not_reached(source, cache_dir):
+    # Ctrl-C while waiting (here: raised by the first result's callback) must stop the pool:
+    # no further spec compiled, no worker left running (found by a review: every spec was
+    # still compiled in the background).
+    specs = [KernelSpec.make("fill", source, {"VALUE": v}) for v in range(8)]
+    started = []
+
+    def interrupt(index, result):
+        started.append(index)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        precompile_module._run_pool(list(enumerate(specs)), "sm_90a", str(cache_dir), 1, interrupt)
+    compiled = [compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache for spec in specs]
+    assert started == [0] and compiled[0] and sum(compiled) <= 2, compiled

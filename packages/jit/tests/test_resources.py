@@ -73,3 +73,30 @@ def test_manifest_fields_of_another_type_are_rejected(change, fragment):
     data["spill"].update(change)
     with pytest.raises(ValueError, match=fragment):
         resources_from_json(data)
+
+
+def test_a_device_function_reported_under_several_entries_keeps_its_largest_spills():
+    # ptxas reports a non-inlined device function once per calling entry; under a tight
+    # register limit it spills, under a loose one not. The spill must not be lost to the
+    # order of the reports (found by a review: compile-check passed a spilling kernel).
+    report = """\
+ptxas info    : Compiling entry function 'tight' for 'sm_90a'
+ptxas info    : Function properties for _Z5heavyPKfi
+ptxas         .     8 bytes stack frame, 1152 bytes spill stores, 1152 bytes spill loads
+ptxas info    : Function properties for tight
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 368 bytes cmem[0]
+ptxas info    : Compiling entry function 'loose' for 'sm_90a'
+ptxas info    : Function properties for _Z5heavyPKfi
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Function properties for loose
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 120 registers, used 0 barriers, 368 bytes cmem[0]
+"""
+    heavy = parse_ptxas_report(report)["_Z5heavyPKfi"]
+    assert (heavy.stack_frame_bytes, heavy.spill_store_bytes, heavy.spill_load_bytes) == (
+        8,
+        1152,
+        1152,
+    )
+    assert heavy.spills and not heavy.is_entry

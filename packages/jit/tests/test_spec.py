@@ -109,3 +109,14 @@ def test_paths_that_cannot_name_a_file_are_rejected(fields, fragment):
 def test_make_names_the_source_when_it_is_not_a_path():
     with pytest.raises(TypeError, match=r"KernelSpec\.source: expected a pathlib\.Path or str"):
         KernelSpec.make("k", None)  # type: ignore[arg-type]
+
+
+def test_dot_dot_after_a_symlink_names_the_file_the_system_opens(tmp_path):
+    # lnk -> real/sub: lnk/../kernel.cu is real/kernel.cu, not tmp_path/kernel.cu.
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "kernel.cu").write_text("// the one opened\n")
+    (tmp_path / "kernel.cu").write_text("// a decoy\n")
+    (tmp_path / "lnk").symlink_to(tmp_path / "real" / "sub")
+    spec = KernelSpec.make("k", tmp_path / "lnk" / ".." / "kernel.cu")
+    assert spec.source.is_absolute()
+    assert spec.source.read_text() == "// the one opened\n"

@@ -20,6 +20,7 @@ from .errors import KernelCompileError
 from .precompile import PrecompileSummary, precompile
 from .registry import ENTRY_POINT_GROUP, SpecSource, discover_registered_specs, load_target
 from .spec import KernelSpec
+from .toolchain import nvrtc_supported_archs
 
 # Shared memory per block a kernel can opt in to, by arch family, for the inspect report.
 _OPTIN_SHARED_BYTES = {"sm_90": 232448, "sm_100": 232448, "sm_80": 166912, "sm_89": 101376}
@@ -44,6 +45,16 @@ def _arch(value: str) -> str:
         check_arch(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    # Well formed but unknown to this NVRTC (sm_99a): one usage error, not one NVRTC log per
+    # configuration.
+    supported = nvrtc_supported_archs()
+    number = int(re.sub(r"\D", "", value))
+    if supported is not None and number not in supported:
+        known = ", ".join(f"sm_{a}" for a in supported)
+        raise argparse.ArgumentTypeError(
+            f"arch: {value!r} is not a target of this NVRTC, which compiles for {known} "
+            "(with an 'a' or 'f' suffix where the GPU has one)"
+        )
     return value
 
 
@@ -137,7 +148,7 @@ def _specs_from_module(target: str) -> tuple[KernelSpec, ...]:
         )
     try:
         return load_target(target)
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+    except Exception as exc:  # the target's own code may raise anything (compile-check too)
         raise UsageError(f"target {target!r}: {type(exc).__name__}: {exc}") from None
 
 
@@ -197,7 +208,8 @@ def print_report(compiled: CompiledKernel, out: TextIO) -> None:
         )
         out.write(f"     local memory (stack): {function.stack_frame_bytes} bytes per thread\n")
         if function.constant_bytes:
-            out.write(f"     constant memory:      {function.constant_bytes} bytes\n")
+            bank = function.constant_bytes
+            out.write(f"     constant bank 0:      {bank} bytes (parameters; per function)\n")
 
 
 def disassemble(cubin: bytes) -> tuple[str, subprocess.CompletedProcess[str]] | None:

@@ -380,12 +380,18 @@ def _cached_fields(
         raise CorruptEntry(f"{publisher!r}, which published the entry, is not an entry point of it")
     if not functions and parse_ptxas_report(log):
         raise CorruptEntry("no functions, although the log holds a ptxas report")
-    # extern "C" kernels of one source share the entry. Asking it for a name the cubin lacks
-    # is the caller's mistake (`_check_entry` names it); a name the cubin holds but the report
-    # does not list contradicts the report.
-    if functions and entry_name not in functions and _symbol_in_cubin(entry_name, entry.cubin):
+    # extern "C" kernels of one source share the entry. Asking it for a name the cubin has no
+    # code for is the caller's mistake (`_check_entry` names it; a `__constant__` variable or
+    # a section name's tail is such a name); a function the cubin holds code for (its
+    # `.text.<name>` section) but the report does not list contradicts the report.
+    if functions and entry_name not in functions and _code_in_cubin(entry_name, entry.cubin):
         raise CorruptEntry(f"{entry_name!r} is in the cubin but not in the manifest's functions")
     return functions, entry_name, log, float(manifest["compile_seconds"])
+
+
+def _code_in_cubin(name: str, cubin: bytes) -> bool:
+    """Whether the cubin has a code section for function `name` (`.text.<name>`)."""
+    return b".text." + name.encode() + b"\0" in cubin
 
 
 def _symbol_in_cubin(name: str, cubin: bytes) -> bool:

@@ -243,13 +243,16 @@ def _run_pool(
         todo.put(task)
     done: queue.Queue = queue.Queue()
     env = _worker_environment()
+    stopping = threading.Event()  # the caller was interrupted: start nothing more
+    live: set[subprocess.Popen] = set()  # workers, for the interrupted caller to kill
+    live_lock = threading.Lock()
 
     def drive() -> None:
         # A worker that dies (NVRTC aborting the process, say) fails only the spec it was
         # compiling; the next spec gets a fresh worker.
         process: subprocess.Popen | None = None
         try:
-            while True:
+            while not stopping.is_set():
                 try:
                     index, spec = todo.get_nowait()
                 except queue.Empty:
@@ -260,6 +263,8 @@ def _run_pool(
                     except OSError as exc:
                         done.put((index, _failed(spec, arch, f"cannot start a worker: {exc}")))
                         break
+                    with live_lock:
+                        live.add(process)
                 result = _ask_worker(process, spec, arch, cache_dir)
                 if result is None:
                     _stop_worker(process)
@@ -274,17 +279,26 @@ def _run_pool(
     for thread in threads:
         thread.start()
     received = 0
-    while received < len(tasks):
-        try:
-            index, result = done.get(timeout=0.5)
-        except queue.Empty:
-            if not any(t.is_alive() for t in threads) and done.empty():
-                break  # every worker thread failed (no worker could start); the caller reports
-            continue
-        on_result(index, result)
-        received += 1
-    for thread in threads:
-        thread.join(timeout=5)
+    try:
+        while received < len(tasks):
+            try:
+                index, result = done.get(timeout=0.5)
+            except queue.Empty:
+                if not any(t.is_alive() for t in threads) and done.empty():
+                    break  # every worker thread failed (no worker could start); caller reports
+                continue
+            on_result(index, result)
+            received += 1
+    except BaseException:  # KeyboardInterrupt above all: stop compiling, then re-raise
+        stopping.set()
+        with live_lock:
+            for process in live:
+                with _suppress():
+                    process.kill()
+        raise
+    finally:
+        for thread in threads:
+            thread.join(timeout=5)
 
 
 class _suppress:

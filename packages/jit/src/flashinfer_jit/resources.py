@@ -8,7 +8,9 @@ available without a GPU. The report looks like::
     ptxas         .     312 bytes stack frame, 316 bytes spill stores, 364 bytes spill loads
     ptxas info    : Used 32 registers, used 1 barriers, 1024 bytes smem, 312 bytes cumulative stack size
 
-"Function properties" also appears for non-inlined device functions; their spills count.
+"Function properties" also appears for non-inlined device functions; their spills count. A
+device function called from several entries is reported once under each, and the reports can
+differ (each entry's register limit): the largest values are kept.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ class FunctionResources:
         barriers: Named barriers used (entry functions only).
         static_shared_bytes: `__shared__` arrays of fixed size, per block. Dynamic shared
             memory is chosen at launch and is not part of the binary.
-        constant_bytes: User constant memory (`cmem`) when ptxas reports it.
+        constant_bytes: The first constant bank on the function's "Used" line, when ptxas
+            reports one (bank 0, the kernel's parameters); user `__constant__` data is
+            reported for the whole module, not here.
         stack_frame_bytes: Local memory (stack frame) per thread for this function.
         cumulative_stack_bytes: Stack including callees, when ptxas reports it.
         spill_store_bytes: Bytes of register spill stores per thread.
@@ -90,9 +94,10 @@ def parse_ptxas_report(log: str) -> dict[str, FunctionResources]:
             continue
         if (m := _FRAME.search(line)) and properties_of is not None:
             target = fields[properties_of]
-            target["stack_frame_bytes"] = int(m.group(1))
-            target["spill_store_bytes"] = int(m.group(2))
-            target["spill_load_bytes"] = int(m.group(3))
+            for key, value in zip(
+                ("stack_frame_bytes", "spill_store_bytes", "spill_load_bytes"), m.groups()
+            ):
+                target[key] = max(target.get(key, 0), int(value))
             continue
         if (m := _USED.search(line)) and entry is not None:
             target = fields[entry]

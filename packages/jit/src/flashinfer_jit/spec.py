@@ -51,8 +51,9 @@ def _absolute_path(value: object, what: str) -> Path:
     if "\x00" in text:
         raise ValueError(f"{what}: path contains a NUL byte: {text!r}")
     # Absolute (without resolving symlinks, which needs I/O) so equal files compare equal
-    # whatever the working directory was when the spec was built.
-    return Path(os.path.abspath(text))
+    # whatever the working directory was when the spec was built. `..` is kept: folding it
+    # as text (os.path.abspath) names another file when the part before it is a symlink.
+    return Path(text).absolute()
 
 
 def _as_sequence(value: object) -> object:

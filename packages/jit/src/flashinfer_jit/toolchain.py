@@ -74,6 +74,21 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 @functools.cache
+def nvrtc_supported_archs() -> tuple[int, ...] | None:
+    """The SM numbers this NVRTC compiles for (`90` for sm_90/sm_90a), or None when NVRTC
+    cannot say (it is missing or too old to be asked); callers then let the compile decide."""
+    from cuda.bindings import nvrtc
+
+    try:
+        result, archs = nvrtc.nvrtcGetSupportedArchs()
+    except Exception:  # NVRTC missing: the compile names the wheel to install
+        return None
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return None
+    return tuple(int(a) for a in archs)
+
+
+@functools.cache
 def toolchain_fingerprint() -> tuple[tuple[str, str], ...]:
     """Versions that identify the compiler and the system headers, for the cache key.
 
