@@ -724,6 +724,27 @@ def test_the_ops_refuse_a_storage_the_kernel_would_overrun(variant, storage_shap
     assert torch.equal(storage, before)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_the_ops_refuse_a_storage_of_another_dtype_than_output_dtype(variant, device):
+    """An AOTInductor package exported for float32 output handed a float16 `out`: the kernel
+    built for float32 would write 4-byte elements into a 2-byte buffer (found by a review)."""
+    if variant == "fp8":
+        case = make_fp8_case([40, 300], next_n=2, seed=72).to(device)
+        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
+    else:
+        case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to(device)
+        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
+        tail = (32, torch.float32, torch.float32, False)
+    storage = torch.full((case.rows, 512), 7.0, dtype=torch.float16, device=device)
+    before = storage.clone()
+    with pytest.raises(
+        TypeError, match=r"^out must have dtype output_dtype = torch.float32, got torch.float16$"
+    ):
+        op(*args, storage, None, *tail)
+    assert torch.equal(storage, before)
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.compile on the SM90 kernel
 

@@ -398,7 +398,6 @@ def test_fp8_span_with_wide_out_stride():
         fp8_call(lambda c: {"out": out}, lens=[10], next_n=1)
 
 
-
 @pytest.mark.parametrize("output_dtype", [torch.bfloat16, torch.float32])
 def test_fp4_span_with_wide_out_stride(output_dtype):
     # The same 2**31 limit on fp4's output span (found untested by an audit).

@@ -57,6 +57,24 @@ def test_a_step_with_max_seq_len_read_from_data_exports_and_reruns(variant, stri
 
 
 @pytest.mark.parametrize("strict", [False, True])
+def test_a_length_read_from_data_reruns_across_multiples_of_256(strict):
+    """The returned view is contiguous exactly when max_seq_len is a multiple of 256; a
+    `max_seq_len` input with `Dim.DYNAMIC` gets that fixed to the traced side (an exported
+    program then refuses 1024 after tracing 300), one read from data does not (quickstart)."""
+    case = make_fp8_case([37, 0, 1024, 5], next_n=1, seed=23)
+    args = case.fp8_args()[:-1]
+    seq_lens = args[-1]
+    seq_lens[2] = 300
+    exported = torch.export.export(LengthFromData("fp8"), args, strict=strict)
+    for longest in (512, 1024, 257, 300, 256):
+        seq_lens[2] = longest
+        got = exported.module()(*args)
+        eager = fa.fp8_paged_mqa_logits(*args, longest)
+        assert got.shape == (case.rows, longest)
+        assert_valid_region_equal(got, eager, seq_lens, 1)
+
+
+@pytest.mark.parametrize("strict", [False, True])
 def test_the_size_helpers_take_a_size_read_from_data(strict):
     class Sizes(torch.nn.Module):
         def forward(self, seq_lens):

@@ -397,7 +397,8 @@ def compute_paged_mqa_logits_schedule(
             ints, not bools or tensors).
         ValueError: `seq_lens` is not 1-D or has 2**31 or more entries, `variant` is unknown,
             `next_n` or `num_sms` (1..2**31 - 1) is out of range, `out` has the wrong shape,
-            layout or device or shares memory with `seq_lens`, the device type is neither
+            layout or device or shares memory with `seq_lens` (checked on eager calls; a
+            trace has no addresses), the device type is neither
             CUDA nor CPU, CUDA is not available, or the CUDA device index is not that of a
             visible device.
         RuntimeError: `out` is an inference tensor and the call is outside inference mode.

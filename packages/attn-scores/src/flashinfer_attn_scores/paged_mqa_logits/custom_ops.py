@@ -72,11 +72,18 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bits.view(torch.float32).to(dtype)
 
 
-def _check_storage_fits(out_storage: torch.Tensor, q: torch.Tensor, max_seq_len: int) -> None:
+def _check_storage_fits(
+    out_storage: torch.Tensor, q: torch.Tensor, max_seq_len: int, output_dtype: torch.dtype
+) -> None:
     """The kernels write `q.shape[0] * q.shape[1]` rows of `padded_seq_len(max_seq_len)`
-    columns. The public functions check a caller's `out` for that, but an AOTInductor
-    package of an exported program does not run export's input guards (pytorch/pytorch
-    #141115), so the op checks its storage itself before anything writes into it."""
+    columns of `output_dtype`. The public functions check a caller's `out` for that, but an
+    AOTInductor package of an exported program does not run export's input guards
+    (pytorch/pytorch#141115), so the op checks its storage itself before anything writes
+    into it (a float16 `out` under a float32 kernel would be written past its end)."""
+    if out_storage.dtype != output_dtype:
+        raise TypeError(
+            f"out must have dtype output_dtype = {output_dtype}, got {out_storage.dtype}"
+        )
     rows, cols = q.shape[0] * q.shape[1], padded_seq_len(max_seq_len)
     fits = (
         out_storage.dim() == 2
@@ -120,7 +127,7 @@ def fp8_paged_mqa_logits_into(
     `epi_dtype` and `acc_dtype` do not change it.
     """
     _check_fp8_head_geometry_fits(q)
-    _check_storage_fits(out_storage, q, max_seq_len)
+    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
     expected = fp8_paged_mqa_logits_reference(
@@ -144,7 +151,7 @@ def fp8_paged_mqa_logits_into_cuda(
     acc_dtype: torch.dtype,
 ) -> None:
     _check_fp8_head_geometry_fits(q)
-    _check_storage_fits(out_storage, q, max_seq_len)
+    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
     launcher.launch_fp8_paged_mqa_logits(
@@ -202,7 +209,7 @@ def fp4_paged_mqa_logits_into(
     CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta` and
     `epi_dtype` do not change it.
     """
-    _check_storage_fits(out_storage, q, max_seq_len)
+    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
     expected = fp4_paged_mqa_logits_reference(
@@ -234,7 +241,7 @@ def fp4_paged_mqa_logits_into_cuda(
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
 ) -> None:
-    _check_storage_fits(out_storage, q, max_seq_len)
+    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
     launcher.launch_fp4_paged_mqa_logits(
