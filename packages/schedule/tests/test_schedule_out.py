@@ -99,3 +99,19 @@ def test_a_nested_tensor_is_a_type_error_naming_the_argument(argument):
 def test_a_cuda_index_past_64_bits_is_a_value_error_naming_device(index):
     with pytest.raises(ValueError, match=rf"^device: cannot parse {index} as a torch device"):
         compute_paged_mqa_logits_schedule(torch.tensor([1], dtype=torch.int32), index)
+
+
+def test_the_cuda_ops_checks_refuse_what_an_aot_package_could_hand_it():
+    # An AOTInductor package skips export's input guards; the op itself refuses an out the
+    # kernel would overrun or that overlaps seq_lens (the checks run on CPU tensors here).
+    from flashinfer_schedule.custom_ops import check_op_arguments
+
+    storage = torch.zeros(64, dtype=torch.int32)
+    seq_lens = storage[:4]
+    check_op_arguments(seq_lens, 3, storage[8:16].view(4, 2))  # apart: fine
+    with pytest.raises(ValueError, match=r"^out shares memory with seq_lens"):
+        check_op_arguments(seq_lens, 3, storage[2:10].view(4, 2))
+    with pytest.raises(ValueError, match=r"^out must have shape \[num_sms \+ 1, 2\]"):
+        check_op_arguments(seq_lens, 3, storage[8:14].view(3, 2))
+    with pytest.raises(TypeError, match=r"^out must have dtype torch.int32"):
+        check_op_arguments(seq_lens, 3, torch.zeros(4, 2, dtype=torch.int64))

@@ -11,14 +11,17 @@ Op (namespace `flashinfer_schedule`, reachable as `torch.ops.flashinfer_schedule
 
 * `paged_mqa_logits_schedule_into(seq_lens, num_sms, passes, out) -> ()`
 
-It does no argument checking (call `compute_paged_mqa_logits_schedule`, which does).
+`compute_paged_mqa_logits_schedule` checks the arguments. The op checks `out` once more
+against what the kernel writes, and that it shares no memory with `seq_lens`: an
+AOTInductor package of an exported program skips export's input guards
+(pytorch/pytorch#141115), and only here, at run time, are the tensors' addresses known.
 """
 
 import torch
 
 from ._schedule_cuda import launch_schedule_kernel
 
-__all__ = ["NAMESPACE", "paged_mqa_logits_schedule_into"]
+__all__ = ["NAMESPACE", "check_op_arguments", "paged_mqa_logits_schedule_into"]
 
 NAMESPACE = "flashinfer_schedule"
 
@@ -32,9 +35,19 @@ def paged_mqa_logits_schedule_into(
     """Write the schedule of `seq_lens` for `num_sms` SMs into `out` (`[num_sms + 1, 2]`)."""
     from .schedule import SCHEDULE_REQUEST_ENTRY_UNITS, SCHEDULE_TOKENS_PER_UNIT
 
+    check_op_arguments(seq_lens, num_sms, out)
     launch_schedule_kernel(
         seq_lens, num_sms, passes, SCHEDULE_TOKENS_PER_UNIT, SCHEDULE_REQUEST_ENTRY_UNITS, out
     )
+
+
+def check_op_arguments(seq_lens: torch.Tensor, num_sms: int, out: torch.Tensor) -> None:
+    """What the kernel needs of `out` (the public function's own checks), and no memory
+    shared with `seq_lens`, which the kernel reads after writing rows of `out`."""
+    from .schedule import _check_out, _check_out_apart
+
+    _check_out(out, num_sms, seq_lens.device)
+    _check_out_apart(out, seq_lens)
 
 
 @paged_mqa_logits_schedule_into.register_fake
