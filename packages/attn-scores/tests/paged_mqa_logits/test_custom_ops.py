@@ -745,6 +745,25 @@ def test_the_ops_refuse_a_storage_of_another_dtype_than_output_dtype(variant, de
     assert torch.equal(storage, before)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_the_cuda_ops_refuse_a_schedule_of_too_few_rows(variant):
+    """The kernels read num_sms + 1 schedule rows; an AOTInductor package can hand the op a
+    smaller schedule_meta without the public checks."""
+    if variant == "fp8":
+        case = make_fp8_case([40, 300], next_n=2, seed=72).to("cuda")
+        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
+    else:
+        case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to("cuda")
+        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
+        tail = (32, torch.float32, torch.float32, False)
+    storage = torch.full((case.rows, 512), 7.0, device="cuda")
+    short = torch.zeros(5, 2, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"^schedule_meta must have shape \[num_sms \+ 1, 2\]"):
+        op(*args, storage, short, *tail)
+    assert (storage == 7.0).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.compile on the SM90 kernel
 

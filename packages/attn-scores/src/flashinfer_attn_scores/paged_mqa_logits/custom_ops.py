@@ -26,6 +26,7 @@ import torch
 from flashinfer_jit.op_args import sizes, strides
 from flashinfer_schedule import padded_seq_len
 
+from .. import _validation as v
 from . import fp8_sm90, launcher
 from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
 
@@ -100,6 +101,13 @@ def _check_storage_fits(
         )
 
 
+def _check_schedule_rows(schedule_meta: torch.Tensor | None, q: torch.Tensor) -> None:
+    """The CUDA kernels read one schedule row per SM of q's device, plus one: a smaller
+    `schedule_meta` from an AOTInductor package (no export guards) would be read past."""
+    if schedule_meta is not None:
+        v.check_schedule_meta(schedule_meta, q)
+
+
 def _check_fp8_head_geometry_fits(q: torch.Tensor) -> None:
     _, next_n, num_heads, head_dim = q.shape
     fp8_sm90.check_shared_memory_fit(num_heads, head_dim, next_n)
@@ -152,6 +160,7 @@ def fp8_paged_mqa_logits_into_cuda(
 ) -> None:
     _check_fp8_head_geometry_fits(q)
     _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
+    _check_schedule_rows(schedule_meta, q)
     if q.shape[0] == 0:
         return
     launcher.launch_fp8_paged_mqa_logits(
@@ -242,6 +251,7 @@ def fp4_paged_mqa_logits_into_cuda(
     is_kv_sf_interleaved: bool,
 ) -> None:
     _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
+    _check_schedule_rows(schedule_meta, q)
     if q.shape[0] == 0:
         return
     launcher.launch_fp4_paged_mqa_logits(
