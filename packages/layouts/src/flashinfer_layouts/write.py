@@ -108,7 +108,9 @@ def write_fp8_kv_cache(
     ``slot_mapping[i] = block * block_size + offset``: its ``head_dim`` value bytes at
     ``offset * head_dim`` and its little-endian float32 scale at
     ``block_size * head_dim + 4 * offset`` of that block. No other byte changes. Rows with
-    slot -1 are skipped. If two rows name the same slot, which one lands is unspecified.
+    slot -1 are skipped. If two rows name the same slot, its bytes are unspecified: each comes
+    from one of those rows, on CUDA not necessarily all from the same one (the scatter
+    writes byte by byte).
 
     Slot range checks read ``slot_mapping``: they run on every eager call with CPU tensors;
     on a GPU only with ``FLASHINFER_VALIDATE_INPUTS=1`` outside CUDA-graph capture; never
@@ -164,7 +166,7 @@ def write_mxfp4_kv_cache(
     ``block_size * head_dim/2 + (head_dim/32) * k`` of that block, where ``k = offset``
     (token order) or, with ``interleaved=True`` (block size 128),
     ``k = 4 * (offset % 32) + offset // 32``. No other byte changes. Slot -1 skips the row;
-    duplicate slots leave which row lands unspecified. Slot range checks and the pool's
+    duplicate slots leave the slot's bytes unspecified, as in `write_fp8_kv_cache`. Slot range checks and the pool's
     layout rules (contiguous, non-overlapping blocks) as in `write_fp8_kv_cache`.
 
     Args:
