@@ -47,7 +47,8 @@ def test_work_model_counts_each_input_and_output_once() -> None:
     work = bench.models.work_model(shape, [100, 200], torch.float32)
     assert work.kv_tokens == 300
     assert work.kv_bytes == 300 * 132
-    assert work.output_bytes == 300 * 2 * 4
+    # next_n 2: slot 0 of each request sees one position fewer (the spec's valid region).
+    assert work.output_bytes == (300 * 2 - 2) * 4
     # q (fp8) + weights (fp32) + the block-table entries read (ceil(100/64) + ceil(200/64)
     # int32: each request's own blocks, not the widest request's) + seq_lens.
     assert work.small_input_bytes == 2 * 2 * 64 * 128 + 4 * 64 * 4 + (2 + 4) * 4 + 2 * 4
@@ -56,7 +57,18 @@ def test_work_model_counts_each_input_and_output_once() -> None:
         bench.shapes.IndexerShape("fp4", 2, 150, 2, 64), [100, 200], torch.bfloat16
     )
     assert fp4.kv_bytes == 300 * 68
-    assert fp4.output_bytes == 300 * 2 * 2
+    assert fp4.output_bytes == (300 * 2 - 2) * 2
+
+
+def test_the_output_model_counts_the_valid_region_of_every_length() -> None:
+    # Against the package's own definition of the valid region, lengths below next_n included.
+    from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+
+    bench = _bench()
+    for next_n in (1, 2, 3, 4):
+        lens = [0, 1, 2, 3, 5, 64, 129]
+        mask = valid_mask(torch.tensor(lens), next_n, max(lens))
+        assert bench.models.valid_outputs(lens, next_n) == int(mask.sum())
 
 
 def _run_bench_on_cpu(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, Path]:

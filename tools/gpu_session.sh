@@ -3,7 +3,7 @@
 # benchmark, the op benchmark, (PROFILE=1) an ncu profile and (SANITIZE=1) compute-sanitizer
 # runs; short tables last.
 # Runs the packages from their src/ folders (the device image has no package registry).
-#   bash tools/gpu_session.sh [extra pytest args...]
+#   bash tools/gpu_session.sh [extra pytest args...]   # with SKIP_TESTS=shards: added to every shard
 #   SKIP_TESTS=shards SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh   # whole suite, 4 processes
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   SANITIZE=1 SANITIZE_RANDOM="20 12 4861000" RANDOM_BATCHES=large SANITIZE_CONTROLS=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
@@ -26,12 +26,28 @@
 # SANITIZE_CONTROLS (1: also tools/sanitizer_controls.py, planted bugs each tool must report;
 # SANITIZE_CONTROLS_TIMEOUT 400 s),
 # SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
-# Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session.
+# Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session; where that would be
+# more than the 8 files the device tool returns, they are packed into $OUT/logs.tar.gz at the
+# end. The GPU's clocks, power and throttle reasons go to $OUT/gpu-state.csv at the start and
+# the end. Exit status: 1 if any step failed or timed out (each says so), else 0.
 set -uo pipefail
 source "$(dirname "$0")/source_env.sh"
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+status=0
+# step_done NAME RC: remember a failed step (the script's exit status) and say when it timed out.
+step_done() {
+  case $2 in
+    0) ;;
+    124 | 137) echo "$1: TIMED OUT (exit $2)"; status=1 ;;
+    *) status=1 ;;
+  esac
+}
+gpu_state() {
+  nvidia-smi --query-gpu=timestamp,name,uuid,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv"$1" \
+    >> "$OUT/gpu-state.csv" 2>&1
+}
 if [ -n "${KNOB_DEFAULTS:-}" ]; then
   # KNOB_DEFAULTS ("RELU_FMA=1 ..."): run everything below with these #define defaults in the
   # kernel sources (a measurement knob tested as the default); the sources are restored on exit.
@@ -46,7 +62,8 @@ if [ -n "${KNOB_DEFAULTS:-}" ]; then
     echo "KNOB_DEFAULTS: $(grep -h "^#define ${knob%%=*} " "$csrc"/*.cu "$csrc"/*.cuh | sort -u | tr '\n' ' ')"
   done
 fi
-nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
+gpu_state ""
+cat "$OUT/gpu-state.csv"
 date -u
 
 if [ "${SKIP_TESTS:-0}" = shards ]; then
@@ -54,14 +71,21 @@ if [ "${SKIP_TESTS:-0}" = shards ]; then
   # NVRTC compiles and the float64 references on the host's cores): about 240 s instead of
   # about 430 s on the H200 machine (2026-11-30). Each shard's log is $OUT/pytest-<i>.log.
   gpu_tests=packages/attn-scores/tests/paged_mqa_logits/test_gpu.py
+  # run_shard I LIMIT ARGS...: the script's own pytest arguments ("$extra") come last.
+  extra=("$@")
   run_shard() {
-    local i=$1
-    shift
-    timeout "${SHARD_TIMEOUT:-400}" python -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" \
+    local i=$1 limit=$2
+    shift 2
+    timeout "$limit" python -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" "${extra[@]}" \
       > "$OUT/pytest-$i.log" 2>&1
   }
-  run_shard 0 "$gpu_tests" -k fp4 &
-  run_shard 1 "$gpu_tests" -k "not fp4" &
+  # Shards 0-3 took 270-320 s beside random_cases.py on an H100 (2026-12-05), shard 4 about 10 s:
+  # the defaults (420 + 120 s) leave the rest of a 600 s device call for what follows.
+  limit=${SHARD_TIMEOUT:-420}
+  run_shard 0 "$limit" "$gpu_tests" -k fp4 &
+  pids=($!)
+  run_shard 1 "$limit" "$gpu_tests" -k "not fp4" &
+  pids+=($!)
   # Two files time the host or the GPU and run alone after the others, as shard 4: the
   # benchmark's timing test measures a spin kernel's length, which the other shards' kernels
   # stretch (it failed once that way, 2026-11-30), and the PDL tests need the host back from
@@ -69,22 +93,33 @@ if [ "${SKIP_TESTS:-0}" = shards ]; then
   # sessions, 2026-12-02, and once alone at a 1 ms idle, 2026-12-05: the idle is 20 ms now).
   timing_test=tests-integration/test_bench_timing.py
   pdl_test=packages/attn-scores/tests/paged_mqa_logits/test_gpu_pdl.py
-  run_shard 2 packages/attn-scores --ignore="$gpu_tests" --ignore="$pdl_test" &
-  run_shard 3 packages/schedule packages/jit packages/layouts tests-integration \
+  run_shard 2 "$limit" packages/attn-scores --ignore="$gpu_tests" --ignore="$pdl_test" &
+  pids+=($!)
+  run_shard 3 "$limit" packages/schedule packages/jit packages/layouts tests-integration \
     --ignore="$timing_test" &
-  wait
-  run_shard 4 "$timing_test" "$pdl_test"
+  pids+=($!)
+  rcs=()
+  for pid in "${pids[@]}"; do
+    wait "$pid"
+    rcs+=($?)
+  done
+  run_shard 4 "${SHARD4_TIMEOUT:-120}" "$timing_test" "$pdl_test"
+  rcs+=($?)
   for i in 0 1 2 3 4; do
-    echo "pytest shard $i: $(tail -n 1 "$OUT/pytest-$i.log")"
+    echo "pytest shard $i (exit ${rcs[$i]}): $(tail -n 1 "$OUT/pytest-$i.log")"
+    step_done "pytest shard $i" "${rcs[$i]}"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest-$i.log" | cut -c1-220 | head -30
   done
 elif [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$OUT/pytest-gpu.log" 2>&1
+  timeout "${PYTEST_TIMEOUT:-540}" python -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" \
+    > "$OUT/pytest-gpu.log" 2>&1
+  step_done pytest $?
   echo "pytest: $(tail -n 1 "$OUT/pytest-gpu.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-220 | head -30
 fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
-  python tools/fp8_kernel_check.py --no-timing > "$OUT/fp8-check.log" 2>&1
+  timeout "${CHECK_TIMEOUT:-300}" python tools/fp8_kernel_check.py --no-timing > "$OUT/fp8-check.log" 2>&1
+  step_done "fp8 check" $?
   echo "fp8 check: $(grep -c '^ok' "$OUT/fp8-check.log") ok, $(grep -c '^FAIL' "$OUT/fp8-check.log") FAIL"
   grep "^FAIL" "$OUT/fp8-check.log" | cut -c1-200 | head
 fi
@@ -103,6 +138,7 @@ if [ -n "${RANDOM_CASES:-}" ]; then
     --shapes "${RANDOM_SHAPES:-suite}" --batches "${RANDOM_BATCHES:-small}" \
     --scales "${RANDOM_SCALES:-suite}" --layouts "${RANDOM_LAYOUTS:-suite}" --replays "${RANDOM_REPLAYS:-0}" 2>&1 | stdbuf -oL tr '\r' '\n' \
     | grep --line-buffered -v "kernel/s\]\|s/kernel\]" > "$OUT/random-cases.log"
+  step_done "random cases" "${PIPESTATUS[0]}"
   grep -E "^(FAIL|random cases|schedules|[0-9]+ kernel)" "$OUT/random-cases.log" | head -30
   grep -q "^random cases" "$OUT/random-cases.log" || grep "^checked" "$OUT/random-cases.log" | tail -n 1
 fi
@@ -111,20 +147,26 @@ for which in ${EXPERIMENTS:-}; do
   # (whole logs in $OUT; the tables are printed).
   timeout "${EXPERIMENTS_TIMEOUT:-240}" python tools/fp8_kernel_check.py --experiments "$which" \
     > "$OUT/experiments-$which.log" 2>&1
-  echo "experiments $which: exit $?"
+  rc=$?
+  step_done "experiments $which" $rc
+  echo "experiments $which: exit $rc"
   grep -v -E "^\s*$" "$OUT/experiments-$which.log" | tail -n 80
 done
 if [ "${WGMMA_RATE:-0}" = 1 ]; then
   # The FP8 WGMMA rate beside CUDA-core work on one SM (tools/wgmma_rate.py); the whole table.
   timeout 200 python tools/wgmma_rate.py > "$OUT/wgmma-rate.log" 2>&1
-  echo "wgmma_rate: exit $?"
+  rc=$?
+  step_done wgmma_rate $rc
+  echo "wgmma_rate: exit $rc"
   cat "$OUT/wgmma-rate.log"
 fi
 if [ "${FLOOR:-0}" = 1 ]; then
   # The floor under the small-batch row: an empty kernel, a one-element add_ and the op at B 1,
   # L 4k, one call per graph replay, the cold reading taken apart (tools/small_batch_floor.py).
   timeout 200 python tools/small_batch_floor.py > "$OUT/small-batch-floor.log" 2>&1
-  echo "small_batch_floor: exit $?"
+  rc=$?
+  step_done small_batch_floor $rc
+  echo "small_batch_floor: exit $rc"
   cat "$OUT/small-batch-floor.log"
 fi
 if [ -n "${READ_RATE:-}" ]; then
@@ -135,12 +177,15 @@ if [ -n "${READ_RATE:-}" ]; then
     [ "$set" != paths ] && pages="--page-bytes 8448"
     # shellcheck disable=SC2086  # $pages is empty or two words on purpose
     timeout 200 python tools/read_rate.py --set "$set" $pages > "$OUT/read-rate-$set.log" 2>&1
-    echo "read_rate --set $set: exit $?"
+    rc=$?
+    step_done "read_rate $set" $rc
+    echo "read_rate --set $set: exit $rc"
     cat "$OUT/read-rate-$set.log"
   done
 fi
 if [ "${JIT_BENCH:-1}" = 1 ]; then
   timeout 120 python packages/jit/benchmarks/launch_overhead.py --json "$OUT/jit-launch.json" > "$OUT/jit-launch.log" 2>&1
+  step_done "jit launch benchmark" $?
   tail -n 15 "$OUT/jit-launch.log"
 fi
 # host_times RESULTS_JSON DIGITS: the host-time rows of a `tools/bench --host-time-only` run on
@@ -225,7 +270,9 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   fi
   # The plain run also compiles every configuration, so the tools' runs time only the calls.
   timeout "${SANITIZE_PLAIN_TIMEOUT:-100}" python "${calls[@]}" > "$OUT/sanitize-plain.log" 2>&1
-  echo "sanitize calls without a sanitizer: exit $? ($(tail -n 1 "$OUT/sanitize-plain.log"))"
+  rc=$?
+  step_done "sanitize calls without a sanitizer" $rc
+  echo "sanitize calls without a sanitizer: exit $rc ($(tail -n 1 "$OUT/sanitize-plain.log"))"
   if [ -z "$SANITIZER" ]; then
     echo "compute-sanitizer not found on PATH or in /usr/local/cuda/bin: sanitizer runs skipped"
   else
@@ -243,6 +290,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
       "${nocache[@]}" timeout "${SANITIZE_TIMEOUT:-110}" "$SANITIZER" --tool "$tool" "${filter[@]}" \
         --report-api-errors no --error-exitcode 9 python "${calls[@]}" > "$OUT/sanitize-$run.log" 2>&1
       rc=$?
+      step_done "sanitize $run" $rc
       # memcheck/synccheck print "ERROR SUMMARY", racecheck "RACECHECK SUMMARY"
       summary=$(grep -m1 -E "(ERROR|RACECHECK) SUMMARY" "$OUT/sanitize-$run.log" || echo "no summary line (see sanitize-$run.log)")
       echo "$run: exit $rc; ${summary#========= }; $(grep -E "cases match the reference|^random cases" "$OUT/sanitize-$run.log" | tail -n 1)"
@@ -250,7 +298,9 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     if [ "${SANITIZE_CONTROLS:-0}" = 1 ]; then
       timeout "${SANITIZE_CONTROLS_TIMEOUT:-400}" python tools/sanitizer_controls.py \
         --kernels "$kernels" --logs "$OUT/sanitizer-controls" > "$OUT/sanitizer-controls.log" 2>&1
-      echo "sanitizer controls: exit $?"
+      rc=$?
+      step_done "sanitizer controls" $rc
+      echo "sanitizer controls: exit $rc"
       tail -n 8 "$OUT/sanitizer-controls.log"
     fi
   fi
@@ -258,6 +308,24 @@ fi
 if [ "${BENCH:-1}" = 1 ]; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose
   timeout "${BENCH_TIMEOUT:-300}" python tools/bench --ops "${BENCH_OPS:-fp8}" ${BENCH_ARGS:-} --out "$OUT/bench" > "$OUT/bench.log" 2>&1
-  echo "bench exit $?"
+  rc=$?
+  step_done bench $rc
+  echo "bench exit $rc"
   tail -n 60 "$OUT/bench.log"
 fi
+gpu_state ",noheader"
+# The device tool returns at most 8 files: past that, everything goes into one archive, and
+# the results.json files stay beside it while they fit.
+mapfile -t files < <(cd "$OUT" && find . -type f | sort)
+if [ "${#files[@]}" -gt 8 ]; then
+  (cd "$OUT" && tar czf logs.tar.gz "${files[@]}")
+  mapfile -t kept < <(printf '%s\n' "${files[@]}" | grep '/results\.json$' || true)
+  [ "${#kept[@]}" -gt 7 ] && kept=()
+  for f in "${files[@]}"; do
+    case " ${kept[*]} " in *" $f "*) ;; *) rm -f "$OUT/$f" ;; esac
+  done
+  find "$OUT" -mindepth 1 -type d -empty -delete
+  echo "$OUT: ${#files[@]} files packed into logs.tar.gz (kept beside it: ${kept[*]:-none})"
+fi
+echo "gpu_session: exit $status"
+exit "$status"

@@ -21,7 +21,7 @@ class WorkModel:
     Attributes:
         kv_tokens: KV tokens read, summed over requests.
         kv_bytes: Cache bytes read (values and scales).
-        output_bytes: Logits written, `next_n` elements per KV token.
+        output_bytes: Logits the spec defines (`valid_outputs`), about `next_n` per KV token.
         small_input_bytes: q (and q_sf), weights, block tables and seq_lens, read once.
         flops: 2 * H * D * next_n per KV token (the per-head dot products).
     """
@@ -47,6 +47,13 @@ def kv_bytes_per_token(op: str, head_dim: int) -> int:
     raise ValueError(f"op must be 'fp8' or 'fp4', got {op!r}")
 
 
+def valid_outputs(seq_lens: list[int], next_n: int) -> int:
+    """Logits the spec defines: draft slot t of a request of length L sees positions
+    0 .. L - next_n + t, so the request has next_n * L - next_n * (next_n - 1) / 2 of them
+    (fewer for L < next_n, where early slots see none)."""
+    return sum(max(0, length - next_n + t + 1) for length in seq_lens for t in range(next_n))
+
+
 def work_model(shape: IndexerShape, seq_lens: list[int], output_dtype: torch.dtype) -> WorkModel:
     """Bytes and FLOPs of one call of `shape.op` with these lengths."""
     h, d, n, b = shape.num_heads, shape.head_dim, shape.next_n, shape.batch
@@ -62,7 +69,7 @@ def work_model(shape: IndexerShape, seq_lens: list[int], output_dtype: torch.dty
     return WorkModel(
         kv_tokens=tokens,
         kv_bytes=tokens * kv_bytes_per_token(shape.op, d),
-        output_bytes=tokens * n * OUTPUT_BYTES[output_dtype],
+        output_bytes=valid_outputs(seq_lens, n) * OUTPUT_BYTES[output_dtype],
         small_input_bytes=small,
         flops=2 * h * d * n * tokens,
     )
