@@ -535,17 +535,27 @@ def test_an_int_stream_outside_64_bits_is_a_value_error_naming_stream(kernel, ha
         kernel.launch(1, 32, *_args(), stream=handle)
 
 
+def _torch_like_stream(device: int) -> SimpleNamespace:
+    return SimpleNamespace(cuda_stream=0xD00D, device_index=device)
+
+
+def _cuda_core_like_stream(device: int) -> SimpleNamespace:
+    return SimpleNamespace(cuda_stream=0xD00D, device=SimpleNamespace(device_id=device))
+
+
+@pytest.mark.parametrize("make_stream", [_torch_like_stream, _cuda_core_like_stream])
 @pytest.mark.parametrize("stream_device", [1, 0])
-def test_a_torch_stream_of_another_device_is_refused(kernel, fake_driver, stream_device):
-    # Kernel on "device -1" (CPU tensors pass its checks); the stand-in is a torch-like stream.
-    stream = SimpleNamespace(cuda_stream=0xD00D, device_index=stream_device)
+def test_a_stream_of_another_device_is_refused(kernel, fake_driver, stream_device, make_stream):
+    # Kernel on "device -1" (CPU tensors pass its checks); stand-ins with the attributes of a
+    # torch.cuda.Stream (device_index) and of a cuda.core Stream (device.device_id).
+    stream = make_stream(stream_device)
     with pytest.raises(
         ValueError,
         match=rf"^stream: 'scale_add.*' runs on cuda:-1 but the stream is on cuda:{stream_device}$",
     ):
         kernel.launch(1, 32, *_args(), stream=stream)
     assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
-    same = SimpleNamespace(cuda_stream=0xD00D, device_index=kernel.device_index)
+    same = make_stream(kernel.device_index)
     kernel.launch(1, 32, *_args(), stream=same)
     assert [c[1] for c in fake_driver.calls if c[0] == "cuLaunchKernel"] == [KERNEL_HANDLE]
 

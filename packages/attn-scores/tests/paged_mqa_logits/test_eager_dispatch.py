@@ -364,7 +364,8 @@ def recorded(monkeypatch):
 
 def test_fp8_cuda_kernel_function_forwards_every_argument(recorded):
     case = make_fp8_case([40, 10], next_n=2, seed=0)
-    storage, schedule = torch.empty(4, 256), torch.zeros(133, 2, dtype=torch.int32)
+    storage = torch.empty(4, 256, dtype=torch.float16)
+    schedule = torch.zeros(133, 2, dtype=torch.int32)
     custom_ops.fp8_paged_mqa_logits_into_cuda(
         case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, 64,
         storage, schedule, torch.float16, torch.float32, torch.float16,
@@ -443,15 +444,24 @@ def test_symbolic_make_fx_records_the_custom_op():
     assert torch.equal(graph(*case.fp8_args()[:5])[mask], call(*case.fp8_args()[:5])[mask])
 
 
-def test_an_overlap_verdict_survives_another_thread_clearing_the_verdicts():
-    """The verdict cache is shared by threads calling one remembered signature; a clear by
-    another thread right after a verdict is stored must not lose it (found by a review:
-    KeyError from a valid call)."""
+class _ClearedAfterStoring(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.clear()
 
-    class ClearedByAnotherThread(dict):
-        def __setitem__(self, key, value):
-            super().__setitem__(key, value)
-            self.clear()
+
+class _ClearedAfterFinding(dict):
+    def __contains__(self, key):
+        found = super().__contains__(key)
+        self.clear()
+        return found
+
+
+@pytest.mark.parametrize("verdicts", [_ClearedAfterStoring, _ClearedAfterFinding])
+def test_an_overlap_verdict_survives_another_thread_clearing_the_verdicts(verdicts):
+    """The verdict cache is shared by threads calling one remembered signature; a clear by
+    another thread between storing or finding a verdict and reading it must not lose it
+    (found by two reviews: KeyError from a valid call)."""
 
     problem = _problem(rows=3, max_seq_len=300)
     width = problem.padded_cols
@@ -461,8 +471,11 @@ def test_an_overlap_verdict_survives_another_thread_clearing_the_verdicts():
     out = wide.view(3, 2 * width)[:, :width]
     inputs = (tensors[0], tensors[1], wide[width : width + 4], tensors[3], tensors[4], None)
     check_out = dispatch.OutCheck("fp8", problem, inputs, out)
-    check_out._verdicts = ClearedByAnotherThread()
+    check_out._verdicts = verdicts()
     check_out(inputs, out)  # no overlap, no error (raised KeyError before)
+    if verdicts is _ClearedAfterFinding:  # a second call finds the verdict, then loses it
+        dict.__setitem__(check_out._verdicts, (2, width * 4), False)
+        check_out(inputs, out)
 
 
 def test_a_refused_head_dim_adds_no_kernel_configuration():

@@ -133,7 +133,8 @@ class ArgumentPacker:
 
         Raises:
             TypeError: Wrong count, unsupported type, plain Python number, or size mismatch.
-            ValueError: A tensor lives on another device.
+            ValueError: A tensor, or the tensor a `TensorMap` describes, lives on another
+                device (unless built with `check_devices=False`).
         """
         last = self._last
         if last is not None:

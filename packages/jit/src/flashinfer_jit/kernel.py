@@ -286,11 +286,11 @@ class Kernel:
             shared_mem: As for `launch`.
             cluster: As for `launch`.
             programmatic: As for `launch`.
-            devices_checked: The caller guarantees that every tensor argument lives on this
-                kernel's device (for example because it validated them and keys the prepared
-                launch on their devices), so the per-call device check is skipped. A tensor
-                on another device would then be read through a foreign address: leave this
-                False unless that guarantee holds.
+            devices_checked: The caller guarantees that every tensor argument, and every
+                `TensorMap`'s tensor, lives on this kernel's device (for example because it
+                validated them and keys the prepared launch on their devices), so the
+                per-call device checks are skipped. A tensor on another device would then be
+                read through a foreign address: leave this False unless that guarantee holds.
 
         Raises:
             ValueError: Bad grid, block, cluster or `shared_mem` (here, not per call).
@@ -374,11 +374,14 @@ class Kernel:
             )
 
     def _handle(self, stream: Any) -> int:
-        """`stream_handle`, refusing a PyTorch stream of another device: the driver would run
+        """`stream_handle`, refusing a stream of another device (PyTorch's or cuda.core's;
+        an int handle or a bare `__cuda_stream__` object says no device): the driver would run
         the kernel on that stream's GPU with this device's addresses, or, for its default
         stream, on this device's default stream instead of the one named."""
         handle = stream_handle(stream)
         index = getattr(stream, "device_index", None)  # torch.cuda.Stream / ExternalStream
+        if index is None:  # cuda.core's Stream: .device.device_id
+            index = getattr(getattr(stream, "device", None), "device_id", None)
         if type(index) is int and index != self.device_index:
             raise ValueError(
                 f"stream: {self.spec.label!r} runs on cuda:{self.device_index} but the stream "

@@ -265,6 +265,8 @@ def _run_pool(
                         break
                     with live_lock:
                         live.add(process)
+                        if stopping.is_set():  # started after the caller killed the others
+                            process.kill()
                 result = _ask_worker(process, spec, arch, cache_dir)
                 if result is None:
                     _stop_worker(process)

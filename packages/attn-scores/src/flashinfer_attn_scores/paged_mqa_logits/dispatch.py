@@ -129,6 +129,9 @@ INPUT_NAMES = {
 }
 
 
+_UNKNOWN = object()  # no verdict yet (a verdict may be None or False)
+
+
 class OutCheck:
     """Refuses an `out` whose written rows share memory with an input, an inference-tensor
     `out` outside inference mode, which the direct CUDA launch would otherwise write (the
@@ -171,8 +174,9 @@ class OutCheck:
     def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
         key = (index, offset)
         verdicts = self._verdicts
-        if key in verdicts:
-            return verdicts[key]
+        verdict = verdicts.get(key, _UNKNOWN)  # one lookup: another thread may clear between two
+        if verdict is not _UNKNOWN:
+            return verdict
         pitch, width, rows = self._geometry
         verdict = v.meets_written_rows(inputs[index], offset, pitch, width, rows)
         if len(verdicts) >= 64:  # another thread may clear it too: the local is what counts

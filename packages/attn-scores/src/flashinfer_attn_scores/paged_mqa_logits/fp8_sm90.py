@@ -245,9 +245,11 @@ def fp8_config(
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def fits_shared_memory(head_dim: int, num_heads: int, next_n: int) -> bool:
     """Whether (head_dim, num_heads, next_n) fits the SM90 kernel's shared memory. Not
-    through `fp8_config`'s cache: refused calls would add an entry for every head_dim tried."""
+    through `fp8_config`'s unbounded cache, which refused calls would fill with a
+    configuration per head_dim tried; its own cache is bounded (every fp8 custom-op call asks)."""
     config = Fp8KernelConfig(
         64, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32
     )
