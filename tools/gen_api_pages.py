@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import inspect
 import sys
 from pathlib import Path
@@ -118,8 +119,15 @@ def _sections(module_name: str, package: str) -> tuple[dict[str, list[str]], lis
 
 def _directives(module_name: str, names: list[str]) -> list[str]:
     lines: list[str] = []
+    module = importlib.import_module(module_name)
     for name in names:
-        lines += [f"::: {module_name}.{name}", ""]
+        path = f"{module_name}.{name}"
+        obj = getattr(module, name)
+        if hasattr(module, "__path__") and importlib.util.find_spec(path) is not None:
+            # A function re-exported over its own submodule's name (`flashinfer_jit.precompile`):
+            # mkdocstrings would resolve the path to the module, so name the definition.
+            path = f"{obj.__module__}.{obj.__qualname__}"
+        lines += [f"::: {path}", ""]
     return lines
 
 
