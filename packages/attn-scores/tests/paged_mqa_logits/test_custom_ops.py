@@ -696,6 +696,17 @@ def test_opcheck_fp4_op(interleaved):
     assert set(results.values()) == {"SUCCESS"}
 
 
+def _op_call(variant: str, device):
+    """A 4-row case (padded width 512), the op's CPU/CUDA entry and its trailing arguments
+    (output float32, epilogue float32, and the accumulator or fp4's scale arguments)."""
+    if variant == "fp8":
+        case = make_fp8_case([40, 300], next_n=2, seed=72).to(device)
+        return case, custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
+    case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to(device)
+    tail = (32, torch.float32, torch.float32, False)
+    return case, custom_ops.fp4_paged_mqa_logits_into, case.fp4_args(), tail
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "storage_shape",
@@ -707,13 +718,7 @@ def test_the_ops_refuse_a_storage_the_kernel_would_overrun(variant, storage_shap
     """What an AOTInductor package can hand the op: it skips export's input guards, so the
     public functions' `out` checks never ran (pytorch/pytorch#141115)."""
     rows, cols = storage_shape
-    if variant == "fp8":
-        case = make_fp8_case([40, 300], next_n=2, seed=72).to(device)
-        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
-    else:
-        case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to(device)
-        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
-        tail = (32, torch.float32, torch.float32, False)
+    case, op, args, tail = _op_call(variant, device)
     assert case.rows == 4 and fa.padded_seq_len(case.max_seq_len) == 512
     storage = torch.full((rows, 512 if cols == 600 else cols), 7.0, device=device)
     if cols == 600:  # 512 columns, but a row stride of 300 < 512
@@ -729,13 +734,7 @@ def test_the_ops_refuse_a_storage_the_kernel_would_overrun(variant, storage_shap
 def test_the_ops_refuse_a_storage_of_another_dtype_than_output_dtype(variant, device):
     """An AOTInductor package exported for float32 output handed a float16 `out`: the kernel
     built for float32 would write 4-byte elements into a 2-byte buffer (found by a review)."""
-    if variant == "fp8":
-        case = make_fp8_case([40, 300], next_n=2, seed=72).to(device)
-        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
-    else:
-        case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to(device)
-        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
-        tail = (32, torch.float32, torch.float32, False)
+    case, op, args, tail = _op_call(variant, device)
     storage = torch.full((case.rows, 512), 7.0, dtype=torch.float16, device=device)
     before = storage.clone()
     with pytest.raises(
@@ -750,13 +749,7 @@ def test_the_ops_refuse_a_storage_of_another_dtype_than_output_dtype(variant, de
 def test_the_cuda_ops_refuse_a_schedule_of_too_few_rows(variant):
     """The kernels read num_sms + 1 schedule rows; an AOTInductor package can hand the op a
     smaller schedule_meta without the public checks."""
-    if variant == "fp8":
-        case = make_fp8_case([40, 300], next_n=2, seed=72).to("cuda")
-        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
-    else:
-        case = make_fp4_case([40, 300], next_n=2, block_size=64, seed=82).to("cuda")
-        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
-        tail = (32, torch.float32, torch.float32, False)
+    case, op, args, tail = _op_call(variant, "cuda")
     storage = torch.full((case.rows, 512), 7.0, device="cuda")
     short = torch.zeros(5, 2, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match=r"^schedule_meta must have shape \[num_sms \+ 1, 2\]"):
