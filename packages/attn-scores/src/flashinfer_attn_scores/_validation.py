@@ -23,7 +23,14 @@ import os
 from collections.abc import Callable
 
 import torch
-from flashinfer_jit.op_args import describe, int_hint, shown, sizes, strides, type_name
+from flashinfer_jit.op_args import (
+    describe,
+    int_hint,
+    shown,
+    sizes,
+    strides,
+    type_name,
+)
 from flashinfer_schedule import (
     compute_paged_mqa_logits_schedule,
     device_num_sms,
@@ -452,18 +459,6 @@ def grad_out_error() -> RuntimeError:
         "place and has no backward, so autograd would take the logits for a view of out's old "
         "values (PyTorch's own out= functions refuse this too); pass an out with "
         "requires_grad=False, or make the call under torch.no_grad()"
-    )
-
-
-def inference_out_error() -> RuntimeError:
-    """The error for an eager call (CPU or CUDA) that would write an inference tensor (`out`
-    created under `torch.inference_mode()`) outside inference mode. PyTorch refuses such
-    in-place updates, and the custom op would too, with its own message; the direct CUDA
-    launch would not notice, so the eager path checks first."""
-    return RuntimeError(
-        "out is an inference tensor (created under torch.inference_mode()) and this call is "
-        "outside inference mode, where PyTorch allows no in-place update of it; make the call "
-        "inside torch.inference_mode(), or pass an out created outside it"
     )
 
 

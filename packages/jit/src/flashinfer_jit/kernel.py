@@ -236,8 +236,6 @@ class Kernel:
         if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
         handle = self._raw_stream(self.device_index) if stream is None else self._handle(stream)
-        if type(cluster) is list:  # the launch is a dict key below
-            cluster = tuple(cluster)
         buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched
         # The legacy/per-thread default streams (handles 0-2) belong to whatever context is
         # current. PyTorch's current device (a thread-local read, unlike the driver's
@@ -391,6 +389,8 @@ class Kernel:
 
     def _launch_ex(self, launch: tuple, params: Any) -> Any:
         # `launch` (grid, block, shared memory, cluster, PDL, stream) is also the config's key.
+        if type(launch[7]) is list:  # a cluster list: hashable as a tuple
+            launch = (*launch[:7], tuple(launch[7]), *launch[8:])
         config = self._configs.get(launch)
         if config is None:
             config = self._launch_config(launch)

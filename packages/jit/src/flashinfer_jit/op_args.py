@@ -123,3 +123,15 @@ def int_hint(value: object) -> str:
     if _traced_numpy(value):
         return "; under torch.compile pass numpy integers as int(value)"
     return ""
+
+
+def inference_out_error() -> RuntimeError:
+    """The error for an eager call (CPU or CUDA) that would write an inference tensor (`out`
+    created under `torch.inference_mode()`) outside inference mode. PyTorch refuses such
+    in-place updates, and a custom op would too, with its own message; a direct CUDA launch
+    would not notice, so the eager paths check first."""
+    return RuntimeError(
+        "out is an inference tensor (created under torch.inference_mode()) and this call is "
+        "outside inference mode, where PyTorch allows no in-place update of it; make the call "
+        "inside torch.inference_mode(), or pass an out created outside it"
+    )

@@ -39,7 +39,15 @@ makes), SM 2 units 0-2 and SM 3 units 3-4 of request 2.
 from __future__ import annotations
 
 import torch
-from flashinfer_jit.op_args import check_int, describe, shown, sizes, strides, type_name
+from flashinfer_jit.op_args import (
+    check_int,
+    describe,
+    inference_out_error,
+    shown,
+    sizes,
+    strides,
+    type_name,
+)
 from flashinfer_jit.tracing import plain_eager
 
 __all__ = [
@@ -266,12 +274,7 @@ def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
     if not _same_device(out.device, device):
         raise ValueError(f"out must be on the target device {device}, got {out.device}")
     if plain_eager() and out.is_inference() and not torch.is_inference_mode_enabled():
-        # PyTorch refuses this in-place update on CPU; the direct CUDA launch would not notice.
-        raise RuntimeError(
-            "out is an inference tensor (created under torch.inference_mode()) and this call "
-            "is outside inference mode, where PyTorch allows no in-place update of it; make the "
-            "call inside torch.inference_mode(), or pass an out created outside it"
-        )
+        raise inference_out_error()  # the direct CUDA launch would write it unnoticed
     return out
 
 

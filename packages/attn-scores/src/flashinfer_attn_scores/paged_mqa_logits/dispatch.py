@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from flashinfer_jit.op_args import inference_out_error
 from flashinfer_jit.tracing import plain_eager
 
 from .. import _validation as v
@@ -169,7 +170,7 @@ class OutCheck:
                 exact = meets is not None
                 raise v.out_overlap_error(name, start, rows, width, pitch, first, extent, exact)
         if out.is_inference() and not torch.is_inference_mode_enabled():
-            raise v.inference_out_error()
+            raise inference_out_error()
 
     def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
         key = (index, offset)
