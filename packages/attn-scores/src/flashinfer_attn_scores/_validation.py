@@ -472,6 +472,15 @@ def check_output_span(rows: int, padded_cols: int, out: torch.Tensor | None) -> 
             f"{rows} * {padded_cols} = {span} elements must be < 2**31"
         ),
     )
+    # With no rows the span is 0 whatever the width; the width alone still has to be
+    # addressable (and an int64 stride: padded_seq_len(2**63 - 1) is 2**63).
+    require(
+        padded_cols < OUTPUT_SPAN_LIMIT,
+        lambda: ValueError(
+            f"max_seq_len too large: padded_seq_len(max_seq_len) = {padded_cols} columns must "
+            f"be < 2**31"
+        ),
+    )
     if out is not None:
         require(
             rows * out.stride(0) < OUTPUT_SPAN_LIMIT,

@@ -411,6 +411,23 @@ def test_fp4_span_with_wide_out_stride(output_dtype):
     fp4_call(lambda c: {"out": just_fits, "output_dtype": output_dtype}, lens=[10], next_n=1)
 
 
+@pytest.mark.parametrize("call", [fp8_call, fp4_call], ids=["fp8", "fp4"])
+def test_empty_batch_width_limit(call):
+    # With no rows the span is 0, but a width past 2**31 columns is still refused, up to
+    # max_seq_len = 2**63 - 1 whose padded width does not even fit an int64 stride.
+    widest = 2**31 - 256
+    logits = call(lambda c: {"max_seq_len": widest}, lens=[])
+    assert logits.shape == (0, widest)
+    for max_seq_len in (widest + 1, 2**62, 2**63 - 1):
+        padded = -(-max_seq_len // 256) * 256
+        with pytest.raises(
+            ValueError,
+            match=rf"max_seq_len too large: padded_seq_len\(max_seq_len\) = {padded} columns "
+            r"must be < 2\*\*31",
+        ):
+            call(lambda c, m=max_seq_len: {"max_seq_len": m}, lens=[])
+
+
 FP8_GEOMETRY_ERRORS = {
     "head_dim_not_multiple_of_32": (
         {"head_dim": 48},

@@ -215,8 +215,9 @@ def fp8_paged_mqa_logits(
     Restrictions of the current kernel (a future kernel may relax them without changing the
     signature): `head_dim % 32 == 0`, `num_heads % 4 == 0`, `next_n * num_heads` a multiple
     of 8 in [8, 256], block size 32, 64 or 128, and `batch_size*next_n *
-    padded_seq_len(max_seq_len) < 2**31` (with `out`, also `batch_size*next_n *
-    out.stride(0) < 2**31`) because the output is indexed with 32-bit offsets. `head_dim`,
+    padded_seq_len(max_seq_len) < 2**31` and `padded_seq_len(max_seq_len) < 2**31` (with
+    `out`, also `batch_size*next_n * out.stride(0) < 2**31`) because the output is indexed
+    with 32-bit offsets. `head_dim`,
     `num_heads` and `next_n` must fit an SM90 CTA's shared memory (two q slots and at least
     two KV stages); the largest `head_dim` that fits, by `next_n * num_heads`: 8: 1600,
     16: 1440, 32: 1184, 64: 896, 128: 576, 192: 416, 256: 352.
@@ -450,8 +451,9 @@ def fp4_paged_mqa_logits(
 
     Restrictions of the current kernel: `num_heads == 64`, `head_dim == 128`, `next_n` in
     1..4, `sf_vec_size == 32`, block size 32, 64 or 128, interleaved scales only at block size
-    128, and `batch_size*next_n * padded_seq_len(max_seq_len) < 2**31` (with `out`, also
-    `batch_size*next_n * out.stride(0) < 2**31`).
+    128, `batch_size*next_n * padded_seq_len(max_seq_len) < 2**31` and
+    `padded_seq_len(max_seq_len) < 2**31` (with `out`, also `batch_size*next_n *
+    out.stride(0) < 2**31`).
     """
     op = "fp4_paged_mqa_logits"
     if type(max_seq_len) is not int:  # numpy integers become the ints they hold
