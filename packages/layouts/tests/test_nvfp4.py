@@ -378,6 +378,17 @@ def test_swizzle_offset_of_tensors_matches_ints():
     assert empty.shape == (0,)
 
 
+def test_swizzle_offset_past_int32_from_int32_indices():
+    # A scale buffer past 2 GiB: int32 indices give the int64 offset the int formula gives.
+    row, col, num_cols = 2_000_000, 9_999, 10_000
+    expected = fl.swizzle_128x4_offset(row, col, num_cols)
+    assert expected > 2**31
+    got = fl.swizzle_128x4_offset(
+        torch.tensor([row], dtype=torch.int32), torch.tensor([col], dtype=torch.int32), num_cols
+    )
+    assert got.dtype == torch.int64 and got.tolist() == [expected]
+
+
 @pytest.mark.parametrize(
     ("row", "col", "num_cols", "exc", "match"),
     [

@@ -101,7 +101,8 @@ def swizzle_128x4_offset(
         num_cols: unpadded (or padded) scale column count of the buffer, ``>= 1``.
 
     Returns:
-        The offset(s), same kind as the inputs.
+        The offset(s): an int for int inputs, an int64 tensor when ``row`` or ``col`` is a
+        tensor (int32 indices included: a buffer past 2 GiB has offsets past int32).
 
     Raises:
         TypeError: ``num_cols`` is not an int, or ``row`` / ``col`` is neither an int nor an
@@ -114,6 +115,9 @@ def swizzle_128x4_offset(
     col = _check_scale_index("col", col, num_cols)
     if isinstance(row, torch.Tensor) and isinstance(col, torch.Tensor):
         _check_broadcast("row", row, "col", col)
+    # The offset arithmetic in int64 whatever the index dtype: row * 16 and the tile term
+    # wrap silently in int32 once the buffer passes 2 GiB.
+    row, col = (v.long() if isinstance(v, torch.Tensor) else v for v in (row, col))
     padded_cols = _round_up(num_cols, _TILE_COLS)
     tile = (row // _TILE_ROWS) * (padded_cols // _TILE_COLS) + col // _TILE_COLS
     return tile * 512 + (row % 32) * 16 + ((row % _TILE_ROWS) // 32) * 4 + col % _TILE_COLS
@@ -366,7 +370,9 @@ def nvfp4_quantize(
     with the E2M1 rounding of `quantize_mxfp4`: nearest, ties to the even code, saturating
     at 6, sign copied from the input. Dequantisation is ``e2m1 * scale / a_global_sf``; per
     element ``|error| <= max(0.25, |v| / 4) * scale / a_global_sf`` with
-    ``v = x * a_global_sf / scale`` while the scale is an E4M3 normal (``>= 2**-6``).
+    ``v = x * a_global_sf / scale`` while the scale is an E4M3 normal (``>= 2**-6``) and not
+    clamped at 448 (``amax(block) / 6 * a_global_sf <= 448``; past that, ``|v|`` exceeds 6
+    and saturates).
 
     Args:
         a: ``[M, K]`` float16, bfloat16, float32 or float64 matrix, ``K`` a multiple of
