@@ -159,3 +159,14 @@ def test_describe_names_a_traced_tensors_shape():
         match=re.escape("got torch.Tensor of dtype torch.int32, shape [3, 4] on cpu"),
     ):
         torch.compile(refuse, fullgraph=True, dynamic=True)(t)
+
+
+def test_guard_or_decides_known_conditions_and_names_a_missing_torch_api(monkeypatch):
+    assert op_args.guard_or(True, False) is True and op_args.guard_or(False, True) is False
+    # PyTorch before guard_or_true / guard_or_false (2.8's docs are the first to list them):
+    # a compiled call says which API it needs and which PyTorch it found.
+    from torch.fx.experimental import symbolic_shapes
+
+    monkeypatch.delattr(symbolic_shapes, "guard_or_true")
+    with pytest.raises(RuntimeError, match=r"needs torch\.fx\.experimental\.symbolic_shapes"):
+        op_args.guard_or(True, True)

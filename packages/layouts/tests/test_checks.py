@@ -68,3 +68,15 @@ def test_sparse_tensors_are_refused_naming_the_argument(call, name):
         TypeError, match=rf"^{name} must be a dense \(torch.strided\) tensor; got torch.sparse_coo$"
     ):
         call()
+
+
+def test_a_compiled_size_message_names_a_missing_torch_api(monkeypatch):
+    # PyTorch before guard_or_false (2.8's docs are the first to list it): a size printed
+    # while dynamo traces says which API it needs instead of failing on the import.
+    from torch.fx.experimental import symbolic_shapes
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _checks.plain(5) == 5
+    monkeypatch.delattr(symbolic_shapes, "guard_or_false")
+    with pytest.raises(RuntimeError, match=r"needs torch\.fx\.experimental\.symbolic_shapes"):
+        _checks.plain(5)

@@ -20,12 +20,12 @@ from __future__ import annotations
 import numbers
 import operator
 import os
-from collections.abc import Callable
 
 import torch
 from flashinfer_jit.op_args import (
     describe,
     int_hint,
+    require,
     shown,
     sizes,
     strides,
@@ -109,28 +109,6 @@ def python_int(value: object) -> object:
     if type(value) is int or isinstance(value, bool) or not isinstance(value, numbers.Integral):
         return value
     return operator.index(value)
-
-
-def require(condition: object, error: Callable[[], Exception]) -> None:
-    """Raise `error()` unless the size comparison `condition` holds.
-
-    While torch.compile traces, a size derived from device data (a `max_seq_len` taken with
-    `.item()`) has no value, and branching on it would need a guard that dynamo cannot build.
-    There `error()` is raised only when `condition` is known to be false; otherwise it becomes
-    a runtime assertion (`torch._check`), so the compiled code raises a RuntimeError naming the
-    failed comparison if a call breaks it.
-    """
-    if not torch.compiler.is_compiling():
-        if not condition:
-            raise error()
-        return
-    from torch.fx.experimental.symbolic_shapes import guard_or_true  # imports sympy
-
-    if not guard_or_true(condition):
-        raise error()
-    # No message function: torch 2.11's dynamo refuses one that closes over anything, and
-    # the runtime assertion names the failed comparison itself.
-    torch._check(condition)
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:

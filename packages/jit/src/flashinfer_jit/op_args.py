@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import numbers
 import operator
+from collections.abc import Callable
 
 import torch
 
@@ -38,6 +39,46 @@ def shown(value: object) -> object:
     return value
 
 
+def guard_or(condition: object, default: bool) -> bool:
+    """`condition` decided while torch.compile traces: its value where the trace knows it (a
+    guard then keeps the compiled code to calls where it holds the same), `default` where it
+    depends on a size read from device data. PyTorch's `guard_or_true` / `guard_or_false`
+    (its 2.8 docs are the first to list them; the packages install from 2.6, and their eager
+    calls never get here)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import (  # imports sympy
+            guard_or_false,
+            guard_or_true,
+        )
+    except ImportError:
+        raise RuntimeError(
+            f"torch.compile of the flashinfer ops needs "
+            f"torch.fx.experimental.symbolic_shapes.guard_or_true (PyTorch 2.8 and newer); "
+            f"this is PyTorch {torch.__version__}"
+        ) from None
+    return guard_or_true(condition) if default else guard_or_false(condition)
+
+
+def require(condition: object, error: Callable[[], Exception]) -> None:
+    """Raise `error()` unless the size comparison `condition` holds.
+
+    While torch.compile traces, a size derived from device data (a `max_seq_len` taken with
+    `.item()`) has no value, and branching on it would need a guard that dynamo cannot build.
+    There `error()` is raised only when `condition` is known to be false; otherwise it becomes
+    a runtime assertion (`torch._check`), so the compiled code raises a RuntimeError naming the
+    failed comparison if a call breaks it.
+    """
+    if not torch.compiler.is_compiling():
+        if not condition:
+            raise error()
+        return
+    if not guard_or(condition, True):
+        raise error()
+    # No message function: torch 2.11's dynamo refuses one that closes over anything, and
+    # the runtime assertion names the failed comparison itself.
+    torch._check(condition)
+
+
 # How a size read from tensor data (an unbacked symbol, e.g. after nonzero()) prints while
 # dynamo traces with dynamic shapes: it has no value then.
 DATA_DEPENDENT_SIZE = "?"
@@ -46,12 +87,10 @@ DATA_DEPENDENT_SIZE = "?"
 def _size_text(size: object) -> str:
     if not torch.compiler.is_compiling():
         return f"{size}"
-    from torch.fx.experimental.symbolic_shapes import guard_or_false  # imports sympy
-
     # A size with a traced value (or a constant) decides one of the two, and dynamo then
     # formats the value; a size read from data that may be 0 or more decides neither. (One
     # known >= 1 passes as having a value and prints as dynamo quotes its symbol: kept, ugly.)
-    if not (guard_or_false(size < 1) or guard_or_false(size >= 1)):
+    if not (guard_or(size < 1, False) or guard_or(size >= 1, False)):
         return DATA_DEPENDENT_SIZE
     return f"{int(size)}"
 

@@ -6,10 +6,7 @@ or a block table with these helpers always agrees with what the kernel reads and
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
-from flashinfer_jit.op_args import check_int, shown
+from flashinfer_jit.op_args import check_int, require, shown
 
 __all__ = ["OUTPUT_COLUMN_GRANULARITY", "min_block_table_width", "padded_seq_len"]
 
@@ -42,7 +39,7 @@ def padded_seq_len(max_seq_len: int) -> int:
             raises RuntimeError there.
     """
     max_seq_len = check_int("max_seq_len", max_seq_len)
-    _require(
+    require(
         max_seq_len >= 0, lambda: ValueError(f"max_seq_len must be >= 0, got {shown(max_seq_len)}")
     )
     tile = OUTPUT_COLUMN_GRANULARITY
@@ -72,23 +69,8 @@ def min_block_table_width(seq_len: int, block_size: int) -> int:
     """
     seq_len = check_int("seq_len", seq_len)
     block_size = check_int("block_size", block_size)
-    _require(seq_len >= 0, lambda: ValueError(f"seq_len must be >= 0, got {shown(seq_len)}"))
-    _require(
+    require(seq_len >= 0, lambda: ValueError(f"seq_len must be >= 0, got {shown(seq_len)}"))
+    require(
         block_size >= 1, lambda: ValueError(f"block_size must be >= 1, got {shown(block_size)}")
     )
     return (seq_len + block_size - 1) // block_size
-
-
-def _require(condition: bool | torch.SymBool, error: Callable[[], Exception]) -> None:
-    """Raise `error()` unless `condition` holds. Under torch.compile a size read from device
-    data (`int(seq_lens.max())`) has no value yet: the check then becomes a runtime assertion
-    of the compiled code (a RuntimeError naming the comparison) instead of a guard that
-    dynamo cannot build; it still raises `error()` where the trace knows it fails."""
-    if torch.compiler.is_compiling():
-        from torch.fx.experimental.symbolic_shapes import guard_or_true
-
-        if not guard_or_true(condition):
-            raise error()
-        torch._check(condition)
-    elif not condition:
-        raise error()
