@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -321,6 +322,47 @@ def test_every_spelling_of_an_include_is_followed(tmp_path, spelling):
     assert _key(spec) != before
 
 
+# Under --std=c++14 (or older) the preprocessor reads the trigraphs ??= as # and ??/ as \.
+TRIGRAPH_SPELLINGS = {
+    "??= for #": b'??=include "v.h"\n',
+    "??/ splicing a line": b'#inc??/\nlude "v.h"\n',
+}
+
+
+@pytest.mark.parametrize("spelling", TRIGRAPH_SPELLINGS)
+def test_a_trigraph_include_is_followed_and_read_by_nvrtc(tmp_path, spelling):
+    (tmp_path / "k.cu").write_bytes(TRIGRAPH_SPELLINGS[spelling] + INCLUDE_KERNEL)
+    (tmp_path / "v.h").write_text("#define V 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu", options=("--std=c++14",))
+    assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin
+    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == [
+        tmp_path / "k.cu",
+        tmp_path / "v.h",
+    ]
+    before = _key(spec)
+    (tmp_path / "v.h").write_text("#define V 1 // edited\n")
+    assert _key(spec) != before
+
+
+def test_a_header_name_that_is_not_utf8_is_followed(tmp_path):
+    # The main source must be UTF-8 text; a header need not be, nor the names it includes.
+    name = b"v\xff.h"
+    (tmp_path / "k.cu").write_bytes(b'#include "mid.h"\n' + INCLUDE_KERNEL)
+    (tmp_path / "mid.h").write_bytes(b'#include "' + name + b'"\n')
+    header = tmp_path / os.fsdecode(name)
+    header.write_text("#define V 1\n")
+    spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
+    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == [
+        tmp_path / "k.cu",
+        tmp_path / "mid.h",
+        header,
+    ]
+    assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin
+    before = _key(spec)
+    header.write_text("#define V 1 // edited\n")
+    assert _key(spec) != before
+
+
 @pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
 def test_nvrtc_reads_each_spelling_as_an_include(tmp_path, spelling):
     """The premise of the test above: the kernel's static_assert needs v.h."""
@@ -523,6 +565,24 @@ def test_without_a_home_folder_kernels_compile_without_the_cache(project, monkey
     assert compiled.cubin[:4] == b"\x7fELF" and compiled.cache_path is None
     assert "compiling without the disk cache" in caplog.text
     assert "FLASHINFER_JIT_CACHE_DIR" in caplog.text
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
+def test_a_cache_folder_under_an_unknown_home_compiles_without_the_cache(
+    project, monkeypatch, caplog
+):
+    from flashinfer_jit import compiler
+    from flashinfer_jit.cache import NoCacheFolderError, cache_root
+
+    proj, inc = project
+    with pytest.raises(NoCacheFolderError, match="'~no-such-user-here/c'"):
+        cache_root("~no-such-user-here/c")
+    monkeypatch.setenv("FLASHINFER_JIT_CACHE_DIR", "~no-such-user-here/c")
+    monkeypatch.setattr(compiler, "_warned_no_cache_folder", False)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        compiled = compile_kernel(_spec(proj, inc), "sm_90a")
+    assert compiled.cubin[:4] == b"\x7fELF" and compiled.cache_path is None
+    assert "compiling without the disk cache" in caplog.text
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")

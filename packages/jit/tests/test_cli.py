@@ -238,6 +238,8 @@ def test_an_empty_ptxas_option_fails_the_spec_not_the_process(spec_module, cache
         (["compile-check", "--arch", "sm_9x"], "argument --arch: arch: expected a full SM target"),
         (["inspect", "{dir}/good.cu", "--arch", "sm_9"], "argument --arch: arch: expected a full"),
         (["compile-check", "--arch", "sm_99a"], "'sm_99a' is not a target of this NVRTC"),
+        (["compile-check", "--arch", "sm_90f"], "argument --arch: arch: expected a full SM"),
+        (["compile-check", "--arch", "sm_090a"], "argument --arch: arch: expected a full SM"),
         (["inspect", "jit_cli_specs:raises"], "RuntimeError: registry exploded"),
         (
             ["inspect", "{dir}/good.cu", "-D", "SCALE=2", "-D", "SCALE=3"],
@@ -267,6 +269,17 @@ def test_inspect_finds_a_kernel_whose_launch_bounds_follow_void(tmp_path, cache_
     )
     assert main(["inspect", str(path), "--cache-dir", str(cache_dir)]) == 0
     assert "kernel bounded_kernel  <- entry point" in capsys.readouterr().out
+
+
+def test_inspect_skips_a_commented_out_kernel(tmp_path, cache_dir, capsys):
+    path = tmp_path / "moved.cu"
+    path.write_text(
+        '// extern "C" __global__ void old_kernel(float* x) {}\n'
+        '/* extern "C" __global__ void older_kernel(float* x) {} */\n'
+        'extern "C" __global__ void new_kernel(float* x) { x[0] = 1.f; }\n'
+    )
+    assert main(["inspect", str(path), "--cache-dir", str(cache_dir)]) == 0
+    assert "kernel new_kernel  <- entry point" in capsys.readouterr().out
 
 
 def test_a_define_that_is_not_a_canonical_decimal_is_passed_as_written(tmp_path, cache_dir, capsys):

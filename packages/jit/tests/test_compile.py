@@ -123,6 +123,15 @@ def test_an_empty_ptxas_option_is_rejected_before_nvrtc_sees_it(source, option):
         program_options_kwargs(spec, "sm_90a")
 
 
+def test_a_bad_boolean_option_value_is_named_once(source):
+    spec = KernelSpec.make("add_value", source, {"VALUE": 1}, options=["--fmad=maybe"])
+    with pytest.raises(ValueError) as info:
+        program_options_kwargs(spec, "sm_90a")
+    assert str(info.value) == (
+        "KernelSpec.options: bad value in '--fmad=maybe': --fmad expects true/false, got 'maybe'"
+    )
+
+
 @pytest.mark.parametrize("option", ["-Xptxas=-O3", "--ptxas-options=--warn-on-spills"])
 def test_a_user_ptxas_option_keeps_the_resource_report(source, cache_dir, option):
     spec = KernelSpec.make("add_value", source, {"VALUE": 4}, options=[option])

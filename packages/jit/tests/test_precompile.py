@@ -175,6 +175,7 @@ def test_precompile_error_survives_pickling(tmp_path, cache_dir):
         ({"cache_dir": 5}, TypeError, "cache_dir: expected None, a str or a pathlib.Path"),
         ({"cache_dir": ""}, ValueError, "cache_dir: expected a folder"),
         ({"arch": "sm_9"}, ValueError, "arch: expected a full SM target such as 'sm_90a'"),
+        ({"arch": "sm_90f"}, ValueError, "arch: expected a full SM target such as 'sm_90a'"),
         ({"arch": 90}, TypeError, "arch: expected a str such as 'sm_90a', got int"),
     ],
 )

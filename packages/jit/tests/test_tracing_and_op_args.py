@@ -163,10 +163,17 @@ def test_describe_names_a_traced_tensors_shape():
 
 def test_guard_or_decides_known_conditions_and_names_a_missing_torch_api(monkeypatch):
     assert op_args.guard_or(True, False) is True and op_args.guard_or(False, True) is False
-    # PyTorch before guard_or_true / guard_or_false (2.8's docs are the first to list them):
-    # a compiled call says which API it needs and which PyTorch it found.
-    from torch.fx.experimental import symbolic_shapes
 
-    monkeypatch.delattr(symbolic_shapes, "guard_or_true")
-    with pytest.raises(RuntimeError, match=r"needs torch\.fx\.experimental\.symbolic_shapes"):
-        op_args.guard_or(True, True)
+    @torch.compile(fullgraph=True, dynamic=True, backend="eager")
+    def checked(x):
+        op_args.require(x.shape[0] >= 1, lambda: ValueError("x must not be empty"))
+        return x + 1
+
+    assert checked(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    # A PyTorch before guard_or_true (2.8's docs are the first to list it; torch itself uses
+    # it, so the test renames what op_args looks up): the compiled call names the API.
+    torch._dynamo.reset()
+    monkeypatch.setitem(op_args._GUARD_OR_NAMES, True, "guard_or_true_missing")
+    with pytest.raises(Exception, match=r"needs torch\.fx\.experimental\.symbolic_shapes"):
+        checked(torch.ones(4))
+    torch._dynamo.reset()

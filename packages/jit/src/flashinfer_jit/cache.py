@@ -65,7 +65,7 @@ def default_cache_dir() -> Path:
     """
     override = os.environ.get("FLASHINFER_JIT_CACHE_DIR", "").strip()
     if override:
-        return Path(override).expanduser()
+        return _expanded(Path(override))
     if sys.platform == "win32":
         local = os.environ.get("LOCALAPPDATA")
         if local and os.path.isabs(local):
@@ -124,6 +124,8 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
         TypeError: `cache_dir` is not None, a str or a path.
         ValueError: `cache_dir` is an empty str (which would silently mean the current
             directory).
+        NoCacheFolderError: `cache_dir` starts with `~` or `~user` and that home folder is
+            unknown.
     """
     if cache_dir is None:
         return default_cache_dir()
@@ -135,7 +137,16 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
         )
     if not cache_dir:
         raise ValueError("cache_dir: expected a folder, got an empty str")
-    return Path(cache_dir).expanduser()  # as FLASHINFER_JIT_CACHE_DIR is
+    return _expanded(Path(cache_dir))  # as FLASHINFER_JIT_CACHE_DIR is
+
+
+def _expanded(path: Path) -> Path:
+    """`path` with a leading `~` or `~user` expanded; NoCacheFolderError (a warning, and no
+    disk cache, where a kernel is compiled) when that home folder is unknown."""
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:  # pathlib: "Could not determine home directory."
+        raise NoCacheFolderError(f"cache folder {str(path)!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from .compiler import CompiledKernel, check_arch, compile_kernel
 from .errors import KernelCompileError
 from .precompile import PrecompileSummary, precompile
 from .registry import ENTRY_POINT_GROUP, SpecSource, discover_registered_specs, load_target
+from .sources import without_comments
 from .spec import KernelSpec
 from .toolchain import nvrtc_supported_archs
 
@@ -123,7 +124,7 @@ def _spec_from_file(args: argparse.Namespace, path: Path) -> KernelSpec:
         raise UsageError(f"target: no such file: {path}")
     name = args.kernel
     if name is None:
-        found = _EXTERN_C_KERNEL.findall(path.read_bytes())
+        found = _EXTERN_C_KERNEL.findall(without_comments(path.read_bytes()))
         if not found:
             raise UsageError(f'{path}: no extern "C" __global__ kernel found; pass --kernel NAME')
         name = found[0].decode()

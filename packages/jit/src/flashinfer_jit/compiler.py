@@ -32,7 +32,9 @@ from .toolchain import PACKAGE_INCLUDE_DIR, cuda_header_dirs
 
 logger = logging.getLogger("flashinfer_jit")
 
-_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
+# sm_<major><minor> without a leading zero; "a" (architecture-specific) on any, "f" (family)
+# only from sm_100, the first SM with family targets.
+_ARCH = re.compile(r"sm_(?:[1-9][0-9]a?|[1-9][0-9]{2}[af]?)")
 
 # The first import of cuda.core is not thread-safe (cuda-core 1.2 picks its cu12/cu13 build in
 # its package __init__; a second thread importing meanwhile can see the half-initialised module
@@ -89,7 +91,7 @@ def _bool_option(value: str, option: str) -> bool:
         return True
     if value in ("false", "0"):
         return False
-    raise ValueError(f"KernelSpec.options: {option} expects true/false, got {value!r}")
+    raise ValueError(f"{option} expects true/false, got {value!r}")
 
 
 def _int_list(value: str) -> list[int]:

@@ -39,24 +39,29 @@ def shown(value: object) -> object:
     return value
 
 
+# PyTorch's functions behind guard_or(condition, default) (a test renames them, to be missing).
+_GUARD_OR_NAMES = {True: "guard_or_true", False: "guard_or_false"}
+
+
 def guard_or(condition: object, default: bool) -> bool:
     """`condition` decided while torch.compile traces: its value where the trace knows it (a
     guard then keeps the compiled code to calls where it holds the same), `default` where it
     depends on a size read from device data. PyTorch's `guard_or_true` / `guard_or_false`
     (its 2.8 docs are the first to list them; the packages install from 2.6, and their eager
     calls never get here)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import (  # imports sympy
-            guard_or_false,
-            guard_or_true,
-        )
-    except ImportError:
+    from torch.fx.experimental import symbolic_shapes  # imports sympy
+
+    # getattr with a default, not `from ... import` in a try: dynamo turns a missing name
+    # there into an AttributeError that fullgraph=True reports without this message.
+    name = _GUARD_OR_NAMES[default]
+    decide = getattr(symbolic_shapes, name, None)
+    if decide is None:
         raise RuntimeError(
             f"torch.compile of the flashinfer ops needs "
-            f"torch.fx.experimental.symbolic_shapes.guard_or_true (PyTorch 2.8 and newer); "
+            f"torch.fx.experimental.symbolic_shapes.{name} (PyTorch 2.8 and newer); "
             f"this is PyTorch {torch.__version__}"
-        ) from None
-    return guard_or_true(condition) if default else guard_or_false(condition)
+        )
+    return decide(condition)
 
 
 def require(condition: object, error: Callable[[], Exception]) -> None:

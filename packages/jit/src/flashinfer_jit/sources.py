@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,10 @@ def _includes(content: bytes) -> tuple[tuple[bool, bool, str], ...]:
     bases = [unix.replace(b"\r", b"\n")]
     if b"\r" in unix:
         bases.append(unix.replace(b"\r", b" "))
+    if b"??" in content:
+        # Under --std=c++14 or older NVRTC reads the trigraphs ??= as # and ??/ as \ (a line
+        # splice at a line end). Scanned that way too: an extra name costs nothing.
+        bases += [b.replace(b"??=", b"#").replace(b"??/", b"\\") for b in bases]
     texts = []
     for lines in bases:
         spliced = lines.replace(b"\\\n", b"")
@@ -87,7 +92,8 @@ def _includes(content: bytes) -> tuple[tuple[bool, bool, str], ...]:
         for match in _INCLUDE.finditer(text):
             quoted = match.group(2) is not None
             name = match.group(2) if quoted else match.group(3)
-            found[(match.group(1) is not None, quoted, name.decode("utf-8", "replace"))] = None
+            # fsdecode: a name that is not UTF-8 still names its file (surrogate escapes).
+            found[(match.group(1) is not None, quoted, os.fsdecode(name))] = None
     return tuple(found)
 
 
@@ -100,6 +106,17 @@ def _without_block_comments(spliced: bytes) -> bytes:
         return b" " if token.startswith(b"/*") else token
 
     return _LITERAL_OR_COMMENT.sub(blank, spliced)
+
+
+def without_comments(text: bytes) -> bytes:
+    """`text` with every comment one space (literals kept whole, so a `//` in a string stays):
+    for finding declarations, not for the include scan."""
+
+    def blank(match: re.Match) -> bytes:
+        token = match.group(0)
+        return b" " if token.startswith((b"/*", b"//")) else token
+
+    return _LITERAL_OR_COMMENT.sub(blank, text.replace(b"\\\n", b""))
 
 
 @dataclass(frozen=True)

@@ -55,14 +55,17 @@ def plain(value: object) -> object:
         return f"({text},)" if len(value) == 1 else f"({text})"
     is_size = isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
     if is_size and torch.compiler.is_compiling():
-        try:
-            from torch.fx.experimental.symbolic_shapes import guard_or_false  # imports sympy
-        except ImportError:  # PyTorch's 2.8 docs are the first to list it; eager never gets here
+        from torch.fx.experimental import symbolic_shapes  # imports sympy
+
+        # PyTorch's 2.8 docs are the first to list guard_or_false. getattr with a default:
+        # dynamo reports a failed `from ... import` under fullgraph=True without our message.
+        guard_or_false = getattr(symbolic_shapes, "guard_or_false", None)
+        if guard_or_false is None:
             raise RuntimeError(
                 f"torch.compile of flashinfer_layouts needs "
                 f"torch.fx.experimental.symbolic_shapes.guard_or_false (PyTorch 2.8 and newer); "
                 f"this is PyTorch {torch.__version__}"
-            ) from None
+            )
         # dynamo traces a symbolic size as an int. A size with a traced value (or a constant)
         # decides one of the two; a size read from data that may be 0 or more decides neither.
         # (One read from data but known to be >= 1 passes, and prints as dynamo quotes its

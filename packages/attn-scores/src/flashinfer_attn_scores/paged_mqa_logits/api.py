@@ -193,7 +193,7 @@ def fp8_paged_mqa_logits(
             unsupported `output_dtype`/`epi_dtype`/`acc_dtype`, `max_seq_len < 0`, a
             `schedule_meta` or `out` of the wrong shape or layout, an `out` that overlaps an
             input, an output span of 2^31
-            elements or more, or (with `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data
+            elements or more or a `padded_seq_len(max_seq_len)` of 2^31 or more, or (with `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data
             precondition or stale schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
             on a device type other than CUDA/CPU; or `out` is an inference tensor (created
@@ -431,7 +431,8 @@ def fp4_paged_mqa_logits(
             `next_n` outside 1..4, `sf_vec_size != 32`, `kv_fused.shape[3] != head_dim/2 + 4`,
             block size not 32/64/128, `is_kv_sf_interleaved=True` with a block size other than
             128, an unsupported `output_dtype`/`epi_dtype`, `max_seq_len < 0`, a bad
-            `schedule_meta` or `out`, an output span of 2^31 elements or more, or (with
+            `schedule_meta` or `out`, an output span of 2^31 elements or more or a
+            `padded_seq_len(max_seq_len)` of 2^31 or more, or (with
             `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data precondition or stale
             schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
