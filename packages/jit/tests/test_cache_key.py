@@ -306,6 +306,14 @@ INCLUDE_KERNEL = (
 )
 
 
+def _assert_keyed(spec: KernelSpec, files: list[Path]) -> None:
+    """The key hashes exactly `files` (the last defines V), and editing the last changes it."""
+    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == files
+    before = _key(spec)
+    files[-1].write_text("#define V 1 // edited\n")
+    assert _key(spec) != before
+
+
 @pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
 def test_every_spelling_of_an_include_is_followed(tmp_path, spelling):
     """A header the preprocessor reads must be in the key whatever the include line's
@@ -313,13 +321,7 @@ def test_every_spelling_of_an_include_is_followed(tmp_path, spelling):
     (tmp_path / "k.cu").write_bytes(INCLUDE_SPELLINGS[spelling] + INCLUDE_KERNEL)
     (tmp_path / "v.h").write_text("#define V 1\n")
     spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
-    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == [
-        tmp_path / "k.cu",
-        tmp_path / "v.h",
-    ]
-    before = _key(spec)
-    (tmp_path / "v.h").write_text("#define V 1 // edited\n")
-    assert _key(spec) != before
+    _assert_keyed(spec, [tmp_path / "k.cu", tmp_path / "v.h"])
 
 
 # Under --std=c++14 (or older) the preprocessor reads the trigraphs ??= as # and ??/ as \.
@@ -335,13 +337,7 @@ def test_a_trigraph_include_is_followed_and_read_by_nvrtc(tmp_path, spelling):
     (tmp_path / "v.h").write_text("#define V 1\n")
     spec = KernelSpec.make(name="k", source=tmp_path / "k.cu", options=("--std=c++14",))
     assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin
-    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == [
-        tmp_path / "k.cu",
-        tmp_path / "v.h",
-    ]
-    before = _key(spec)
-    (tmp_path / "v.h").write_text("#define V 1 // edited\n")
-    assert _key(spec) != before
+    _assert_keyed(spec, [tmp_path / "k.cu", tmp_path / "v.h"])
 
 
 def test_a_header_name_that_is_not_utf8_is_followed(tmp_path):
@@ -352,15 +348,8 @@ def test_a_header_name_that_is_not_utf8_is_followed(tmp_path):
     header = tmp_path / os.fsdecode(name)
     header.write_text("#define V 1\n")
     spec = KernelSpec.make(name="k", source=tmp_path / "k.cu")
-    assert [f.path for f in compute_key(spec, "sm_90a", base_options()).files] == [
-        tmp_path / "k.cu",
-        tmp_path / "mid.h",
-        header,
-    ]
     assert compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache").cubin
-    before = _key(spec)
-    header.write_text("#define V 1 // edited\n")
-    assert _key(spec) != before
+    _assert_keyed(spec, [tmp_path / "k.cu", tmp_path / "mid.h", header])
 
 
 @pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
