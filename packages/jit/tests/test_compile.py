@@ -123,6 +123,15 @@ def test_an_empty_ptxas_option_is_rejected_before_nvrtc_sees_it(source, option):
         program_options_kwargs(spec, "sm_90a")
 
 
+def test_a_source_path_that_is_not_utf8_is_named(tmp_path):
+    folder = tmp_path / os.fsdecode(b"bad\xffdir")
+    folder.mkdir()
+    (folder / "k.cu").write_text('extern "C" __global__ void k(int* o) { o[0] = 1; }\n')
+    spec = KernelSpec.make("k", folder / "k.cu")
+    with pytest.raises(ValueError, match=r"kernel 'k': NVRTC takes file and folder names as UTF-8"):
+        compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "cache")
+
+
 def test_a_bad_boolean_option_value_is_named_once(source):
     spec = KernelSpec.make("add_value", source, {"VALUE": 1}, options=["--fmad=maybe"])
     with pytest.raises(ValueError) as info:

@@ -167,7 +167,8 @@ def program_options_kwargs(spec: KernelSpec, arch: str) -> dict[str, Any]:
         Keyword arguments for `ProgramOptions`.
 
     Raises:
-        ValueError: An option in `spec.options` is not supported or malformed.
+        ValueError: An option in `spec.options` is not supported or malformed, or the source's
+            or an include folder's path is not UTF-8.
     """
     ptxas = list(_ALWAYS_PTXAS)
     kwargs: dict[str, Any] = {
@@ -181,6 +182,14 @@ def program_options_kwargs(spec: KernelSpec, arch: str) -> dict[str, Any]:
             *(str(d) for d in cuda_header_dirs()),
         ],
     }
+    for path in (kwargs["name"], *kwargs["include_path"]):
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"kernel {spec.label!r}: NVRTC takes file and folder names as UTF-8 text, and "
+                f"{path!r} is not (bytes that are not UTF-8); move the source or include folder"
+            ) from None
     if spec.defines:
         kwargs["define_macro"] = [(name, str(value)) for name, value in spec.defines]
     if "-lineinfo" in base_options():
