@@ -122,8 +122,8 @@ def quantize_mxfp4(
     sign bit is copied from the input, so tiny negatives become negative zero (nibble 0x8).
     Per element, ``|dequantised - x| <= max(0.25, |x| / (4 * s)) * s`` (half the E2M1 step
     at ``|x| / s``) while the byte is not clamped at 254 (``amax <= 6 * 2**127``, reachable
-    only from float64 input; past that the values saturate at ``6 * s``). Inputs should be finite (a group with infinity or NaN gets byte 254, NaN
-    elements nibble 0). Scale bytes come from integer arithmetic on the bit patterns, the
+    only from float64 input; past that the values saturate at ``6 * s``). Inputs should be
+    finite (a group with infinity or NaN gets byte 254, NaN elements nibble 0). Scale bytes come from integer arithmetic on the bit patterns, the
     division by the power-of-two scale is exact and the rounding is by exact comparisons,
     so CPU and CUDA tensors give the same bytes.
 

@@ -192,8 +192,8 @@ def fp8_paged_mqa_logits(
             of 8 in [8, 256], block size not 32/64/128, tensors on different devices, an
             unsupported `output_dtype`/`epi_dtype`/`acc_dtype`, `max_seq_len < 0`, a
             `schedule_meta` or `out` of the wrong shape or layout, an `out` that overlaps an
-            input, an output span of 2^31
-            elements or more or a `padded_seq_len(max_seq_len)` of 2^31 or more, or (with `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data
+            input, an output span of 2^31 elements or more or a `padded_seq_len(max_seq_len)`
+            of 2^31 or more, or (with `FLASHINFER_VALIDATE_INPUTS=1`) a violated device-data
             precondition or stale schedule.
         RuntimeError: The tensors are on a GPU other than SM90 (compute capability 9.0), or
             on a device type other than CUDA/CPU; or `out` is an inference tensor (created
@@ -217,9 +217,8 @@ def fp8_paged_mqa_logits(
     of 8 in [8, 256], block size 32, 64 or 128, and `batch_size*next_n *
     padded_seq_len(max_seq_len) < 2**31` and `padded_seq_len(max_seq_len) < 2**31` (with
     `out`, also `batch_size*next_n * out.stride(0) < 2**31`) because the output is indexed
-    with 32-bit offsets. `head_dim`,
-    `num_heads` and `next_n` must fit an SM90 CTA's shared memory (two q slots and at least
-    two KV stages); the largest `head_dim` that fits, by `next_n * num_heads`: 8: 1600,
+    with 32-bit offsets. `head_dim`, `num_heads` and `next_n` must fit an SM90 CTA's shared
+    memory (two q slots and at least two KV stages); the largest `head_dim` that fits, by `next_n * num_heads`: 8: 1600,
     16: 1440, 32: 1184, 64: 896, 128: 576, 192: 416, 256: 352.
     """
     op = "fp8_paged_mqa_logits"
