@@ -100,23 +100,23 @@ def _includes(content: bytes) -> tuple[tuple[bool, bool, str], ...]:
 def _without_block_comments(spliced: bytes) -> bytes:
     """`spliced` (continuations joined) with each block comment one space, as the
     preprocessor's directive phase reads it; literals and line comments kept as they are."""
-
-    def blank(match: re.Match) -> bytes:
-        token = match.group(0)
-        return b" " if token.startswith(b"/*") else token
-
-    return _LITERAL_OR_COMMENT.sub(blank, spliced)
+    return _blank_comments(spliced, (b"/*",))
 
 
 def without_comments(text: bytes) -> bytes:
     """`text` with every comment one space (literals kept whole, so a `//` in a string stays):
     for finding declarations, not for the include scan."""
+    return _blank_comments(text.replace(b"\\\n", b""), (b"/*", b"//"))
+
+
+def _blank_comments(text: bytes, openers: tuple[bytes, ...]) -> bytes:
+    """`text` with each comment that starts with one of `openers` replaced by one space."""
 
     def blank(match: re.Match) -> bytes:
         token = match.group(0)
-        return b" " if token.startswith((b"/*", b"//")) else token
+        return b" " if token.startswith(openers) else token
 
-    return _LITERAL_OR_COMMENT.sub(blank, text.replace(b"\\\n", b""))
+    return _LITERAL_OR_COMMENT.sub(blank, text)
 
 
 @dataclass(frozen=True)
