@@ -42,13 +42,15 @@ FP4_DTYPES = list(
 
 
 def worst_fraction(got, expected, magnitude, mask) -> float:
-    """max over valid elements of |got - expected| / (row max of the |weights| magnitude)."""
+    """max over valid elements of |got - expected| / (row max of the |weights| magnitude);
+    inf where a valid element is NaN."""
     got64 = got.detach().cpu().to(torch.float64)
     expected, magnitude, mask = expected.cpu(), magnitude.cpu().abs(), mask.cpu()
     zeros = torch.zeros_like(expected)
     row_size = torch.where(mask, magnitude, zeros).amax(dim=1).clamp_min(1e-30)
     err = torch.where(mask, (got64 - expected).abs(), zeros)
-    return float((err / row_size[:, None]).amax())
+    # A NaN (an unwritten or poisoned logit) must not vanish in the callers' max(): inf.
+    return float((err / row_size[:, None]).nan_to_num(nan=float("inf")).amax())
 
 
 def fp8_worst(dtypes, seeds, lengths) -> float:
