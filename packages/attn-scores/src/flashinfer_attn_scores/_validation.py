@@ -23,6 +23,7 @@ import os
 
 import torch
 from flashinfer_jit.op_args import (
+    decided,
     describe,
     int_hint,
     require,
@@ -89,12 +90,16 @@ def check_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
 
 
 def check_dim(name: str, t: torch.Tensor, dim: int, expected: int, meaning: str) -> None:
-    """Raise ValueError unless `t.shape[dim] == expected`; `meaning` explains `expected`."""
-    if t.shape[dim] != expected:
-        raise ValueError(
-            f"{name}.shape[{dim}] must be {meaning} = {expected}, "
-            f"got {t.shape[dim]} ({name} shape {sizes(t.shape)})"
-        )
+    """Raise ValueError unless `t.shape[dim] == expected`; `meaning` explains `expected`.
+    Through `require`, so that sizes a trace cannot compare (unbacked batch dimensions, as
+    `mark_unbacked` makes them) become a run-time assertion instead of a failed trace."""
+    require(
+        t.shape[dim] == expected,
+        lambda: ValueError(
+            f"{name}.shape[{dim}] must be {meaning} = {shown(expected)}, "
+            f"got {shown(t.shape[dim])} ({name} shape {sizes(t.shape)})"
+        ),
+    )
 
 
 def python_int(value: object) -> object:
@@ -250,7 +255,7 @@ def check_kv_fused_block_stride(kv_fused: torch.Tensor) -> None:
     """The pitch between blocks (`stride(0)`, in bytes) is free within two rules: blocks do not
     overlap, and each starts 16 bytes after an aligned one (a pool view with a wider pitch,
     such as one layer of a layer-interleaved cache, is fine)."""
-    if kv_fused.shape[0] <= 1:
+    if decided(kv_fused.shape[0] <= 1, False):
         return  # one block: the stride is never used
     block_bytes = kv_fused.shape[1] * kv_fused.shape[2] * kv_fused.shape[3]
     stride = kv_fused.stride(0)

@@ -281,6 +281,26 @@ def test_max_seq_len_multiples_of_256_add_at_most_one_dynamic_graph(variant):
     assert counter.frame_count <= 2
 
 
+@pytest.mark.parametrize("unbacked", ["batch", "pool"])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_unbacked_batch_and_pool_sizes_trace_and_match_eager(variant, unbacked):
+    """Sizes marked unbacked (vLLM's "unbacked" dynamic-shapes mode) must trace: found by a
+    review, the shape checks and the nothing-to-launch test branched on them."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    if variant == "fp8":
+        case = make_fp8_case(LENGTHS, next_n=2, seed=63)
+        op, args, pool = fa.fp8_paged_mqa_logits, case.fp8_args(), 1
+    else:
+        case = make_fp4_case(LENGTHS, next_n=2, block_size=64, seed=64)
+        op, args, pool = fa.fp4_paged_mqa_logits, case.fp4_args(), 2
+    batched = [i for i, a in enumerate(args[:-1]) if i != pool and a.shape[0] == len(LENGTHS)]
+    for index in batched if unbacked == "batch" else [pool]:
+        mark_unbacked(args[index], 0)
+    compiled = torch.compile(op, fullgraph=True, backend="eager")(*args)
+    assert_same_valid_region(compiled, op(*args), case.seq_lens, 2)
+
+
 def test_a_new_head_geometry_does_not_recompile():
     """fp8 calls of three (num_heads, head_dim) pairs run one dynamic graph: the checks
     format a traced size only when they raise (printing one specialises the graph to it)."""
@@ -631,6 +651,29 @@ def test_validate_mode_is_skipped_while_compiling(monkeypatch):
         call(*short)
 
 
+def test_validate_mode_is_skipped_under_make_fx_and_fake_tensors(monkeypatch):
+    """Found by a review: the opt-in checks ran under make_fx and FakeTensorMode (they
+    tested only for torch.compile) and failed there on data-dependent shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    case = make_fp8_case(LENGTHS, next_n=2, seed=62)
+    args = case.fp8_args()
+
+    def call(*tensors):
+        return fa.fp8_paged_mqa_logits(*tensors, case.max_seq_len)
+
+    for tracing_mode in ("real", "fake", "symbolic"):
+        graph = make_fx(call, tracing_mode=tracing_mode)(*args[:5])
+        assert_same_valid_region(graph(*args[:5]), call(*args[:5]), case.seq_lens, 2)
+    mode = FakeTensorMode()
+    with mode:
+        fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake_out = fa.fp8_paged_mqa_logits(*fakes)
+    assert fake_out.shape == (case.rows, case.max_seq_len)
+
+
 @pytest.mark.parametrize(
     ("capability", "expect_error"), [((9, 0), False), ((8, 0), True), ((10, 0), True)]
 )
@@ -742,6 +785,72 @@ def test_the_ops_refuse_a_storage_of_another_dtype_than_output_dtype(variant, de
     ):
         op(*args, storage, None, *tail)
     assert torch.equal(storage, before)
+
+
+def _weights_inside(case, args: tuple, variant: str, pitch: int, offset: int, device: str):
+    """A storage of `case.rows` rows of 512 columns every `pitch` columns, and the call's
+    arguments with `weights` moved into that storage's buffer, `offset` elements in."""
+    buffer = torch.full((case.rows * pitch,), 7.0, device=device)
+    storage = buffer.as_strided((case.rows, 512), (pitch, 1))
+    index = 2 if variant == "fp8" else 3
+    weights = args[index]
+    moved = buffer[offset : offset + weights.numel()].view(weights.shape).copy_(weights)
+    return storage, (*args[:index], moved, *args[index + 1 :])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_the_ops_refuse_a_storage_that_overlaps_an_input(variant, device):
+    """What a torch.compile'd call or an AOTInductor package hands the op: the public
+    function checks a caller's `out` against the inputs only in eager calls (a trace has no
+    addresses), so the op checks at run time (found by a review: the compiled call wrote
+    the logits over weights). An input in the unwritten tail of a wide row is fine."""
+    case, op, args, tail = _op_call(variant, device)
+    storage, moved = _weights_inside(case, args, variant, pitch=512, offset=600, device=device)
+    before = storage.clone()
+    with pytest.raises(ValueError, match=r"^out overlaps weights: the call writes 4 row"):
+        op(*moved, storage, None, *tail)
+    assert torch.equal(storage, before)
+    # Rows of 512 written every 1024 elements; weights (4 x 64 floats at most) sit in the
+    # unwritten second half of the first row.
+    storage, moved = _weights_inside(case, args, variant, pitch=1024, offset=512, device=device)
+    op(*moved, storage, None, *tail)
+    expected = storage.new_full((case.rows, 512), float("nan"))
+    op(*args, expected, None, *tail)
+    mask = valid_mask(case.seq_lens.cpu(), 2, 512).to(device)
+    assert torch.equal(storage[mask], expected[mask])
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_compiled_call_refuses_an_out_that_overlaps_an_input(variant):
+    case, _, args, _ = _op_call(variant, "cpu")
+    storage, moved = _weights_inside(case, args, variant, pitch=512, offset=0, device="cpu")
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    output_dtype = {} if variant == "fp8" else {"output_dtype": torch.float32}
+    before = storage.clone()
+    compiled = torch.compile(op, backend="eager", fullgraph=True)
+    with pytest.raises(ValueError, match=r"^out overlaps weights"):
+        compiled(*moved, out=storage, **output_dtype)
+    assert torch.equal(storage, before)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_compiled_call_refuses_an_inference_out_outside_inference_mode(variant):
+    """Inductor does not keep PyTorch's own refusal of an in-place update of an inference
+    tensor (dynamo cannot trace `is_inference()`); the op checks it at run time."""
+    case, _, args, _ = _op_call(variant, "cpu")
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    output_dtype = {} if variant == "fp8" else {"output_dtype": torch.float32}
+    with torch.inference_mode():
+        out = torch.full((case.rows, 512), 7.0)
+    compiled = torch.compile(op, fullgraph=True)
+    with pytest.raises(RuntimeError, match=r"^out is an inference tensor"):
+        compiled(*args, out=out, **output_dtype)
+    assert (out == 7.0).all()
+    with torch.inference_mode():
+        got = compiled(*args, out=out, **output_dtype)
+    mask = valid_mask(case.seq_lens, 2, case.max_seq_len)
+    assert torch.equal(got[mask], op(*args, **output_dtype)[mask])
 
 
 @pytest.mark.gpu

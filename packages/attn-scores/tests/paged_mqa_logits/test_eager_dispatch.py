@@ -41,7 +41,9 @@ def test_remembered_call_launches_into_the_callers_out_and_returns_the_sliced_vi
     calls = []
     tensors = tuple(torch.ones(k) for k in range(1, 6))  # q, kv_fused, weights, tables, lens
     schedule = torch.zeros(133, 2, dtype=torch.int32)
-    check_out = dispatch.OutCheck("fp8", problem, (*tensors, schedule), out)
+    check_out = dispatch.OutCheck(
+        "fp8", problem.rows, problem.padded_cols, (*tensors, schedule), out
+    )
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     version = out._version
     got = eager(tensors, schedule, out)
@@ -63,7 +65,7 @@ def test_remembered_call_refuses_an_out_that_overlaps_an_input():
     buffer = torch.zeros(4 * width)
     out = buffer[: 3 * width].view(3, width)
     tensors = tuple(torch.ones(k) for k in range(1, 6))
-    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
+    check_out = dispatch.OutCheck("fp8", problem.rows, problem.padded_cols, (*tensors, None), out)
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     weights = buffer[3 * width - 1 : 3 * width + 2]  # its first element is out's last written
@@ -82,7 +84,7 @@ def test_an_input_ending_at_outs_first_element_overlaps_and_one_ending_before_it
     buffer = torch.zeros(3 + 3 * width)
     out = buffer[3:].view(3, width)
     tensors = tuple(torch.ones(k) for k in range(1, 6))
-    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
+    check_out = dispatch.OutCheck("fp8", problem.rows, problem.padded_cols, (*tensors, None), out)
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     with pytest.raises(ValueError, match=r"out overlaps weights: .* lie there"):
@@ -212,7 +214,7 @@ def test_a_remembered_call_refuses_a_grad_out_first_as_validation_does():
     buffer = torch.zeros(4 * width, requires_grad=True)
     out = buffer[: 3 * width].view(3, width)
     tensors = tuple(torch.ones(k) for k in range(1, 6))
-    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
+    check_out = dispatch.OutCheck("fp8", problem.rows, problem.padded_cols, (*tensors, None), out)
     overlapping = (tensors[0], tensors[1], buffer[3 * width - 1 :], tensors[3], tensors[4], None)
     with pytest.raises(RuntimeError, match="out requires grad"):
         check_out(overlapping, out)
@@ -244,7 +246,7 @@ def test_remembered_call_refuses_an_inference_out_outside_inference_mode():
     with torch.inference_mode():
         out = torch.zeros(3, problem.padded_cols)
     tensors = tuple(torch.ones(k) for k in range(1, 6))
-    check_out = dispatch.OutCheck("fp8", problem, (*tensors, None), out)
+    check_out = dispatch.OutCheck("fp8", problem.rows, problem.padded_cols, (*tensors, None), out)
     calls = []
     eager = dispatch.EagerCall(_recording_run(calls), problem, out, check_out)
     with pytest.raises(RuntimeError, match="out is an inference tensor"):
@@ -470,7 +472,7 @@ def test_an_overlap_verdict_survives_another_thread_clearing_the_verdicts(verdic
     wide = torch.zeros(3 * 2 * width)
     out = wide.view(3, 2 * width)[:, :width]
     inputs = (tensors[0], tensors[1], wide[width : width + 4], tensors[3], tensors[4], None)
-    check_out = dispatch.OutCheck("fp8", problem, inputs, out)
+    check_out = dispatch.OutCheck("fp8", problem.rows, problem.padded_cols, inputs, out)
     check_out._verdicts = verdicts()
     check_out(inputs, out)  # no overlap, no error (raised KeyError before)
     if verdicts is _ClearedAfterFinding:  # a second call finds the verdict, then loses it

@@ -84,6 +84,15 @@ def require(condition: object, error: Callable[[], Exception]) -> None:
     torch._check(condition)
 
 
+def decided(condition: object, default: bool) -> bool:
+    """A size comparison's value in an eager call; under torch.compile, `guard_or`'s (its
+    value where the trace knows it, `default` where it depends on a size read from device
+    data, such as an unbacked batch dimension)."""
+    if torch.compiler.is_compiling():
+        return guard_or(condition, default)
+    return bool(condition)
+
+
 # How a size read from tensor data (an unbacked symbol, e.g. after nonzero()) prints while
 # dynamo traces with dynamic shapes: it has no value then.
 DATA_DEPENDENT_SIZE = "?"

@@ -165,8 +165,9 @@ def fp8_paged_mqa_logits(
             (`stride(0) >= padded_seq_len(max_seq_len)`; a row slice of a wider buffer is
             fine, an `expand()`ed or `as_strided()` overlapping buffer is not). What a call
             writes (the first `padded_seq_len(max_seq_len)` columns of its rows) must share
-            no byte with any input's elements (`ValueError`, checked on every eager call; an
-            input in the unwritten tail of a wider row is fine). Only the first
+            no byte with any input's elements (`ValueError`, checked on every call, under
+            torch.compile by the op when it runs; an input in the unwritten tail of a wider
+            row is fine). Only the first
             `batch_size*next_n` rows are written. Required for CUDA-graph capture; one
             address-stable max-batch buffer can serve every capture.
 
@@ -183,8 +184,11 @@ def fp8_paged_mqa_logits(
         TypeError: An argument has the wrong Python type or a tensor the wrong dtype
             (q float8_e4m3fn; kv_fused uint8; weights float32; block_tables, seq_lens,
             schedule_meta int32; out output_dtype), a dtype argument is not a
-            `torch.dtype`, or `max_seq_len` is not an integer (a Python or numpy int; a
-            bool or a tensor is refused).
+            `torch.dtype`, `max_seq_len` is not an integer (a Python or numpy int; a
+            bool or a tensor is refused), or a tensor argument (`out` and `schedule_meta`
+            included) is a negated view (`is_neg()`, e.g. the `.imag` of a `conj()` view),
+            whose memory holds the negated values: pass `t.resolve_neg()`. Not checked
+            while torch.compile traces.
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent batch_size/next_n/num_heads/head_dim between the tensors,
             `kv_fused.shape[2] != 1` or `kv_fused.shape[3] != head_dim + 4`, `head_dim` not a
@@ -422,9 +426,12 @@ def fp4_paged_mqa_logits(
     Raises:
         TypeError: An argument has the wrong Python type or a tensor the wrong dtype (q and
             kv_fused uint8; q_sf, block_tables, seq_lens, schedule_meta int32; weights
-            float32; out output_dtype), a dtype argument is not a `torch.dtype`, or
+            float32; out output_dtype), a dtype argument is not a `torch.dtype`,
             `max_seq_len` / `sf_vec_size` is not an integer (a Python or numpy int; a bool
-            or a tensor is refused).
+            or a tensor is refused), or a tensor argument (`out` and `schedule_meta`
+            included) is a negated view (`is_neg()`, e.g. the `.imag` of a `conj()` view),
+            whose memory holds the negated values: pass `t.resolve_neg()`. Not checked
+            while torch.compile traces.
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent sizes between the tensors, `num_heads != 64`, `head_dim != 128`,
             `next_n` outside 1..4, `sf_vec_size != 32`, `kv_fused.shape[3] != head_dim/2 + 4`,

@@ -15,11 +15,14 @@ Ops (namespace `flashinfer_attn_scores`, reachable as `torch.ops.flashinfer_attn
   out_storage, schedule_meta, sf_vec_size, output_dtype, epi_dtype, is_kv_sf_interleaved)
   -> ()`
 
-They do no argument checking (call the public functions, which do) but two: the FP8 ops
+They do no argument checking (call the public functions, which do) but these: the FP8 ops
 check that the head geometry fits the kernel's shared memory, which a torch.compile trace
 with symbolic head sizes leaves to them (see `problem.check_fp8_shared_memory_fit`), and
 every op checks that `out_storage` holds what the kernel writes, which an AOTInductor
-package, skipping export's input guards, would otherwise leave unchecked.
+package, skipping export's input guards, would otherwise leave unchecked, and that the rows
+it writes share no memory with an input and are no inference tensor outside inference mode
+(checks of addresses and run-time state, which the public function makes only in eager
+calls).
 """
 
 import torch
@@ -27,7 +30,7 @@ from flashinfer_jit.op_args import sizes, strides
 from flashinfer_schedule import padded_seq_len
 
 from .. import _validation as v
-from . import fp8_sm90, launcher
+from . import dispatch, fp8_sm90, launcher
 from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
 
 __all__ = ["NAMESPACE", "fp4_paged_mqa_logits_into", "fp8_paged_mqa_logits_into"]
@@ -75,7 +78,7 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _check_storage_fits(
     out_storage: torch.Tensor, q: torch.Tensor, max_seq_len: int, output_dtype: torch.dtype
-) -> None:
+) -> tuple[int, int]:
     """The kernels write `q.shape[0] * q.shape[1]` rows of `padded_seq_len(max_seq_len)`
     columns of `output_dtype`. The public functions check a caller's `out` for that, but an
     AOTInductor package of an exported program does not run export's input guards
@@ -99,6 +102,20 @@ def _check_storage_fits(
             f"{cols} columns with contiguous rows, got shape {sizes(out_storage.shape)} and "
             f"strides {strides(out_storage.stride())}"
         )
+    return rows, cols
+
+
+def _check_storage(
+    variant: str,
+    inputs: tuple,
+    out_storage: torch.Tensor,
+    max_seq_len: int,
+    output_dtype: torch.dtype,
+) -> None:
+    """`out_storage` holds what the kernel writes, apart from the inputs (`inputs`: the op's
+    input tensors in `dispatch.INPUT_NAMES` order, q first)."""
+    rows, cols = _check_storage_fits(out_storage, inputs[0], max_seq_len, output_dtype)
+    dispatch.check_op_out(variant, inputs, out_storage, rows, cols)
 
 
 def _check_schedule_rows(schedule_meta: torch.Tensor | None, q: torch.Tensor) -> None:
@@ -135,7 +152,13 @@ def fp8_paged_mqa_logits_into(
     `epi_dtype` and `acc_dtype` do not change it.
     """
     _check_fp8_head_geometry_fits(q)
-    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
+    _check_storage(
+        "fp8",
+        (q, kv_fused, weights, block_tables, seq_lens, schedule_meta),
+        out_storage,
+        max_seq_len,
+        output_dtype,
+    )
     if q.shape[0] == 0:
         return
     expected = fp8_paged_mqa_logits_reference(
@@ -159,9 +182,17 @@ def fp8_paged_mqa_logits_into_cuda(
     acc_dtype: torch.dtype,
 ) -> None:
     _check_fp8_head_geometry_fits(q)
-    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
+    _check_storage(
+        "fp8",
+        (q, kv_fused, weights, block_tables, seq_lens, schedule_meta),
+        out_storage,
+        max_seq_len,
+        output_dtype,
+    )
     _check_schedule_rows(schedule_meta, q)
-    if q.shape[0] == 0:
+    # Nothing to launch (see dispatch.run, which decides this before the op where a trace
+    # knows the sizes): no rows, or an empty pool, which TMA cannot describe.
+    if q.shape[0] == 0 or kv_fused.shape[0] == 0:
         return
     launcher.launch_fp8_paged_mqa_logits(
         q,
@@ -218,7 +249,13 @@ def fp4_paged_mqa_logits_into(
     CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta` and
     `epi_dtype` do not change it.
     """
-    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
+    _check_storage(
+        "fp4",
+        (q, q_sf, kv_fused, weights, block_tables, seq_lens, schedule_meta),
+        out_storage,
+        max_seq_len,
+        output_dtype,
+    )
     if q.shape[0] == 0:
         return
     expected = fp4_paged_mqa_logits_reference(
@@ -250,9 +287,17 @@ def fp4_paged_mqa_logits_into_cuda(
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
 ) -> None:
-    _check_storage_fits(out_storage, q, max_seq_len, output_dtype)
+    _check_storage(
+        "fp4",
+        (q, q_sf, kv_fused, weights, block_tables, seq_lens, schedule_meta),
+        out_storage,
+        max_seq_len,
+        output_dtype,
+    )
     _check_schedule_rows(schedule_meta, q)
-    if q.shape[0] == 0:
+    # Nothing to launch (see dispatch.run, which decides this before the op where a trace
+    # knows the sizes): no rows, or an empty pool, which TMA cannot describe.
+    if q.shape[0] == 0 or kv_fused.shape[0] == 0:
         return
     launcher.launch_fp4_paged_mqa_logits(
         q,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flashinfer_jit.op_args import inference_out_error
+from flashinfer_jit.op_args import decided, inference_out_error
 from flashinfer_jit.tracing import plain_eager
 
 from .. import _validation as v
@@ -36,10 +36,11 @@ def cuda_arch_error(op: str, device: torch.device) -> str:
 def device_data_checks_wanted() -> bool:
     """Whether to run the opt-in `FLASHINFER_VALIDATE_INPUTS` checks on this call.
 
-    Never while torch.compile traces the op (they copy device data to the host and branch
-    on it, which would break the graph) nor during CUDA-graph capture.
+    Never under a tracer (`plain_eager`: torch.compile, `make_fx`, a `FakeTensorMode`, a
+    `torch.func` transform; the checks copy device data to the host and branch on it, which
+    a trace cannot follow and fake tensors do not hold) nor during CUDA-graph capture.
     """
-    if torch.compiler.is_compiling():
+    if not plain_eager():
         return False
     return v.validate_inputs_enabled() and not v.graph_capture_active()
 
@@ -146,10 +147,12 @@ class OutCheck:
 
     __slots__ = ("_checked", "_geometry", "_verdicts", "_written")
 
-    def __init__(self, variant: str, problem: Problem, inputs: tuple, out: torch.Tensor) -> None:
-        self._written = v.out_written_bytes(out, problem.rows, problem.padded_cols)
+    def __init__(
+        self, variant: str, rows: int, padded_cols: int, inputs: tuple, out: torch.Tensor
+    ) -> None:
+        self._written = v.out_written_bytes(out, rows, padded_cols)
         size = out.element_size()
-        self._geometry = (out.stride(0) * size, problem.padded_cols * size, problem.rows)
+        self._geometry = (out.stride(0) * size, padded_cols * size, rows)
         extents = (v.byte_extent(t) for t in inputs)
         named = zip(range(len(inputs)), INPUT_NAMES[variant], extents, strict=True)
         self._checked = tuple(entry for entry in named if entry[2])
@@ -158,6 +161,12 @@ class OutCheck:
     def __call__(self, inputs: tuple, out: torch.Tensor) -> None:
         if out.requires_grad and torch.is_grad_enabled():  # first, as in validation
             raise v.grad_out_error()
+        self.refuse_overlap(inputs, out)
+        if out.is_inference() and not torch.is_inference_mode_enabled():
+            raise inference_out_error()
+
+    def refuse_overlap(self, inputs: tuple, out: torch.Tensor) -> None:
+        """Raise ValueError where out's written rows share memory with one of `inputs`."""
         start = out.data_ptr()
         end = start + self._written
         for index, name, extent in self._checked:
@@ -169,8 +178,6 @@ class OutCheck:
                 pitch, width, rows = self._geometry
                 exact = meets is not None
                 raise v.out_overlap_error(name, start, rows, width, pitch, first, extent, exact)
-        if out.is_inference() and not torch.is_inference_mode_enabled():
-            raise inference_out_error()
 
     def _meets(self, index: int, inputs: tuple, offset: int) -> bool | None:
         key = (index, offset)
@@ -184,6 +191,21 @@ class OutCheck:
             verdicts.clear()
         verdicts[key] = verdict
         return verdict
+
+
+def check_op_out(
+    variant: str, inputs: tuple, out_storage: torch.Tensor, rows: int, padded_cols: int
+) -> None:
+    """The custom op's own check of the storage it writes, at run time: no overlap with an
+    input and no inference tensor outside inference mode. The public function checks a
+    caller's `out` only in eager calls (a trace has no addresses, and dynamo cannot trace
+    `is_inference()`), so a torch.compile'd or AOTInductor-packaged call would otherwise
+    write an `out` that aliases an input while other CTAs still read it. `out_storage` has
+    already passed the op's size check; its first `padded_cols` columns of `rows` rows are
+    what the kernel may write."""
+    OutCheck(variant, rows, padded_cols, inputs, out_storage).refuse_overlap(inputs, out_storage)
+    if out_storage.is_inference() and not torch.is_inference_mode_enabled():
+        raise inference_out_error()
 
 
 class EagerCall:
@@ -290,7 +312,7 @@ def run(
     eager = plain_eager()
     if out is not None and eager:  # a trace has no addresses
         inputs = (*tensors, schedule_meta)
-        check_out = OutCheck(variant, problem, inputs, out)
+        check_out = OutCheck(variant, problem.rows, problem.padded_cols, inputs, out)
         check_out(inputs, out)
     storage = out
     if storage is None:
@@ -306,7 +328,11 @@ def run(
     # Nothing to launch. An empty pool leaves a valid call only zero-length requests, whose
     # rows are never written (and TMA cannot describe a pool of no blocks). On CPU the
     # reference still runs, so a length that would read a block is refused as elsewhere.
-    if not (problem.rows == 0 or (problem.num_blocks == 0 and q.is_cuda)):
+    # Decided here where the sizes have values; a size a trace cannot decide (unbacked) goes
+    # to the op, which skips the launch itself then.
+    if not (
+        decided(problem.rows == 0, False) or (q.is_cuda and decided(problem.num_blocks == 0, False))
+    ):
         if q.is_cuda and eager:
             launch = prepare(storage)
             if out is not None:
