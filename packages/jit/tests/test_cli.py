@@ -19,18 +19,16 @@ extern "C" __global__ void good_kernel(float* out, int32_t n) {
 }
 """
 BROKEN = 'extern "C" __global__ void broken_kernel(float* out) { out[0] = missing_symbol_q; }\n'
-# 64 floats per thread live across a barrier under a 32-register cap must spill: out may
-# alias in, so no load may move past the barrier and no store before it. (The kernel used
-# before summed products of the loaded values, which a compiler may load a few at a time;
-# on an H100 host, 2026-12-06, its report lacked the spill marker.)
+# 64 live floats per thread under a 32-register cap must spill.
 SPILLING = """\
 extern "C" __global__ void spilling_kernel(float* out, const float* in) {
   float v[64];
   #pragma unroll
   for (int i = 0; i < 64; ++i) v[i] = in[threadIdx.x + i * 128];
-  __syncthreads();
+  float s = 0.f;
   #pragma unroll
-  for (int i = 0; i < 64; ++i) out[threadIdx.x + i * 128] = v[63 - i];
+  for (int i = 0; i < 64; ++i) s += v[i] * v[63 - i];
+  out[threadIdx.x] = s;
 }
 """
 
