@@ -628,3 +628,30 @@ def test_a_source_removed_while_it_compiles_is_used_and_not_cached(source, cache
             compiled = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
     assert compiled.cubin[:4] == ELF_MAGIC and compiled.cache_path is None
     assert "changed while it compiled; not cached" in caplog.text
+
+
+def test_a_compile_served_without_a_ptxas_report_is_retried_under_new_options(source, tmp_path):
+    """With a CUDA driver, NVRTC serves a repeated compile of the same PTX and ptxas options
+    from an in-process cache with an empty log (an H100 host, NVRTC 13.0, 2026-12-06), which
+    left registers and spills unrecorded and `inspect` without its report. Emulated here: a
+    compile whose ptxas options were seen before returns no log; the retry must use options
+    not seen before and record the report."""
+    spec = KernelSpec.make("add_value", source, {"VALUE": 15})
+    compiler_module = importlib.import_module("flashinfer_jit.compiler")
+    nvrtc_compile = compiler_module._nvrtc_compile
+    seen: list[int] = []
+
+    def cached_after_first(spec, arch, source_text, repeat_verbose=0):
+        cubin, log, lowered = nvrtc_compile(spec, arch, source_text, repeat_verbose)
+        first = repeat_verbose not in seen
+        seen.append(repeat_verbose)
+        return cubin, (log if first else ""), lowered
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiler_module, "_nvrtc_compile", cached_after_first)
+        first = compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "a")
+        assert seen == [0] and "add_value" in first.functions
+        second = compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "b")
+    assert seen[:2] == [0, 0] and len(seen) == 3 and seen[2] > 0
+    assert second.functions == first.functions
+    assert second.cubin[:4] == ELF_MAGIC

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import re
@@ -44,6 +45,11 @@ _CUDA_CORE_IMPORT = threading.Lock()
 # ptxas' resource report is always requested: it is how registers/spills reach the manifest.
 _ALWAYS_PTXAS = ("-v",)
 _DEFAULT_STD = "c++17"
+# How many extra `-v` the next compile that lacked a ptxas report retries with (see
+# compile_kernel): each retry in the process gets a count of its own.
+_REPORT_RETRIES = itertools.count(1)
+_REPORT_RETRY_LOCK = threading.Lock()
+_REPORT_TRIES = 4
 
 
 # Where a cache-folder warning tells the reader the folder came from.
@@ -280,12 +286,14 @@ def _check_spec(spec: KernelSpec) -> None:
 
 
 def _nvrtc_compile(
-    spec: KernelSpec, arch: str, source_text: str
+    spec: KernelSpec, arch: str, source_text: str, repeat_verbose: int = 0
 ) -> tuple[bytes, str, dict[str, str]]:
     with _CUDA_CORE_IMPORT:
         from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(**program_options_kwargs(spec, arch))
+    kwargs = program_options_kwargs(spec, arch)
+    kwargs["ptxas_options"] = [*kwargs["ptxas_options"], *["-v"] * repeat_verbose]
+    options = ProgramOptions(**kwargs)
     log = io.StringIO()
     program = Program(source_text, "c++", options)
     try:
@@ -549,8 +557,24 @@ def compile_kernel(
 
     start = time.perf_counter()
     cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text)
-    seconds = time.perf_counter() - start
     functions = parse_ptxas_report(log)
+    if not functions:
+        # With a CUDA driver present, NVRTC answers a repeated compile from an in-process
+        # cache keyed by the PTX and the ptxas options, and returns no ptxas report (an H100
+        # host, NVRTC 13.0, 2026-12-06: the first compile in a process reported, every later
+        # one of the same PTX did not, a changed source comment did not help, CUDA_CACHE_DISABLE=1
+        # set before NVRTC loaded did). Without the report, registers and spills would go
+        # unrecorded. Again with `-v` repeated a number of times no earlier retry in this
+        # process used: the same code under ptxas options the cache has not seen (unless a
+        # spec of its own asked for as many, hence a few tries).
+        for _ in range(_REPORT_TRIES):
+            with _REPORT_RETRY_LOCK:
+                repeats = next(_REPORT_RETRIES)
+            cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text, repeats)
+            functions = parse_ptxas_report(log)
+            if functions:
+                break
+    seconds = time.perf_counter() - start
     entry_name = _entry_name(spec, lowered)
     _check_entry(spec, entry_name, functions)
     _log("compiled %s for %s in %.2f s (%s)", spec.label, arch, seconds, key.digest[:12])
