@@ -580,3 +580,16 @@ def test_cuda_matches_cpu_for_lengths_near_int32_max(lens, num_sms):
     expected = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms)
     assert torch.equal(got.cpu(), expected)
     assert [tuple(r) for r in expected.tolist()] == loop_schedule(lens, num_sms)
+
+
+def test_the_schedule_modules_all_is_what_the_package_exports_from_it():
+    # docs/api/schedule.md is generated from the package's __all__; the module's own list
+    # names the same public names, no more (SCHEDULE_VARIANTS is internal) and no fewer.
+    import flashinfer_schedule
+    from flashinfer_schedule import schedule
+
+    exported_from_it = sorted(
+        name for name in flashinfer_schedule.__all__ if name in vars(schedule)
+    )
+    assert sorted(schedule.__all__) == exported_from_it
+    assert "resolve_device" in schedule.__all__

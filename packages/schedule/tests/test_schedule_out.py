@@ -103,15 +103,129 @@ def test_a_cuda_index_past_64_bits_is_a_value_error_naming_device(index):
 
 def test_the_cuda_ops_checks_refuse_what_an_aot_package_could_hand_it():
     # An AOTInductor package skips export's input guards; the op itself refuses an out the
-    # kernel would overrun or that overlaps seq_lens (the checks run on CPU tensors here).
+    # kernel would overrun or that overlaps seq_lens (the checks run on CPU tensors here;
+    # the arguments are the op's: seq_lens, num_sms, passes, out).
     from flashinfer_schedule.custom_ops import check_op_arguments
 
     storage = torch.zeros(64, dtype=torch.int32)
     seq_lens = storage[:4]
-    check_op_arguments(seq_lens, 3, storage[8:16].view(4, 2))  # apart: fine
+    check_op_arguments(seq_lens, 3, 1, storage[8:16].view(4, 2))  # apart: fine
     with pytest.raises(ValueError, match=r"^out shares memory with seq_lens"):
-        check_op_arguments(seq_lens, 3, storage[2:10].view(4, 2))
+        check_op_arguments(seq_lens, 3, 1, storage[2:10].view(4, 2))
     with pytest.raises(ValueError, match=r"^out must have shape \[num_sms \+ 1, 2\]"):
-        check_op_arguments(seq_lens, 3, storage[8:14].view(3, 2))
+        check_op_arguments(seq_lens, 3, 1, storage[8:14].view(3, 2))
     with pytest.raises(TypeError, match=r"^out must have dtype torch.int32"):
-        check_op_arguments(seq_lens, 3, torch.zeros(4, 2, dtype=torch.int64))
+        check_op_arguments(seq_lens, 3, 1, torch.zeros(4, 2, dtype=torch.int64))
+
+
+# What the CUDA kernel assumes of the arguments the op passes on, each broken once. The op's
+# schema gives it tensors and ints of any value; these are the ones the kernel would misread
+# (seq_lens is read as a `const int*` at seq_lens[b * stride(0)]), divide by (num_sms = 0) or
+# count wrongly with (passes < 1, or so many passes that a unit index overflows int32).
+_OP_REFUSALS = {
+    "seq_lens_int16": (
+        {"seq_lens": torch.zeros(4, dtype=torch.int16)},
+        TypeError,
+        r"^seq_lens must have dtype torch\.int32, got torch\.int16$",
+    ),
+    "seq_lens_uint8": (
+        {"seq_lens": torch.zeros(4, dtype=torch.uint8)},
+        TypeError,
+        r"^seq_lens must have dtype torch\.int32, got torch\.uint8$",
+    ),
+    "seq_lens_int64": (
+        {"seq_lens": torch.zeros(4, dtype=torch.int64)},
+        TypeError,
+        r"^seq_lens must have dtype torch\.int32, got torch\.int64$",
+    ),
+    "seq_lens_float32": (
+        {"seq_lens": torch.zeros(4, dtype=torch.float32)},
+        TypeError,
+        r"^seq_lens must have dtype torch\.int32, got torch\.float32$",
+    ),
+    "seq_lens_2d": (
+        {"seq_lens": torch.zeros(2, 2, dtype=torch.int32)},
+        ValueError,
+        r"^seq_lens must be 1-D \[batch_size\], got 2-D shape \[2, 2\]$",
+    ),
+    "seq_lens_0d": (
+        {"seq_lens": torch.tensor(5, dtype=torch.int32)},
+        ValueError,
+        r"^seq_lens must be 1-D \[batch_size\], got 0-D shape \[\]$",
+    ),
+    "seq_lens_sparse": (
+        {"seq_lens": torch.zeros(4, dtype=torch.int32).to_sparse()},
+        TypeError,
+        r"^seq_lens must be a dense \(torch\.strided\) tensor, got layout torch\.sparse_coo$",
+    ),
+    "num_sms_0": (
+        {"num_sms": 0, "out": torch.zeros(1, 2, dtype=torch.int32)},
+        ValueError,
+        r"^num_sms must be in 1\.\.2147483647 \(2\*\*31 - 1\), got 0$",
+    ),
+    "num_sms_negative": (
+        {"num_sms": -2},
+        ValueError,
+        r"^num_sms must be in 1\.\.2147483647 \(2\*\*31 - 1\), got -2$",
+    ),
+    "num_sms_past_int32": (
+        {"num_sms": 2**31},
+        ValueError,
+        r"^num_sms must be in 1\.\.2147483647 \(2\*\*31 - 1\), got 2147483648$",
+    ),
+    "passes_0": ({"passes": 0}, ValueError, r"^passes must be in 1\.\.64, got 0$"),
+    "passes_negative": ({"passes": -1}, ValueError, r"^passes must be in 1\.\.64, got -1$"),
+    "passes_65": ({"passes": 65}, ValueError, r"^passes must be in 1\.\.64, got 65$"),
+    "passes_bool": ({"passes": True}, TypeError, r"^passes must be an int, got bool \(True\)$"),
+    "out_rows_not_num_sms_plus_1": (
+        {"out": torch.zeros(5, 2, dtype=torch.int32)},
+        ValueError,
+        r"^out must have shape \[num_sms \+ 1, 2\] = \[4, 2\] \(num_sms=3\), got \[5, 2\]$",
+    ),
+    "out_on_another_device": (
+        {"out": torch.zeros(4, 2, dtype=torch.int32, device="meta")},
+        ValueError,
+        r"^out must be on the target device cpu, got meta$",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"), _OP_REFUSALS.values(), ids=_OP_REFUSALS.keys()
+)
+def test_the_cuda_ops_checks_refuse_inputs_the_kernel_would_misread(arguments, error, match):
+    # The op's own checks, which an AOTInductor package (no export guards) relies on; the
+    # public function's refusals, word for word. Run on CPU tensors here.
+    from flashinfer_schedule.custom_ops import check_op_arguments
+
+    arguments = {
+        "seq_lens": torch.zeros(4, dtype=torch.int32),
+        "num_sms": 3,
+        "passes": 1,
+        "out": torch.zeros(4, 2, dtype=torch.int32),
+        **arguments,
+    }
+    with pytest.raises(error, match=match):
+        check_op_arguments(**arguments)
+
+
+def test_the_cuda_ops_checks_accept_the_largest_passes():
+    from flashinfer_schedule.custom_ops import check_op_arguments
+
+    check_op_arguments(
+        seq_lens=torch.full((4,), 2**31 - 1, dtype=torch.int32),
+        num_sms=3,
+        passes=64,
+        out=torch.zeros(4, 2, dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_non_contiguous_out_names_the_strides_it_needs(device):
+    out = torch.zeros(2, 5, dtype=torch.int32, device=device).t()
+    with pytest.raises(
+        ValueError, match=r"^out must be contiguous, with strides \(2, 1\), got strides \(1, 5\)$"
+    ):
+        compute_paged_mqa_logits_schedule(
+            torch.tensor([1, 2], dtype=torch.int32, device=device), num_sms=4, out=out
+        )

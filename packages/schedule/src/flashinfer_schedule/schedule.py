@@ -1,6 +1,9 @@
 """CTA work schedule of the persistent paged MQA logits kernels.
 
-Policy (the SM90 kernels consume exactly this; every constant lives in this module):
+Policy (the SM90 kernels consume exactly this). Its constants are defined in this module and
+reach the kernels as compile-time defines, except that the 64-token unit is also the logits
+kernels' tile, WGMMA's M (`kTile` in `flashinfer_attn_scores`' `paged_mqa_common.cuh`), a
+hardware size the kernels state themselves; a test there checks that the two agree.
 
 * Each request `b` is cut into work units of `SCHEDULE_TOKENS_PER_UNIT` (64) KV tokens, and a
   unit is visited `passes_per_token(variant, next_n)` times, so the request contributes
@@ -54,13 +57,14 @@ __all__ = [
     "DEFAULT_CPU_NUM_SMS",
     "SCHEDULE_REQUEST_ENTRY_UNITS",
     "SCHEDULE_TOKENS_PER_UNIT",
-    "SCHEDULE_VARIANTS",
     "compute_paged_mqa_logits_schedule",
     "device_num_sms",
     "passes_per_token",
+    "resolve_device",
 ]
 
-# KV tokens per schedule work unit.
+# KV tokens per schedule work unit. The logits kernels' tile (`kTile`, WGMMA's M) is this size
+# too; `flashinfer_attn_scores`' launchers import it from here.
 SCHEDULE_TOKENS_PER_UNIT = 64
 
 # Virtual units charged for entering a non-empty request (the policy above). A request switch
@@ -78,12 +82,17 @@ SCHEDULE_VARIANTS = ("fp8", "fp4")
 # fp4's kernel is specialised for next_n 1..4 only.
 _FP4_MAX_NEXT_N = 4
 
-# Largest accepted `num_sms`: the CUDA kernel takes it as an int32 and the schedule stores
-# indices up to it as int32, so it must fit in one.
+# Largest accepted `num_sms`: the CUDA kernel takes it as an int32.
 _MAX_NUM_SMS = 2**31 - 1
 
 # Request indices, the sentinel `batch_size` included, are stored as int32.
 _MAX_BATCH_SIZE = 2**31 - 1
+
+# Largest `passes` the schedule can store: the unit index within a request is an int32, and a
+# request of 2**31 - 1 tokens has ceil((2**31 - 1) / 64) = 2**25 units per pass, so at most
+# 2**31 / 2**25 = 64 passes keep every index below 2**31 (and the kernel's int64 sums exact).
+# `passes_per_token` returns 1 today; the op's own check enforces this bound.
+_MAX_PASSES = 2**31 // -(-(2**31 - 1) // SCHEDULE_TOKENS_PER_UNIT)
 
 
 def _check_variant_next_n(variant: object, next_n: object) -> int:
@@ -103,11 +112,18 @@ def _check_variant_next_n(variant: object, next_n: object) -> int:
     return next_n
 
 
-def _check_num_sms(num_sms: object) -> int:
-    num_sms = check_int("num_sms", num_sms, "an int or None")
+def _check_num_sms(num_sms: object, expected: str = "an int or None") -> int:
+    num_sms = check_int("num_sms", num_sms, expected)
     if not 1 <= num_sms <= _MAX_NUM_SMS:
         raise ValueError(f"num_sms must be in 1..{_MAX_NUM_SMS} (2**31 - 1), got {shown(num_sms)}")
     return num_sms
+
+
+def _check_passes(passes: object) -> int:
+    passes = check_int("passes", passes)
+    if not 1 <= passes <= _MAX_PASSES:
+        raise ValueError(f"passes must be in 1..{_MAX_PASSES}, got {shown(passes)}")
+    return passes
 
 
 def passes_per_token(variant: str, next_n: int) -> int:
@@ -257,6 +273,27 @@ def _check_dense(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} is a negated view (is_neg() is True); pass {name}.resolve_neg()")
 
 
+def _check_seq_lens(seq_lens: object) -> None:
+    """What the CUDA kernel reads: a dense 1-D int32 tensor (`const int*` at `b * stride(0)`)
+    of at most 2**31 - 1 requests, on a CUDA or CPU device."""
+    if not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"seq_lens must be a torch.Tensor, got {type_name(seq_lens)}")
+    _check_dense("seq_lens", seq_lens)
+    if seq_lens.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"seq_lens must be on a CUDA or CPU device, got {seq_lens.device}")
+    if seq_lens.dtype != torch.int32:
+        raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
+    if seq_lens.dim() != 1:
+        raise ValueError(
+            f"seq_lens must be 1-D [batch_size], got {seq_lens.dim()}-D shape {sizes(seq_lens.shape)}"
+        )
+    if seq_lens.shape[0] > _MAX_BATCH_SIZE:
+        raise ValueError(
+            f"seq_lens must have at most {_MAX_BATCH_SIZE} (2**31 - 1) requests, "
+            f"got {seq_lens.shape[0]}"
+        )
+
+
 def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type_name(out)}")
@@ -270,7 +307,10 @@ def _check_out(out: object, num_sms: int, device: torch.device) -> torch.Tensor:
             f"(num_sms={shown(num_sms)}), got {sizes(out.shape)}"
         )
     if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous, got strides {strides(out.stride())}")
+        # Both sizes are >= 2 here, so contiguous means exactly these strides.
+        raise ValueError(
+            f"out must be contiguous, with strides (2, 1), got strides {strides(out.stride())}"
+        )
     if not _same_device(out.device, device):
         raise ValueError(f"out must be on the target device {device}, got {out.device}")
     if plain_eager() and out.is_inference() and not torch.is_inference_mode_enabled():
@@ -383,7 +423,7 @@ def compute_paged_mqa_logits_schedule(
         num_sms: Override of the SM count. Defaults to the CUDA device's multiprocessor count,
             or to 132 (`DEFAULT_CPU_NUM_SMS`, an H100 SXM / H200) for the CPU. The logits ops
             only accept a schedule built for their device's own SM count. At most
-            2**31 - 1: the schedule stores SM indices as int32.
+            2**31 - 1: the CUDA kernel takes the SM count as an int32.
 
     Returns:
         `[num_sms + 1, 2]` int32 tensor on the target device: row `i < num_sms` is the
@@ -406,22 +446,7 @@ def compute_paged_mqa_logits_schedule(
             visible device.
         RuntimeError: `out` is an inference tensor and the call is outside inference mode.
     """
-    if not isinstance(seq_lens, torch.Tensor):
-        raise TypeError(f"seq_lens must be a torch.Tensor, got {type_name(seq_lens)}")
-    _check_dense("seq_lens", seq_lens)
-    if seq_lens.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"seq_lens must be on a CUDA or CPU device, got {seq_lens.device}")
-    if seq_lens.dtype != torch.int32:
-        raise TypeError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
-    if seq_lens.dim() != 1:
-        raise ValueError(
-            f"seq_lens must be 1-D [batch_size], got {seq_lens.dim()}-D shape {sizes(seq_lens.shape)}"
-        )
-    if seq_lens.shape[0] > _MAX_BATCH_SIZE:
-        raise ValueError(
-            f"seq_lens must have at most {_MAX_BATCH_SIZE} (2**31 - 1) requests, "
-            f"got {seq_lens.shape[0]}"
-        )
+    _check_seq_lens(seq_lens)
     next_n = _check_variant_next_n(variant, next_n)
     target = seq_lens.device if device is None else resolve_device(device)
     if target.type not in ("cuda", "cpu"):
