@@ -60,6 +60,49 @@ def test_default_grid_is_the_documented_one(monkeypatch):
         assert (c.epi_dtype, c.acc_dtype) == (torch.float32, torch.float32)
 
 
+def test_a_cuda_precompile_also_compiles_the_schedule_kernel(monkeypatch, tmp_path):
+    """`compute_paged_mqa_logits_schedule` launches flashinfer_schedule's own kernel on CUDA
+    tensors; the precompile compiles (and loads) it with the logits kernels, whatever the
+    variants, so that no first schedule call runs NVRTC. Compiled for real here, with NVRTC
+    for sm_90a, which needs no GPU: only the device lookup, the SM90 check and the load on
+    the device are left out."""
+    import flashinfer_jit
+    from flashinfer_attn_scores.paged_mqa_logits import launcher
+    from flashinfer_attn_scores.paged_mqa_logits import precompile as module
+    from flashinfer_schedule import SCHEDULE_REQUEST_ENTRY_UNITS, SCHEDULE_TOKENS_PER_UNIT
+    from flashinfer_schedule._schedule_cuda import all_kernel_specs as schedule_kernel_specs
+
+    compile_for_sm90a = flashinfer_jit.precompile
+    summaries = []
+
+    def compile_without_a_gpu(specs, device, *, load):
+        assert device == torch.device("cuda", 0) and load
+        summary = compile_for_sm90a(
+            specs, arch="sm_90a", cache_dir=tmp_path, max_workers=1, progress=False
+        )
+        summaries.append(summary)
+        return summary
+
+    monkeypatch.setattr(flashinfer_jit, "precompile", compile_without_a_gpu)
+    monkeypatch.setattr(module.v, "check_cuda_arch", lambda *args: None)
+    monkeypatch.setattr(module, "resolve_device", lambda device: torch.device("cuda", 0))
+    for variant in ("fp8", "fp4"):
+        configs = fa.precompile_paged_mqa_logits(
+            "cuda:0", variants=(variant,), block_sizes=(64,), next_ns=(1,), output_dtypes=None
+        )
+        summary = summaries.pop()
+        compiled = [result.spec for result in summary.results]
+        assert all(result.ok for result in summary.results), str(summary)
+        assert compiled == [launcher.config_spec(c) for c in configs] + schedule_kernel_specs()
+    # The schedule kernel that a CUDA schedule call launches, with the package's constants.
+    (schedule_spec,) = schedule_kernel_specs()
+    assert schedule_spec.name == "paged_mqa_logits_schedule"
+    assert dict(schedule_spec.defines) == {
+        "TOKENS_PER_UNIT": SCHEDULE_TOKENS_PER_UNIT,
+        "ENTRY_UNITS": SCHEDULE_REQUEST_ENTRY_UNITS,
+    }
+
+
 def test_fp4_bfloat16_output_is_a_valid_request():
     got = fa.precompile_paged_mqa_logits("cpu", variants=("fp4",), output_dtypes=(torch.bfloat16,))
     assert got == []
@@ -250,9 +293,11 @@ def test_precompile_default_grid_on_sm90():
 def test_a_call_after_precompile_compiles_and_loads_nothing(monkeypatch):
     """The point of precompiling: the kernels are loaded on the device by
     `precompile_paged_mqa_logits` itself, and a serving call of a precompiled configuration
-    then neither compiles nor loads code (a cold load would raise here)."""
+    (or of the CUDA schedule) then neither compiles nor loads code (a cold load would raise
+    here)."""
     from flashinfer_attn_scores.paged_mqa_logits import launcher
     from flashinfer_jit import kernel as jit_kernel
+    from flashinfer_schedule._schedule_cuda import all_kernel_specs as schedule_kernel_specs
 
     monkeypatch.setattr(jit_kernel, "_LOADED", {})  # as in a fresh process
     configs = fa.precompile_paged_mqa_logits(
@@ -263,11 +308,16 @@ def test_a_call_after_precompile_compiles_and_loads_nothing(monkeypatch):
     )
     device = torch.cuda.current_device()
     assert {(launcher.config_spec(c), device) for c in configs} <= set(jit_kernel._LOADED)
+    assert {(spec, device) for spec in schedule_kernel_specs()} <= set(jit_kernel._LOADED)
 
     def cold_load(spec, index, cache_dir):
         raise AssertionError(f"{spec.label} was compiled or loaded by a call after precompile")
 
     monkeypatch.setattr(jit_kernel, "_load_cold", cold_load)
+    seq_lens = torch.tensor([5, 0, 70], dtype=torch.int32, device="cuda")
+    schedule = fa.compute_paged_mqa_logits_schedule(seq_lens)
+    expected = fa.compute_paged_mqa_logits_schedule(seq_lens.cpu(), num_sms=schedule.shape[0] - 1)
+    assert torch.equal(schedule.cpu(), expected)
     for next_n in (1, 3):
         fp8 = make_fp8_case(
             [5, 0, 70], next_n=next_n, num_heads=64, head_dim=128, block_size=32, seed=next_n

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from flashinfer_schedule import SCHEDULE_REQUEST_ENTRY_UNITS
+from flashinfer_schedule import SCHEDULE_REQUEST_ENTRY_UNITS, SCHEDULE_TOKENS_PER_UNIT
 
 CSRC = Path(__file__).with_name("csrc")
 
-TOKENS_PER_UNIT = 64  # WGMMA M; equals flashinfer_schedule.SCHEDULE_TOKENS_PER_UNIT
+# KV tokens per work unit: the schedule's unit, and WGMMA's M, which the kernels state as
+# `kTile` in csrc/paged_mqa_common.cuh (test_kernel_sources checks that the two agree).
+TOKENS_PER_UNIT = SCHEDULE_TOKENS_PER_UNIT
 
 
 # Consumer warpgroups. The epilogue is latency-bound (ncu on the H200, 2026-11-29: 7 cycles per

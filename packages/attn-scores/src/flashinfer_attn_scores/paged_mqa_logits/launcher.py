@@ -22,7 +22,7 @@ import torch
 from . import fp4_sm90, fp8_sm90
 
 if TYPE_CHECKING:
-    from flashinfer_jit import KernelSpec
+    from flashinfer_jit import KernelSpec, PrecompileSummary
 
     from .precompile import PagedMqaLogitsConfig
 
@@ -57,16 +57,28 @@ def config_spec(config: PagedMqaLogitsConfig) -> KernelSpec:
     ).spec
 
 
+def paged_mqa_logits_kernel_specs(configs: Sequence[PagedMqaLogitsConfig]) -> list[KernelSpec]:
+    """The kernel specialisations a deployment of `configs` launches: each configuration's,
+    then `flashinfer_schedule`'s schedule kernel (`compute_paged_mqa_logits_schedule` on CUDA
+    tensors, the usual way to build a `schedule_meta` shared by several calls), as that
+    package registers it for `flashinfer_jit`'s compile checks."""
+    from flashinfer_schedule._schedule_cuda import all_kernel_specs as schedule_kernel_specs
+
+    return [config_spec(c) for c in configs] + schedule_kernel_specs()
+
+
 def compile_paged_mqa_logits_kernels(
     configs: Sequence[PagedMqaLogitsConfig], device: torch.device
-) -> None:
-    """Compile (into the on-disk JIT cache) and load every configuration in `configs`.
+) -> PrecompileSummary:
+    """Compile (into the on-disk JIT cache) and load every configuration in `configs`, and
+    the schedule kernel (`paged_mqa_logits_kernel_specs`).
 
     `configs` are `PagedMqaLogitsConfig` entries from `precompile_paged_mqa_logits`; the
     device is an SM90 CUDA device. Compiles run in parallel worker processes with a progress
     bar (`flashinfer_jit.precompile`); the kernels are then loaded on `device`, so the first
-    serving call neither compiles nor loads code.
+    serving call (of the logits ops or of `compute_paged_mqa_logits_schedule`) neither
+    compiles nor loads code. Returns `flashinfer_jit.precompile`'s summary.
     """
     from flashinfer_jit import precompile
 
-    precompile([config_spec(c) for c in configs], device, load=True)
+    return precompile(paged_mqa_logits_kernel_specs(configs), device, load=True)

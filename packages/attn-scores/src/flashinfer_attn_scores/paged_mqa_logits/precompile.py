@@ -198,9 +198,12 @@ def precompile_paged_mqa_logits(
 
     Kernels are compiled at run time (NVRTC, through `flashinfer_jit`) the first time a
     configuration is used and then kept in the on-disk kernel cache. Call this once during
-    deployment setup so that no serving request pays for compilation. Kernels are compiled
-    for CUDA devices only: on a CPU device (or with no GPU present and `device=None`) the
-    arguments are validated and nothing is compiled.
+    deployment setup so that no serving request pays for compilation: the kernels are
+    compiled and loaded on the device, so the first serving call neither compiles nor loads
+    code. Besides the logits kernels, this compiles and loads the schedule kernel that
+    `compute_paged_mqa_logits_schedule` launches on CUDA tensors (one configuration, whatever
+    the variants). Kernels are compiled for CUDA devices only: on a CPU device (or with no
+    GPU present and `device=None`) the arguments are validated and nothing is compiled.
 
     The grid is every combination of `variants x block_sizes x next_ns x output dtypes x
     epi_dtypes x acc_dtypes` (acc only for fp8), plus the interleaved scale order for fp4 at
@@ -227,7 +230,8 @@ def precompile_paged_mqa_logits(
         acc_dtypes: fp8 accumulator dtypes to build.
 
     Returns:
-        The configurations compiled, in build order: an empty list on a CPU device.
+        The logits configurations compiled, in build order (the schedule kernel, which has
+        no such configuration, is not listed): an empty list on a CPU device.
 
     Raises:
         TypeError: An argument has the wrong type.
