@@ -123,6 +123,19 @@ def test_bench_cpu_quick_writes_checked_results(tmp_path: Path) -> None:
         "fp4_copy_fraction.png",
         "fp8_copy_fraction.png",
     ]
+    # Its markdown says the cells are host times of the reference, not kernel times.
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench"), "--markdown", str(out / "results.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA-graph" not in proc.stdout
+    assert proc.stdout.count("CPU reference run, NOT kernel measurements. Each cell: the host") == 2
+    assert "median of 3 timed calls after a warm-up call" in proc.stdout
+    assert "NOT kernel measurements." in proc.stdout.splitlines()[0]
 
 
 def test_bench_rejects_unknown_op(capsys: pytest.CaptureFixture[str]) -> None:

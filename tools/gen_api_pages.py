@@ -125,8 +125,16 @@ def _directives(module_name: str, names: list[str]) -> list[str]:
         obj = getattr(module, name)
         if hasattr(module, "__path__") and importlib.util.find_spec(path) is not None:
             # A function re-exported over its own submodule's name (`flashinfer_jit.precompile`):
-            # mkdocstrings would resolve the path to the module, so name the definition.
-            path = f"{obj.__module__}.{obj.__qualname__}"
+            # mkdocstrings would resolve the path to the module, so name the definition, and
+            # head it with the name that works at run time (the package attribute is the
+            # function, so `flashinfer_jit.precompile.precompile` raises AttributeError).
+            lines += [
+                f"::: {obj.__module__}.{obj.__qualname__}",
+                "    options:",
+                f"      heading: {path}",
+                "",
+            ]
+            continue
         lines += [f"::: {path}", ""]
     return lines
 

@@ -12,19 +12,14 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from .tables import LARGE_TOKENS, case_key, dtype_choice, index_cases, median_us
-
-# The targets' regimes of B x L (PERFORMANCE.md): at least 4M tokens, 512k-4M, below.
-MID_TOKENS = 512 << 10
-SIZE_GROUPS = (">= 4M", "512k-4M", "< 512k")
-
-
-def size_group(batch: int, avg_len: int) -> str:
-    """The targets' regime of a case's B x L tokens."""
-    tokens = batch * avg_len
-    if tokens >= LARGE_TOKENS:
-        return SIZE_GROUPS[0]
-    return SIZE_GROUPS[1] if tokens >= MID_TOKENS else SIZE_GROUPS[2]
+from .tables import (
+    SIZE_GROUPS,
+    case_key,
+    dtype_choice,
+    index_cases,
+    median_us,
+    size_group,
+)
 
 
 def time_ratios(

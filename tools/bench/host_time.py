@@ -7,9 +7,11 @@ of the loop divided by the number of calls, with no synchronisation inside the l
 device time per call comes from CUDA events recorded around the same loop. When the device
 time is about as large as the host time, the launch queue was full and the host waited on the
 GPU: the event time alone cannot tell (the GPU also idles between calls the host has not
-issued yet), so the same call is also timed as CUDA-graph replays, which is the GPU work per
-call without any host cost. When that is close to the host time, the host may have waited on a
-full launch queue and its time is only an upper bound on the Python-side cost.
+issued yet), so the same call is also timed as replays of one CUDA graph holding `GRAPH_CALLS`
+copies of it on the same tensors: the GPU work per call without host cost, with the data in L2
+and each call's launch and prologue overlapping the call before (PDL), so less than one call
+alone would take. When that is close to the host time, the host may have waited on a full
+launch queue and its time is only an upper bound on the Python-side cost.
 """
 
 from __future__ import annotations
