@@ -989,3 +989,18 @@ def test_dynamic_shapes_compile_once_and_match_eager_on_gpu(variant):
             accumulation_error(torch.float32, case.k64.shape[-1]),
         )
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_weights_that_require_grad_give_a_result_without_grad_fn(variant):
+    """Documented under `weights`: the ops have no backward. The values are those of the
+    same call with plain weights, and nothing pretends to be differentiable."""
+    case, _, args, _ = _op_call(variant, "cpu")
+    op = fa.fp8_paged_mqa_logits if variant == "fp8" else fa.fp4_paged_mqa_logits
+    index = 2 if variant == "fp8" else 3
+    tracked = list(args)
+    tracked[index] = args[index].clone().requires_grad_()
+    got = op(*tracked)
+    assert got.grad_fn is None and not got.requires_grad
+    mask = valid_mask(case.seq_lens, 2, case.max_seq_len)
+    assert torch.equal(got[mask], op(*args)[mask])

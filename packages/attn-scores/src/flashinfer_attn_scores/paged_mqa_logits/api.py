@@ -106,7 +106,9 @@ def fp8_paged_mqa_logits(
             fine). On CUDA the pool must start at a 16-byte aligned address.
         weights: `[batch_size*next_n, num_heads]` float32 per-head mixing weights; row
             `b*next_n + t` pairs with `q[b, t]` (a `[B, next_n, H]` tensor passes as
-            `w.view(B * next_n, H)`). Cast internally when `epi_dtype` is float16.
+            `w.view(B * next_n, H)`). Cast internally when `epi_dtype` is float16. Not
+            differentiable: the op has no backward, so the result has no `grad_fn` even when
+            `weights` (or any input) requires grad.
         block_tables: `[batch_size, max_blocks_per_seq]` int32 physical block ids into
             `kv_fused`'s dim 0, on q's device. Entries of a row must be contiguous
             (`stride(1) == 1`); the row stride is free, so `block_tables[::next_n]` works
@@ -370,7 +372,7 @@ def fp4_paged_mqa_logits(
             16-byte aligned address.
         weights: `[batch_size*next_n, num_heads]` float32 per-head mixing weights; row
             `b*next_n + t` pairs with `q[b, t]`. Cast internally when `epi_dtype` is float16
-            or bfloat16.
+            or bfloat16. Not differentiable, as for `fp8_paged_mqa_logits`.
         block_tables: `[batch_size, max_blocks_per_seq]` int32 physical block ids into
             `kv_fused`'s dim 0, on q's device, `stride(1) == 1` with a free row stride
             (`block_tables[::next_n]` works without a copy). The width must be at least
