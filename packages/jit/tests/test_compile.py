@@ -649,9 +649,43 @@ def test_a_compile_served_without_a_ptxas_report_is_retried_under_new_options(so
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compiler_module, "_nvrtc_compile", cached_after_first)
+        patch.setattr(compiler_module, "_report_retries_help", True)
         first = compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "a")
         assert seen == [0] and "add_value" in first.functions
         second = compile_kernel(spec, "sm_90a", cache_dir=tmp_path / "b")
     assert seen[:2] == [0, 0] and len(seen) == 3 and seen[2] > 0
     assert second.functions == first.functions
     assert second.cubin[:4] == ELF_MAGIC
+
+
+def test_an_nvrtc_that_never_reports_is_retried_once_per_process(source, tmp_path, caplog):
+    """Where no retry brings a ptxas report (an NVRTC that returns no log for a clean
+    compile), later compiles do not pay for retries, and a warning says what is lost."""
+    compiler_module = importlib.import_module("flashinfer_jit.compiler")
+    nvrtc_compile = compiler_module._nvrtc_compile
+    calls: list[int] = []
+
+    def never_reports(spec, arch, source_text, repeat_verbose=0):
+        calls.append(repeat_verbose)
+        cubin, _, lowered = nvrtc_compile(spec, arch, source_text, repeat_verbose)
+        return cubin, "", lowered
+
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(compiler_module, "_nvrtc_compile", never_reports)
+            patch.setattr(compiler_module, "_report_retries_help", True)
+            first = compile_kernel(
+                KernelSpec.make("add_value", source, {"VALUE": 16}),
+                "sm_90a",
+                cache_dir=tmp_path / "a",
+            )
+            assert len(calls) == 1 + compiler_module._REPORT_TRIES
+            second = compile_kernel(
+                KernelSpec.make("add_value", source, {"VALUE": 17}),
+                "sm_90a",
+                cache_dir=tmp_path / "b",
+            )
+    assert len(calls) == 2 + compiler_module._REPORT_TRIES
+    assert first.functions == {} and second.functions == {}
+    assert second.cubin[:4] == ELF_MAGIC
+    assert caplog.text.count("no ptxas resource report") == 1

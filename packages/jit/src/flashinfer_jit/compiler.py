@@ -50,6 +50,17 @@ _DEFAULT_STD = "c++17"
 _REPORT_RETRIES = itertools.count(1)
 _REPORT_RETRY_LOCK = threading.Lock()
 _REPORT_TRIES = 4
+# False once a compile's retries all came back without a report (see compile_kernel).
+_report_retries_help = True
+
+
+def _stop_report_retries() -> None:
+    global _report_retries_help
+    _report_retries_help = False
+    logger.warning(
+        "flashinfer_jit: NVRTC returned no ptxas resource report, also for new ptxas options; "
+        "registers and spills go unrecorded in this process"
+    )
 
 
 # Where a cache-folder warning tells the reader the folder came from.
@@ -558,7 +569,7 @@ def compile_kernel(
     start = time.perf_counter()
     cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text)
     functions = parse_ptxas_report(log)
-    if not functions:
+    if not functions and _report_retries_help:
         # With a CUDA driver present, NVRTC answers a repeated compile from an in-process
         # cache keyed by the PTX and the ptxas options, and returns no ptxas report (an H100
         # host, NVRTC 13.0, 2026-12-06: the first compile in a process reported, every later
@@ -566,7 +577,8 @@ def compile_kernel(
         # set before NVRTC loaded did). Without the report, registers and spills would go
         # unrecorded. Again with `-v` repeated a number of times no earlier retry in this
         # process used: the same code under ptxas options the cache has not seen (unless a
-        # spec of its own asked for as many, hence a few tries).
+        # spec of its own asked for as many, hence a few tries). Where none of them brings a
+        # report, this NVRTC gives none at all, and later compiles do not retry.
         for _ in range(_REPORT_TRIES):
             with _REPORT_RETRY_LOCK:
                 repeats = next(_REPORT_RETRIES)
@@ -574,6 +586,8 @@ def compile_kernel(
             functions = parse_ptxas_report(log)
             if functions:
                 break
+        else:
+            _stop_report_retries()
     seconds = time.perf_counter() - start
     entry_name = _entry_name(spec, lowered)
     _check_entry(spec, entry_name, functions)
