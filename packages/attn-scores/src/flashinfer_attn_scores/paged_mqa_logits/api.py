@@ -128,9 +128,11 @@ def fp8_paged_mqa_logits(
             both this and the table width are checked, on the host, only when the environment
             variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call; CPU tensors,
             which run the reference, are always checked); the check is a
-            development aid and is skipped during CUDA-graph capture and in code traced by
-            `torch.compile` (it copies device data to the host, which would break the
-            graph), so validate in eager mode. Inside a compiled function it may be a value
+            development aid and is skipped during CUDA-graph capture, in code traced by
+            `torch.compile` and under any other tracer or `TorchDispatchMode` (`make_fx`,
+            `FakeTensorMode`, `torch.func` transforms; also `FlopCounterMode`): it copies
+            device data to the host, which a trace cannot follow, so validate in plain eager
+            mode. Inside a compiled function it may be a value
             read from device data (`int(seq_lens.max())` with dynamo's
             `capture_scalar_outputs`); the checks that depend on it (`>= 0`, `out`'s width,
             the 2^31 span) then run when the compiled code does, as PyTorch runtime
@@ -205,7 +207,10 @@ def fp8_paged_mqa_logits(
             on a device type other than CUDA/CPU; or `out` is an inference tensor (created
             under `torch.inference_mode()`) and the call is made outside inference mode,
             where PyTorch allows no in-place update of it; or `out` requires grad while
-            grad mode is on (the op has no backward).
+            grad mode is on (the op has no backward). Under `torch.compile` with unbacked
+            (data-dependent) batch or pool sizes, a shape mismatch that the trace cannot
+            decide surfaces when the compiled code runs, as PyTorch's runtime assertion
+            (RuntimeError naming the failed comparison) instead of the ValueError.
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep every
@@ -447,7 +452,10 @@ def fp4_paged_mqa_logits(
             on a device type other than CUDA/CPU; or `out` is an inference tensor (created
             under `torch.inference_mode()`) and the call is made outside inference mode,
             where PyTorch allows no in-place update of it; or `out` requires grad while
-            grad mode is on (the op has no backward).
+            grad mode is on (the op has no backward). Under `torch.compile` with unbacked
+            (data-dependent) batch or pool sizes, a shape mismatch that the trace cannot
+            decide surfaces when the compiled code runs, as PyTorch's runtime assertion
+            (RuntimeError naming the failed comparison) instead of the ValueError.
 
     Note:
         CUDA graphs: pass an address-stable `out` sized with `padded_seq_len()`, keep `q`,

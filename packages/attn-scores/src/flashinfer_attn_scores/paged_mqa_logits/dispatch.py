@@ -38,7 +38,9 @@ def device_data_checks_wanted() -> bool:
 
     Never under a tracer (`plain_eager`: torch.compile, `make_fx`, a `FakeTensorMode`, a
     `torch.func` transform; the checks copy device data to the host and branch on it, which
-    a trace cannot follow and fake tensors do not hold) nor during CUDA-graph capture.
+    a trace cannot follow and fake tensors do not hold) nor during CUDA-graph capture. Also
+    skipped under a TorchDispatchMode that does not trace (`FlopCounterMode`, debug modes):
+    `plain_eager` cannot tell those apart from the tracing ones.
     """
     if not plain_eager():
         return False
