@@ -1004,3 +1004,16 @@ def test_weights_that_require_grad_give_a_result_without_grad_fn(variant):
     assert got.grad_fn is None and not got.requires_grad
     mask = valid_mask(case.seq_lens, 2, case.max_seq_len)
     assert torch.equal(got[mask], op(*args)[mask])
+
+
+def test_the_op_refuses_an_out_aliasing_an_input_through_another_storage_object():
+    """The op's quick test compares the memory of storages, not storage objects: two
+    tensors made from one buffer (`torch.frombuffer` twice) share memory but no storage."""
+    case, op, args, tail = _op_call("fp8", "cpu")
+    memory = bytearray(4 * case.rows * 512)
+    storage = torch.frombuffer(memory, dtype=torch.float32).view(case.rows, 512)
+    weights = torch.frombuffer(memory, dtype=torch.float32)[: args[2].numel()]
+    weights = weights.view(args[2].shape).copy_(args[2])
+    assert storage.untyped_storage()._cdata != weights.untyped_storage()._cdata
+    with pytest.raises(ValueError, match=r"^out overlaps weights"):
+        op(*args[:2], weights, *args[3:], storage, None, *tail)
