@@ -443,6 +443,16 @@ def test_ratio_cell_compares_the_unrounded_ratio() -> None:
     assert t._ratio_cell(None, 6.4) == t._ratio_cell(4.0, None) == ""
 
 
+def test_roofline_fractions_never_round_onto_the_target() -> None:
+    """Found by a review: a range printed 0.70-0.75 beside "0 of 36 at 0.75 or more"."""
+    t = _tables()
+    assert t._fraction_text(0.7458, 0.75) == "0.746"
+    assert t._fraction_text(0.74996, 0.75) == "0.74996"
+    assert t._fraction_text(0.7512, 0.75) == "0.75"
+    assert t._fraction_text(0.7012, 0.75) == "0.70"
+    assert t._fraction_text(0.7458, None) == "0.75"  # no target: two decimals
+
+
 def test_host_time_table_and_caption_come_from_the_section(payload) -> None:
     t = _tables()
     table = t.host_time_table(payload)

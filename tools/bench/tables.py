@@ -584,6 +584,20 @@ def _ratio_text(ratio: float, target: float) -> str:
     return text
 
 
+def _fraction_text(value: float, target: float | None) -> str:
+    """A fraction of a roofline at two decimals, or more where two would round it onto the
+    other side of `target` (a lower bound; 0.7458 against 0.75 prints 0.746)."""
+    text = f"{value:.2f}"
+    if target is None:
+        return text
+    reached = value >= target
+    for decimals in range(2, 7):
+        text = f"{value:.{decimals}f}"
+        if (float(text) >= target) == reached:
+            return text
+    return text
+
+
 def _ratio_cell(ours: float | None, peer_us: float | None, verdict: bool = True) -> str:
     """`0.72 (over)`: our time over the peer's, against `SMALL_BATCH_PEER_RATIO`, the unrounded
     ratio compared (0.7008 is over); without `verdict` the ratio alone."""
@@ -736,19 +750,25 @@ def _roofline_items(payload: Mapping[str, Any]) -> list[str]:
     hold at every size: fp8 at next_n 3 and 4, and fp4 at next_n 2-4 with and without its
     decode (the target counts the decode)."""
 
-    def ranges(op: str, next_ns: Sequence[int], with_decode: bool, group: str | None) -> str:
+    def ranges(
+        op: str, next_ns: Sequence[int], with_decode: bool, group: str | None, target: float | None
+    ) -> str:
         found = {n: roofline_range(payload, op, n, with_decode, group) for n in next_ns}
         return ", ".join(
-            f"next_n {n} {span[0]:.2f}-{span[1]:.2f}" for n, span in found.items() if span
+            f"next_n {n} {_fraction_text(span[0], target)}-{_fraction_text(span[1], target)}"
+            for n, span in found.items()
+            if span
         )
 
-    def by_size(op: str, next_ns: Sequence[int], with_decode: bool) -> str:
+    def by_size(
+        op: str, next_ns: Sequence[int], with_decode: bool, target: float | None = None
+    ) -> str:
         parts = [
             f"{SIZE_GROUP_TEXT[group]}: {found}"
             for group in SIZE_GROUPS
-            if (found := ranges(op, next_ns, with_decode, group))
+            if (found := ranges(op, next_ns, with_decode, group, target))
         ]
-        found = ranges(op, next_ns, with_decode, None)
+        found = ranges(op, next_ns, with_decode, None, target)
         return "; ".join([*parts, f"every size: {found}"]) if found else ""
 
     def reaching(op: str, next_ns: Sequence[int], target: float, with_decode: bool) -> str:
@@ -762,14 +782,14 @@ def _roofline_items(payload: Mapping[str, Any]) -> list[str]:
         return f"cases at {target:.2f} or more: {', '.join(counts)}"
 
     items = []
-    fp8 = by_size("fp8", FP8_ROOFLINE_NEXT_N, False)
+    fp8 = by_size("fp8", FP8_ROOFLINE_NEXT_N, False, FP8_ROOFLINE_TARGET)
     if fp8:
         items.append(
             "fp8 of the roofline max(bytes / copy, FLOPs / 1.48 PFLOP/s) (target >= "
             f"{FP8_ROOFLINE_TARGET:.2f} at next_n 3 and 4, at every size), {fp8}; "
             f"{reaching('fp8', FP8_ROOFLINE_NEXT_N, FP8_ROOFLINE_TARGET, False)}."
         )
-    fp4_decoded = by_size("fp4", FP4_ROOFLINE_NEXT_N, True)
+    fp4_decoded = by_size("fp4", FP4_ROOFLINE_NEXT_N, True, FP4_ROOFLINE_TARGET)
     if fp4_decoded:
         items.append(
             "fp4 of the roofline with the decode counted, max(bytes / copy, FLOPs / 1.48 "
