@@ -249,3 +249,56 @@ def test_a_tensor_map_of_another_device_is_refused(map_device, refused):
         assert _param_bytes(buffer, address, [128]) == [tmap.raw]
     unchecked = ArgumentPacker([(0, 128)], 0, "k", check_devices=False)
     unchecked.pack((tmap,))  # the caller vouches for the devices
+
+
+@pytest.mark.parametrize(
+    "params",
+    [[(0, 4), (0, 4)], [(0, 4), (2, 4)], [(8, 4), (0, 4)]],
+    ids=["same_offset", "overlapping", "decreasing"],
+)
+def test_parameter_offsets_that_do_not_increase_are_refused(params):
+    # Packing runs through the parameters in order with one struct format; an offset that
+    # steps back would put a value somewhere other than where its pointer says.
+    packer = ArgumentPacker(params, CPU, "k")
+    with pytest.raises(
+        RuntimeError, match=r"^kernel 'k': parameter offsets are not increasing: \(\(\d"
+    ):
+        packer.pack((i32(1), i32(2)))
+
+
+def test_per_thread_buffers_of_a_plan_stay_bounded():
+    # Each thread gets its own buffer per plan; past `_MAX_THREAD_BUFFERS` threads the plan
+    # forgets the old ones instead of keeping one per thread that ever launched.
+    import threading
+
+    from flashinfer_jit import arguments
+
+    limit = arguments._MAX_THREAD_BUFFERS
+    threads = limit + 8
+    packer = ArgumentPacker([(0, 4), (8, 8)], CPU, "k")
+    packer.pack((i32(0), i64(0)))
+    plan = packer._plans[(i32, i64)]
+    buffers = plan.__globals__["buffers"]
+    assert len(buffers) == 1
+    # All threads stay alive until each has packed, so no thread id is reused.
+    barrier = threading.Barrier(threads)
+    results: dict[int, list[bytes]] = {}
+    errors: list[BaseException] = []
+
+    def launch(n: int) -> None:
+        try:
+            buffer, address = packer.pack((i32(n), i64(-n)))
+            results[n] = _param_bytes(buffer, address, [4, 8])  # the caller's buffer stays good
+            barrier.wait(timeout=30)
+        except BaseException as exc:  # reported in the main thread
+            errors.append(exc)
+            barrier.abort()
+
+    workers = [threading.Thread(target=launch, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors
+    assert results == {n: [struct.pack("<i", n), struct.pack("<q", -n)] for n in range(threads)}
+    assert 1 <= len(buffers) <= limit

@@ -283,6 +283,10 @@ DAMAGE = {
     "compile_seconds_a_str": lambda e, cubin: _edit_manifest(
         e, lambda m: m.__setitem__("compile_seconds", "abc")
     ),
+    # Cubin size and SHA-256 still match: only the key says the manifest is another entry's.
+    "manifest_names_another_key": lambda e, cubin: _edit_manifest(
+        e, lambda m: m.__setitem__("key", hashlib.sha256(m["key"].encode()).hexdigest())
+    ),
 }
 
 

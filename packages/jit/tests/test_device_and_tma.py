@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -287,3 +290,120 @@ def test_tensor_map_rejects_unknown_option_names():
 def test_tensor_map_for_needs_a_tensor(value):
     with pytest.raises(TypeError, match=r"tensor: expected a CUDA torch\.Tensor, got"):
         tensor_map_for(value, (64, 64))
+
+
+@pytest.mark.parametrize(
+    ("swizzle", "element_size", "span_elements"),
+    [("32B", 4, 8), ("64B", 4, 16), ("128B", 4, 32), ("128B", 2, 64), ("64B", 1, 64)],
+)
+def test_the_inner_box_may_fill_the_swizzle_span_but_not_one_step_more(
+    swizzle, element_size, span_elements
+):
+    # Without interleave the inner box is a multiple of 16 bytes: the next size past the span
+    # is the span + 16 bytes.
+    exact = {"swizzle": swizzle, "element_size": element_size, "box_dims": (span_elements, 64)}
+    validate_tensor_map_args(**{**GOOD, **exact})
+    over = {**exact, "box_dims": (span_elements + 16 // element_size, 64)}
+    span = span_elements * element_size
+    with pytest.raises(
+        ValueError,
+        match=rf"^box_dims\[0\] \* element size = {span + 16} bytes exceeds the {swizzle} "
+        rf"swizzle span; use a box of at most {span_elements} elements$",
+    ):
+        validate_tensor_map_args(**{**GOOD, **over})
+
+
+def test_tensor_map_for_rounds_a_size_one_dimensions_stride_up_to_16_bytes(monkeypatch):
+    # A size-1 dimension above a 24-byte inner extent gets the packed stride rounded up to
+    # 32 bytes (TMA strides are multiples of 16), whatever stride PyTorch left there.
+    calls = []
+    monkeypatch.setattr(tma_module, "make_tensor_map", lambda *a, **k: calls.append((a, k)))
+    tensor = torch.empty(64, dtype=torch.float16).as_strided((4, 1, 12), (16, 7, 1))
+    tensor_map_for(tensor, (2, 1, 8), swizzle="none")
+    ((_, kwargs),) = calls
+    assert kwargs["global_dims"] == (12, 1, 4)
+    assert kwargs["global_strides_bytes"] == (32, 32)
+
+
+class _CudaLooking:
+    """A CPU tensor dressed as a CUDA one: what `make_tensor_map` reads of a tensor."""
+
+    is_cuda = True
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        self.dtype = tensor.dtype
+        self.device = torch.device("cuda", 0)
+
+    def element_size(self) -> int:
+        return self._tensor.element_size()
+
+    def data_ptr(self) -> int:
+        return self._tensor.data_ptr()
+
+    def untyped_storage(self):
+        return self._tensor.untyped_storage()
+
+
+class _Names:
+    def __getattr__(self, name: str) -> str:
+        return name
+
+
+def _fake_driver(calls: list) -> object:
+    """Enough of `cuda.bindings.driver` for `make_tensor_map` to encode a descriptor."""
+    from types import SimpleNamespace
+
+    raw = ctypes.create_string_buffer(bytes(range(128)), 128)
+
+    def encode(*args):
+        calls.append(args)
+        return (0, SimpleNamespace(getPtr=lambda: ctypes.addressof(raw)))
+
+    names = _Names()
+    return SimpleNamespace(
+        CUtensorMapDataType=names,
+        CUtensorMapInterleave=names,
+        CUtensorMapSwizzle=names,
+        CUtensorMapL2promotion=names,
+        CUtensorMapFloatOOBfill=names,
+        cuuint32_t=int,
+        cuuint64_t=int,
+        cuTensorMapEncodeTiled=encode,
+    )
+
+
+# (elements before the view, global_dims, global_strides_bytes, box_dims): each descriptor's
+# last element is element 31 of the view, the 128th byte from its data pointer.
+EXTENTS = [
+    (0, (32,), (), (16,)),
+    (4, (8, 4), (32,), (8, 4)),
+]
+
+
+@pytest.mark.parametrize(("skip", "dims", "strides", "box"), EXTENTS, ids=["rank1", "rank2"])
+def test_a_tensor_map_may_reach_the_last_element_of_the_storage(
+    monkeypatch, skip, dims, strides, box
+):
+    calls = []
+    monkeypatch.setattr(device_module, "driver", lambda: _fake_driver(calls))
+    view = torch.empty(skip + 32, dtype=torch.float32)[skip:]
+    tensor_map = make_tensor_map(_CudaLooking(view), None, dims, strides, box, swizzle="none")
+    assert tensor_map.raw == bytes(range(128))
+    assert tensor_map.global_dims == dims and tensor_map.device_index == 0
+    ((_, _, address, *_),) = calls
+    assert address == view.data_ptr()
+
+
+@pytest.mark.parametrize(("skip", "dims", "strides", "box"), EXTENTS, ids=["rank1", "rank2"])
+def test_a_tensor_map_one_element_past_the_storage_is_refused(
+    monkeypatch, skip, dims, strides, box
+):
+    monkeypatch.setattr(device_module, "driver", lambda: pytest.fail("reached the driver"))
+    view = torch.empty(skip + 31, dtype=torch.float32)[skip:]
+    with pytest.raises(
+        ValueError,
+        match=rf"^global_dims {re.escape(str(dims))} with strides {re.escape(str(strides))} "
+        r"span 128 bytes but the tensor's storage has 124 bytes from its data pointer$",
+    ):
+        make_tensor_map(_CudaLooking(view), None, dims, strides, box, swizzle="none")
