@@ -157,6 +157,32 @@ POOL4 = torch.zeros(2, 64, 1, 68, dtype=torch.uint8)
             ValueError,
             "got -2",
         ),
+        # Two bad entries: the lowest one below -1 is reported, else the highest past the pool.
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(2, 128), torch.tensor([-5, 3])),
+            ValueError,
+            "got -5$",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(2, 128), torch.tensor([-2, -5])),
+            ValueError,
+            "got -5$",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(2, 128), torch.tensor([64, -5])),
+            ValueError,
+            "got -5$",
+        ),
+        (
+            lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(3, 128), torch.tensor([70, -1, 64])),
+            ValueError,
+            "got 70$",
+        ),
+        (
+            lambda: fl.write_mxfp4_kv_cache(POOL4, torch.ones(2, 128), torch.tensor([5, -3])),
+            ValueError,
+            r"\[0, 128\).*got -3$",
+        ),
         (
             lambda: fl.write_fp8_kv_cache(POOL8, torch.ones(2, 128), torch.tensor([1])),
             ValueError,
@@ -233,21 +259,87 @@ WRITERS = [
 ]
 
 
+def expanded_blocks(num_blocks: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's storage seen as ``num_blocks`` (stride(0) 0): ``(pool, its storage)``."""
+    storage = torch.zeros(1, 32, 1, width, dtype=torch.uint8)
+    return storage.expand(num_blocks, 32, 1, width), storage
+
+
+def blocks_overlapping_by_one_byte(num_blocks: int, width: int) -> tuple[torch.Tensor, ...]:
+    """Contiguous blocks ``32 * width - 1`` bytes apart: each block's last byte is the next
+    block's first."""
+    block_bytes = 32 * width
+    storage = torch.zeros((num_blocks - 1) * (block_bytes - 1) + block_bytes, dtype=torch.uint8)
+    pool = storage.as_strided((num_blocks, 32, 1, width), (block_bytes - 1, width, width, 1))
+    return pool, storage
+
+
+OVERLAPPING_POOLS = [
+    pytest.param(lambda width: expanded_blocks(3, width), id="expanded-3-blocks"),
+    # two blocks: the smallest pool whose stride(0) is used
+    pytest.param(lambda width: expanded_blocks(2, width), id="expanded-2-blocks"),
+    pytest.param(lambda width: blocks_overlapping_by_one_byte(3, width), id="one-byte-3-blocks"),
+    pytest.param(lambda width: blocks_overlapping_by_one_byte(2, width), id="one-byte-2-blocks"),
+]
+
+
+@pytest.mark.parametrize("make_pool", OVERLAPPING_POOLS)
 @pytest.mark.parametrize(("write", "width"), WRITERS)
-def test_overlapping_blocks_are_refused(write, width):
-    # One block's storage seen as three: writing block 1 would overwrite block 0.
-    pool = torch.zeros(1, 32, 1, width, dtype=torch.uint8).expand(3, 32, 1, width)
+def test_overlapping_blocks_are_refused(write, width, make_pool):
+    # Writing block 1 would overwrite (part of) block 0.
+    pool, storage = make_pool(width)
+    assert 0 <= pool.stride(0) < 32 * width
     with pytest.raises(ValueError, match=r"^kv_fused blocks must not overlap: stride\(0\)"):
         write(pool, torch.randn(2, 128), torch.tensor([0, 32], dtype=torch.int32))
-    assert int(pool.count_nonzero()) == 0
+    assert int(storage.count_nonzero()) == 0
+
+
+EXPECTED = {
+    fl.write_fp8_kv_cache: fp8_expected,
+    fl.write_mxfp4_kv_cache: lambda pool, k, slots: mxfp4_expected(pool, k, slots, False),
+}
 
 
 @pytest.mark.parametrize(("write", "width"), WRITERS)
-def test_token_expanded_pool_is_refused(write, width):
-    pool = torch.zeros(3, 1, 1, width, dtype=torch.uint8).expand(3, 32, 1, width)
+def test_blocks_exactly_one_block_apart_are_accepted(write, width):
+    # stride(0) == a block's bytes, the boundary of the overlap check, in a view of a larger
+    # buffer (a storage offset, bytes on both sides that must stay as they are).
+    gen = torch.Generator().manual_seed(50)
+    block_bytes, pad = 32 * width, 7
+    storage = random_pool(gen, 3 * block_bytes + 2 * pad)
+    before = storage.clone()
+    pool = storage.as_strided((3, 32, 1, width), (block_bytes, width, width, 1), pad)
+    k = torch.randn(3, 128, generator=gen)
+    slots = [0, 31, 95]  # the pool's first and last token, and block 0's last
+    write(pool, k, torch.tensor(slots))
+    expected = before.clone()
+    expected[pad : pad + 3 * block_bytes] = EXPECTED[write](
+        before[pad : pad + 3 * block_bytes].view(3, 32, 1, width), k, slots
+    ).flatten()
+    assert torch.equal(storage, expected)
+    assert not torch.equal(storage, before)
+
+
+def token_expanded(num_tokens: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of ``num_tokens`` rows that are all one row (stride(1) 0), blocks far enough
+    apart (``num_tokens * width`` bytes) not to overlap: only the contiguity check refuses
+    it."""
+    storage = torch.zeros(3 * num_tokens * width, dtype=torch.uint8)
+    pool = storage.as_strided((3, num_tokens, 1, width), (num_tokens * width, 0, width, 1))
+    return pool, storage
+
+
+@pytest.mark.parametrize("num_tokens", [32, 2])  # 2: the smallest dimension whose stride is used
+@pytest.mark.parametrize(("write", "width"), WRITERS)
+def test_token_expanded_pool_is_refused(write, width, num_tokens):
+    pool = torch.zeros(3, 1, 1, width, dtype=torch.uint8).expand(3, num_tokens, 1, width)
     with pytest.raises(ValueError, match=r"^kv_fused must store each block .* contiguously"):
         write(pool, torch.randn(2, 128), torch.tensor([0, 1]))
     assert int(pool.count_nonzero()) == 0
+    pool, storage = token_expanded(num_tokens, width)
+    with pytest.raises(ValueError, match=r"^kv_fused must store each block .* contiguously"):
+        write(pool, torch.randn(2, 128), torch.tensor([0, 1]))
+    assert int(storage.count_nonzero()) == 0
 
 
 @pytest.mark.parametrize(("write", "width"), WRITERS)

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 import torch
-from attn_scores_cases import make_fp8_case
+from attn_scores_cases import assert_rows_close, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits.custom_ops import round_once
 from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp8_paged_mqa_logits_reference,
@@ -36,6 +36,8 @@ def bfloat16_once(x: float) -> float:
 
 
 ONCE = {torch.float16: float16_once, torch.bfloat16: bfloat16_once}
+# Half an ulp relative to the value: the most a single rounding moves it.
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 
 
 def draws(dtype: torch.dtype) -> list[float]:
@@ -100,3 +102,7 @@ def test_cpu_op_output_is_the_reference_rounded_once(output_dtype):
         for x in reference[mask].tolist()
     ]
     assert got[mask].double().tolist() == expected
+    # The reference rounded here must be the formula itself: against the position-by-position
+    # expectation (float64 sums in another order, so equal to a few float64 ulps).
+    assert_rows_close(reference, case.expected(), mask, 1e-12)
+    assert_rows_close(got, case.expected(), mask, UNIT_ROUNDOFF[output_dtype])

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from attn_scores_cases import assert_rows_close, expected_logits
 
 # paged_mqa_logits/ -> tests/ -> attn-scores/ -> packages/ -> repository root
 DOCS = Path(__file__).resolve().parent.parent.parent.parent.parent / "docs"
@@ -113,6 +115,33 @@ def _run_quickstart(device: str) -> None:
     _run(QUICKSTART, 6, blocks[6], ns)
     worst = float(ns["error"].max())
     assert worst <= (1e-5 if on_cpu else 2e-3), worst  # on CPU the op is the reference itself
+    # The page's reference (which the CPU op runs) must itself be the formula: the logits
+    # against an expectation built here, position by position, from the pool's bytes.
+    expected = _expected_quickstart_logits(ns)
+    assert_rows_close(ns["logits"], expected, ns["mask"], 1e-6 if on_cpu else 2e-3)
+    assert_rows_close(ns["expected"], expected, ns["mask"], 1e-12)
+
+
+def _expected_quickstart_logits(ns: dict[str, object]) -> torch.Tensor:
+    """`expected_logits` of the quickstart's inputs, the fp8 pool decoded from its bytes here
+    (per block: block_size * head_dim E4M3 values, then block_size little-endian float32
+    scales), not by the package or the reference."""
+    assert sys.byteorder == "little"  # the scale bytes are viewed as this host's float32
+    kv_fused = ns["kv_fused"].cpu()
+    num_blocks, block_size, _, row_bytes = kv_fused.shape
+    head_dim = row_bytes - 4
+    flat = kv_fused.reshape(num_blocks, block_size * row_bytes)
+    values = flat[:, : block_size * head_dim].contiguous().view(torch.float8_e4m3fn)
+    scales = flat[:, block_size * head_dim :].contiguous().view(torch.float32)
+    return expected_logits(
+        ns["q"].to(torch.float64),
+        values.to(torch.float64).view(num_blocks, block_size, head_dim),
+        scales.to(torch.float64),
+        ns["weights"],
+        ns["block_tables"],
+        ns["seq_lens"].cpu(),
+        ns["max_seq_len"],
+    )
 
 
 @pytest.mark.skipif(not QUICKSTART.exists(), reason="docs/quickstart.md is not in this checkout")

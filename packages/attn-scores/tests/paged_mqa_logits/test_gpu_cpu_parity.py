@@ -282,9 +282,11 @@ def table_with(a: Args, row: int, column: int, value: int) -> dict:
     return {"block_tables": table}
 
 
-def lens_with(a: Args, request: int, length: int) -> dict:
+def lens_with(a: Args, request: int, length: int, *more: tuple[int, int]) -> dict:
+    """seq_lens with `request`'s length set to `length`, and each further (request, length)."""
     lens = a["seq_lens"].clone()
-    lens[request] = length
+    for r, n in ((request, length), *more):
+        lens[r] = n
     return {"seq_lens": lens}
 
 
@@ -629,6 +631,13 @@ MUTATIONS: dict[str, Mutation] = {
         raises(ValueError, r"seq_lens\[0\] = -1 is negative"),
         validate=True,
         unvalidated_cpu=raises(ValueError, r"seq_lens\[0\] = -1 must be in \[0, max_seq_len"),
+    ),
+    # Two negative lengths, the later one lower: the first one is named.
+    "seq_lens_two_negative": M(
+        lambda a: lens_with(a, 1, -2, (3, -9)),
+        raises(ValueError, r"seq_lens\[1\] = -2 is negative"),
+        validate=True,
+        unvalidated_cpu=raises(ValueError, r"seq_lens\[1\] = -2 must be in \[0, max_seq_len"),
     ),
     "seq_lens_past_max_seq_len": M(
         lambda a: lens_with(a, 4, MAX_SEQ_LEN + 1),

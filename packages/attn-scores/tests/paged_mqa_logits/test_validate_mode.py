@@ -129,6 +129,16 @@ def test_negative_length(validate_on):
         )
 
 
+def test_first_of_two_negative_lengths_is_named(validate_on):
+    # The first negative length is named, not the lowest or the last one.
+    case = small_fp8()
+    lens = torch.tensor([100, -3, -7], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"^seq_lens\[1\] = -3 is negative \({ENV}=1 check\)$"):
+        fa.fp8_paged_mqa_logits(
+            case.q, case.kv_fused, case.weights, case.block_tables, lens, case.max_seq_len
+        )
+
+
 def test_table_too_narrow(validate_on):
     case = small_fp8(lens=[100, 0, 70])  # 100 tokens need 4 blocks of 32
     narrow = case.block_tables[:, :3]
