@@ -125,9 +125,14 @@ def _check_schedule_rows(schedule_meta: torch.Tensor | None, q: torch.Tensor) ->
         v.check_schedule_meta(schedule_meta, q)
 
 
-def _check_fp8_head_geometry_fits(q: torch.Tensor) -> None:
-    _, next_n, num_heads, head_dim = q.shape
+def _check_fp8_call(
+    inputs: tuple, out_storage: torch.Tensor, max_seq_len: int, output_dtype: torch.dtype
+) -> None:
+    """The FP8 ops' own checks: the head geometry fits the kernel's shared memory, and
+    `_check_storage`."""
+    _, next_n, num_heads, head_dim = inputs[0].shape
     fp8_sm90.check_shared_memory_fit(num_heads, head_dim, next_n)
+    _check_storage("fp8", inputs, out_storage, max_seq_len, output_dtype)
 
 
 @torch.library.custom_op(
@@ -151,14 +156,8 @@ def fp8_paged_mqa_logits_into(
     CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta`,
     `epi_dtype` and `acc_dtype` do not change it.
     """
-    _check_fp8_head_geometry_fits(q)
-    _check_storage(
-        "fp8",
-        (q, kv_fused, weights, block_tables, seq_lens, schedule_meta),
-        out_storage,
-        max_seq_len,
-        output_dtype,
-    )
+    fp8_inputs = (q, kv_fused, weights, block_tables, seq_lens, schedule_meta)
+    _check_fp8_call(fp8_inputs, out_storage, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
     expected = fp8_paged_mqa_logits_reference(
@@ -181,14 +180,8 @@ def fp8_paged_mqa_logits_into_cuda(
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
 ) -> None:
-    _check_fp8_head_geometry_fits(q)
-    _check_storage(
-        "fp8",
-        (q, kv_fused, weights, block_tables, seq_lens, schedule_meta),
-        out_storage,
-        max_seq_len,
-        output_dtype,
-    )
+    fp8_inputs = (q, kv_fused, weights, block_tables, seq_lens, schedule_meta)
+    _check_fp8_call(fp8_inputs, out_storage, max_seq_len, output_dtype)
     _check_schedule_rows(schedule_meta, q)
     # Nothing to launch (see dispatch.run, which decides this before the op where a trace
     # knows the sizes): no rows, or an empty pool, which TMA cannot describe.
@@ -249,13 +242,8 @@ def fp4_paged_mqa_logits_into(
     CPU kernel: the float64 reference rounded to `out_storage.dtype`; `schedule_meta` and
     `epi_dtype` do not change it.
     """
-    _check_storage(
-        "fp4",
-        (q, q_sf, kv_fused, weights, block_tables, seq_lens, schedule_meta),
-        out_storage,
-        max_seq_len,
-        output_dtype,
-    )
+    fp4_inputs = (q, q_sf, kv_fused, weights, block_tables, seq_lens, schedule_meta)
+    _check_storage("fp4", fp4_inputs, out_storage, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
     expected = fp4_paged_mqa_logits_reference(
@@ -287,13 +275,8 @@ def fp4_paged_mqa_logits_into_cuda(
     epi_dtype: torch.dtype,
     is_kv_sf_interleaved: bool,
 ) -> None:
-    _check_storage(
-        "fp4",
-        (q, q_sf, kv_fused, weights, block_tables, seq_lens, schedule_meta),
-        out_storage,
-        max_seq_len,
-        output_dtype,
-    )
+    fp4_inputs = (q, q_sf, kv_fused, weights, block_tables, seq_lens, schedule_meta)
+    _check_storage("fp4", fp4_inputs, out_storage, max_seq_len, output_dtype)
     _check_schedule_rows(schedule_meta, q)
     # Nothing to launch (see dispatch.run, which decides this before the op where a trace
     # knows the sizes): no rows, or an empty pool, which TMA cannot describe.
