@@ -303,7 +303,9 @@ def check_schedule_meta(schedule_meta: object, q: torch.Tensor) -> torch.Tensor:
             "compute_paged_mqa_logits_schedule(seq_lens, device=q.device, ...)"
         )
     if not t.is_contiguous():
-        raise ValueError(f"schedule_meta must be contiguous, got strides {strides(t.stride())}")
+        raise ValueError(
+            f"schedule_meta must be contiguous (strides (2, 1)), got strides {strides(t.stride())}"
+        )
     return t
 
 

@@ -106,7 +106,7 @@ FP8_ERRORS = {
     "kv_dim2": (
         lambda c: {"kv_fused": torch.cat([c.kv_fused, c.kv_fused], dim=2)},
         ValueError,
-        r"kv_fused.shape\[2\] must be 1 \(a single KV head\) = 1, got 2",
+        r"kv_fused.shape\[2\] must be the KV head count \(MQA: one KV head\) = 1, got 2",
     ),
     "kv_row_bytes": (
         lambda c: {"kv_fused": torch.zeros(10, 32, 1, 40, dtype=torch.uint8)},
@@ -325,7 +325,7 @@ FP8_ERRORS = {
     "schedule_not_contiguous": (
         lambda c: {"schedule_meta": torch.zeros(2, 133, dtype=torch.int32).t()},
         ValueError,
-        "schedule_meta must be contiguous",
+        r"schedule_meta must be contiguous \(strides \(2, 1\)\), got strides \(1, 133\)",
     ),
     # out
     "out_not_tensor": (lambda c: {"out": 0}, TypeError, "out must be a torch.Tensor"),
@@ -491,6 +491,12 @@ FP4_ERRORS = {
         "q_sf must have dtype torch.int32, got torch.int64",
     ),
     "q_sf_rank": (lambda c: {"q_sf": c.q_sf[0]}, ValueError, "q_sf must be 3-D"),
+    "q_sf_uint8_bytes": (
+        lambda c: {"q_sf": c.q_sf[..., None].view(torch.uint8)},
+        TypeError,
+        r"got torch.uint8: pass a \[batch_size, next_n, num_heads, 4\] uint8 scale tensor as "
+        r"q_sf.view\(torch.int32\)",
+    ),
     "interleaved_numpy_bool": (
         lambda c: {"is_kv_sf_interleaved": np.bool_(False)},
         TypeError,

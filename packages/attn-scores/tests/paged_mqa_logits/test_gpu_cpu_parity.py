@@ -449,7 +449,10 @@ MUTATIONS: dict[str, Mutation] = {
     ),
     "kv_fused_two_heads": M(
         lambda a: {"kv_fused": torch.cat([a["kv_fused"]] * 2, dim=2)},
-        raises(ValueError, r"kv_fused.shape\[2\] must be 1 \(a single KV head\) = 1, got 2"),
+        raises(
+            ValueError,
+            r"kv_fused.shape\[2\] must be the KV head count \(MQA: one KV head\) = 1, got 2",
+        ),
     ),
     "kv_fused_block_bytes_strided": M(
         lambda a: {"kv_fused": step_copy(a["kv_fused"], 3)},

@@ -500,6 +500,11 @@ def fp4_paged_mqa_logits(
         v.check_ndim("q", q, 4, "[batch_size, next_n, num_heads, head_dim/2] (two FP4 per byte)")
         batch_size, next_n, num_heads, half_dim = q.shape
         head_dim = 2 * half_dim
+        if q_sf.dtype == torch.uint8:  # the spec's [..., 4] bytes, not yet viewed as int32
+            raise TypeError(
+                "q_sf must have dtype torch.int32, got torch.uint8: pass a [batch_size, next_n, "
+                "num_heads, 4] uint8 scale tensor as q_sf.view(torch.int32)"
+            )
         v.check_dtype("q_sf", q_sf, torch.int32)
         v.check_ndim("q_sf", q_sf, 3, "[batch_size, next_n, num_heads] (or [..., 1])")
         v.check_dim("q_sf", q_sf_given, 0, batch_size, "batch_size (q.shape[0])")

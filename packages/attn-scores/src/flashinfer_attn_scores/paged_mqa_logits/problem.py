@@ -87,7 +87,7 @@ def check_common(
     v.check_dtype("kv_fused", kv_fused, torch.uint8)
     row_meaning = "head_dim + 4" if variant == "fp8" else "head_dim/2 + 4"
     v.check_ndim("kv_fused", kv_fused, 4, f"[num_blocks, block_size, 1, {row_meaning}]")
-    v.check_dim("kv_fused", kv_fused, 2, 1, "1 (a single KV head)")
+    v.check_dim("kv_fused", kv_fused, 2, 1, "the KV head count (MQA: one KV head)")
     value_bytes = head_dim if variant == "fp8" else head_dim // 2
     if kv_fused.shape[3] != value_bytes + KV_SCALE_BYTES:
         # Formatted only when raising: printing a traced head_dim specialises the graph to it.
