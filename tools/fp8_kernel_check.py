@@ -115,6 +115,7 @@ def run_kernel(
         case["seq_lens"],
         storage,
         None,
+        max_seq_len=max_seq_len,
         output_dtype=out_dtype,
         epi_dtype=epi,
         acc_dtype=acc,
@@ -332,6 +333,8 @@ def fp8_call(
         case["seq_lens"],
         case["storage"],
         schedule,
+        # The storage's padded width: at least every length, so the kernel clamps none.
+        max_seq_len=case["storage"].shape[1],
         output_dtype=torch.float32,
         epi_dtype=epi_dtype,
         acc_dtype=acc_dtype,
@@ -706,6 +709,7 @@ def fp4_call(
         case["seq_lens"],
         case["storage"],
         schedule,
+        max_seq_len=case["storage"].shape[1],  # as fp8_call
         output_dtype=torch.float32,
         epi_dtype=epi_dtype,
         is_kv_sf_interleaved=is_kv_sf_interleaved,

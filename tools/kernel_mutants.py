@@ -215,6 +215,37 @@ MUTANTS = [
         "an empty request just before the one a CTA's range ends in stops the CTA early",
     ),
     Mutant(
+        "walker-unclamped-length",
+        COMMON,
+        "len = has_request() ? min(seq_lens[b * seq_lens_stride], max_len) : 0;",
+        "len = has_request() ? seq_lens[b * seq_lens_stride] : 0;",
+        BOTH,
+        ("fp8", "fp4"),
+        "a length past max_seq_len (outside the contract): its later units are stored past"
+        " out's padded row, into the next rows or past the buffer",
+    ),
+    Mutant(
+        "walker-start-past-clamp",
+        COMMON,
+        "while (u >= units && b < end_b) {",
+        "while (units == 0 && b < end_b) {",
+        BOTH,
+        ("fp8", "fp4"),
+        "a CTA whose schedule range starts inside a clamped request past its end stops there:"
+        " the next requests' first units in its range are never computed (needs a length past"
+        " max_seq_len)",
+    ),
+    Mutant(
+        "producer-pool-bound",
+        COMMON,
+        "block_ids[s] = static_cast<unsigned>(id) < static_cast<unsigned>(num_blocks) ? id : -1;",
+        "block_ids[s] = id >= 0 ? id : -1;",
+        BOTH,
+        ("fp8", "fp4"),
+        "a block id past the pool's end inside a length (outside the contract): the scales'"
+        " bulk copy reads outside the pool, a fault far past it",
+    ),
+    Mutant(
         "walker-advance-edge",
         COMMON,
         "if (steps < units - u) {",
@@ -933,7 +964,7 @@ DEFAULT_PYTEST = (
     " packages/attn-scores/tests/paged_mqa_logits/test_gpu_pdl.py"
     " -k 'nan_in_k or nan_in_one or in_kernel_rows or q_scales_differ or far_below_one"
     " or ue8m0 or exact_window or million or many_short or back_to_back or waits_until"
-    " or dependent_launch or reads_its_inputs'"
+    " or dependent_launch or reads_its_inputs or past_max_seq_len or outside_the_pool'"
 )
 
 

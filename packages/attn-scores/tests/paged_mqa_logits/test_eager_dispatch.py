@@ -376,6 +376,7 @@ def test_fp8_cuda_kernel_function_forwards_every_argument(recorded):
     expected = (case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, storage)
     assert all(a is b for a, b in zip(args, expected)) and args[6] is schedule
     assert kwargs == {
+        "max_seq_len": 64,
         "output_dtype": torch.float16,
         "epi_dtype": torch.float32,
         "acc_dtype": torch.float16,
@@ -395,6 +396,7 @@ def test_fp4_cuda_kernel_function_forwards_every_argument(recorded):
     )  # fmt: skip
     assert all(a is b for a, b in zip(args, expected)) and args[7] is None
     assert kwargs == {
+        "max_seq_len": 64,
         "sf_vec_size": 32,
         "output_dtype": torch.bfloat16,
         "epi_dtype": torch.float16,

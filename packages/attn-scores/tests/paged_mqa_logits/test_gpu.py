@@ -850,6 +850,17 @@ def test_negative_schedule_rows_stay_inside_the_problem(variant):
     )
 
 
+# Block ids outside the pool, by how far: -1 (the "no page" mark of serving stacks), the
+# first id past the pool, and the largest int32 (its scale address is far outside any
+# allocation: a raw read there faults and poisons the CUDA context).
+BAD_BLOCK_IDS = {
+    "minus_one": lambda num_blocks: -1,
+    "pool_end": lambda num_blocks: num_blocks,
+    "int32_max": lambda num_blocks: 2**31 - 1,
+}
+
+
+@pytest.mark.parametrize("bad_id", BAD_BLOCK_IDS)
 @pytest.mark.parametrize(
     ("variant", "block_size", "interleaved"),
     [
@@ -862,14 +873,16 @@ def test_negative_schedule_rows_stay_inside_the_problem(variant):
         ("fp4", 128, True),
     ],
 )
-def test_a_negative_block_id_inside_a_length_costs_only_its_positions(
-    variant, block_size, interleaved
+def test_a_block_id_outside_the_pool_costs_only_its_positions(
+    variant, block_size, interleaved, bad_id
 ):
-    """A -1 page inside a request's length is outside the contract, but serving stacks mark
-    unallocated pages that way, so one in the wrong place must not hang the GPU (the producer
-    expected its bytes and copied nothing, until 2026-12-02). The call completes, writes only
-    inside out's padded rows, and every position outside the bad page matches the reference
-    computed with the intact table."""
+    """A page id outside [0, num_blocks) inside a request's length is outside the contract,
+    but serving stacks mark unallocated pages with -1 and a stale table can hold ids of a
+    pool since shrunk, so one in the wrong place must not hang the GPU (the producer expected
+    a -1 box's bytes and copied nothing, until 2026-12-02) nor read outside the pool (ids past
+    its end went to the scales' bulk copy unchecked, until 2026-12-06). The call completes,
+    writes only inside out's padded rows, and every position outside the bad page matches the
+    reference computed with the intact table."""
     next_n = 2
     kind = VARIANTS[variant]
     lens = [300, 0, 129, 257]
@@ -880,7 +893,8 @@ def test_a_negative_block_id_inside_a_length_costs_only_its_positions(
     flags = {"is_kv_sf_interleaved": True} if interleaved else {}
     expected = kind.reference(*kind.args(case), **flags)
     magnitude = magnitude_of(kind.reference, kind.args(case), **flags)
-    case.block_tables[0, 1] = -1  # request 0's positions [block_size, 2 * block_size)
+    # request 0's positions [block_size, 2 * block_size)
+    case.block_tables[0, 1] = BAD_BLOCK_IDS[bad_id](case.kv_fused.shape[0])
     out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
     got = kind.op(*kind.args(case), output_dtype=torch.float32, out=out, **flags)
     torch.cuda.synchronize()
@@ -888,6 +902,52 @@ def test_a_negative_block_id_inside_a_length_costs_only_its_positions(
     mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
     mask[:next_n, block_size : 2 * block_size] = False
     assert_rows_close(got, expected, mask, tolerance(torch.float32), magnitude)
+
+
+@pytest.mark.parametrize("given_schedule", [False, True], ids=["in_kernel", "given"])
+@pytest.mark.parametrize("variant", ["fp8", "fp4"])
+def test_a_length_past_max_seq_len_writes_only_inside_out(variant, given_schedule, monkeypatch):
+    """`seq_lens[b] > max_seq_len` is outside the contract (validate mode refuses it), but
+    out's rows are sized from max_seq_len while the schedule follows the lengths, so the
+    kernels wrote such a request's later units past its padded row, into the next rows and
+    past the buffer (until 2026-12-06). They now clamp each length to max_seq_len: nothing is
+    written outside out's rows and padded columns, the long request's first max_seq_len
+    positions are its logits, and every other request is intact, including those after it
+    in CTAs whose schedule range starts inside the long request past its clamped end (the
+    schedule, given or in-kernel, follows the unclamped lengths)."""
+    monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
+    next_n, max_seq_len = 2, 400
+    kind = VARIANTS[variant]
+    lens = [300, 20000, 129, 0, 257, 400, 20001, 70]  # the 20000s are the long ones
+    if variant == "fp8":
+        case = fp8_case(64, next_n, seed=23, lens=lens, max_seq_len=max(lens))
+    else:
+        fp4_cpu = make_fp4_case(lens, next_n=next_n, block_size=64, max_seq_len=max(lens), seed=23)
+        case = fp4_cpu.to("cuda")
+    args = kind.args(case)
+    expected = kind.reference(*args)[:, :max_seq_len]
+    magnitude = magnitude_of(kind.reference, args)[:, :max_seq_len]
+    schedule = None
+    if given_schedule:
+        schedule = fa.compute_paged_mqa_logits_schedule(
+            case.seq_lens, next_n=next_n, variant=variant
+        )
+    padded, guard = fa.padded_seq_len(max_seq_len), 3
+    dtype = torch.float32
+    big = torch.full((case.rows + 2 * guard, padded + 256), UNTOUCHED, dtype=dtype, device="cuda")
+    big[guard : guard + case.rows, :padded] = float("nan")
+    call_args = (*args[:-1], max_seq_len)
+    got = kind.op(
+        *call_args, output_dtype=dtype, schedule_meta=schedule, out=big[guard : guard + case.rows]
+    )
+    torch.cuda.synchronize()
+    assert got.shape == (case.rows, max_seq_len)
+    assert (big[:guard] == UNTOUCHED).all(), "written before out's first row"
+    assert (big[guard + case.rows :] == UNTOUCHED).all(), "written past out's last row"
+    assert (big[guard : guard + case.rows, padded:] == UNTOUCHED).all(), "written past the row"
+    mask = valid_mask(case.seq_lens.cpu(), next_n, max_seq_len)
+    assert mask[2:4].all() and mask[12:14].all()  # every position of the long requests' rows
+    assert_rows_close(got, expected, mask, tolerance(dtype), magnitude)
 
 
 def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: int = 0):

@@ -61,7 +61,7 @@ def test_fp8_prepared_launch_passes_the_kernel_signature_in_order(recorded):
     tables = case.block_tables.repeat_interleave(2, dim=0)[::2]  # a row stride of 2 rows
     out = torch.empty(case.rows + 1, 256)
     run = fp8_sm90.prepare(
-        case.q, case.kv_fused, case.weights, tables, case.seq_lens, out, None,
+        case.q, case.kv_fused, case.weights, tables, case.seq_lens, out, None, max_seq_len=100,
         output_dtype=torch.float32, epi_dtype=torch.float32, acc_dtype=torch.float32,
     )  # fmt: skip
     run(case.q, case.kv_fused, case.weights, tables, case.seq_lens, out, None)
@@ -82,8 +82,11 @@ def test_fp8_prepared_launch_passes_the_kernel_signature_in_order(recorded):
     assert args[7] is case.seq_lens and args[8] == flashinfer_jit.i64(1)
     assert args[9] == flashinfer_jit.u64(0) and args[10] == flashinfer_jit.u64(0)  # no schedule
     assert args[11] == flashinfer_jit.i32(3)
-    assert args[12] is out and args[13] == flashinfer_jit.i64(256)
-    assert len(args) == 14
+    # The limits a contract-breaking call is held to: lengths, block ids.
+    assert args[12] == flashinfer_jit.i32(100)
+    assert args[13] == flashinfer_jit.i32(case.kv_fused.shape[0])
+    assert args[14] is out and args[15] == flashinfer_jit.i64(256)
+    assert len(args) == 16
 
     # A given schedule is passed as is; a new pool gets its own tensor map, once.
     schedule = torch.zeros(DEFAULT_CPU_NUM_SMS + 1, 2, dtype=torch.int32)
@@ -101,7 +104,8 @@ def test_fp4_prepared_launch_adds_q_sf_after_q(recorded):
     out = torch.empty(case.rows, 256, dtype=torch.bfloat16)
     run = fp4_sm90.prepare(
         case.q, case.q_sf, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out,
-        None, output_dtype=torch.bfloat16, epi_dtype=torch.float32, is_kv_sf_interleaved=True,
+        None, max_seq_len=90, output_dtype=torch.bfloat16, epi_dtype=torch.float32,
+        is_kv_sf_interleaved=True,
     )  # fmt: skip
     run(case.q, case.q_sf, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None)
     config = fp4_sm90.fp4_config(128, 1, torch.bfloat16, torch.float32, True)
@@ -113,7 +117,9 @@ def test_fp4_prepared_launch_adds_q_sf_after_q(recorded):
     assert all(a is b for a, b in zip(args[3:7], expected))
     assert args[7] == flashinfer_jit.i64(case.block_tables.stride(0))
     assert args[8] is case.seq_lens and args[12] == flashinfer_jit.i32(2)
-    assert args[13] is out and args[14] == flashinfer_jit.i64(256) and len(args) == 15
+    assert args[13] == flashinfer_jit.i32(90)
+    assert args[14] == flashinfer_jit.i32(case.kv_fused.shape[0])
+    assert args[15] is out and args[16] == flashinfer_jit.i64(256) and len(args) == 17
 
 
 @pytest.mark.parametrize(
@@ -141,7 +147,8 @@ def test_programmatic_dependent_launch_follows_flashinfer_pdl(
     out = torch.empty(case.rows, 128)
     run = fp8_sm90.prepare(
         case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None,
-        output_dtype=torch.float32, epi_dtype=torch.float32, acc_dtype=torch.float32,
+        max_seq_len=case.max_seq_len, output_dtype=torch.float32, epi_dtype=torch.float32,
+        acc_dtype=torch.float32,
     )  # fmt: skip
     run(case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None)
     assert kernel.programmatic == [expected]

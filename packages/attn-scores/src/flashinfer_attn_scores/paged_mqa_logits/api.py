@@ -116,15 +116,20 @@ def fp8_paged_mqa_logits(
             `min_block_table_width(max(seq_lens), block_size)`; row `b` is read only for its
             first `ceil(seq_lens[b] / block_size)` entries, the rest may hold anything. A
             narrower table is an out-of-bounds device read (undefined behaviour), not a
-            checked error.
+            checked error. An id outside `[0, num_blocks)` within a request's length is
+            outside the contract too; the CUDA kernel reads no page for it (-1, the usual
+            "no page" mark, included), so those positions get unspecified values and
+            nothing else changes.
         seq_lens: `[batch_size]` int32 KV length per request, on q's device, any stride (so
             `seq_lens[::next_n]` works without a copy). No entry may exceed `max_seq_len`
             (DeepGEMM calls this `context_lens`). Entries must be >= 0: the CPU path and
             validate mode refuse a negative one; the CUDA kernel, which cannot check without
             a host sync, treats it as 0 (its rows are not written) and leaves the other
             requests intact.
-        max_seq_len: int, the logits' column count, `>= max(seq_lens)`. A smaller value is an
-            out-of-bounds device write (undefined behaviour), not a checked error. On CUDA,
+        max_seq_len: int, the logits' column count, `>= max(seq_lens)`. A smaller value is
+            outside the contract, not a checked error (the spec leaves it undefined): the
+            CUDA kernel clamps every length to `max_seq_len`, so a longer request's logits
+            stop there and nothing is written outside out's padded rows. On CUDA,
             both this and the table width are checked, on the host, only when the environment
             variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call; CPU tensors,
             which run the reference, are always checked); the check is a
@@ -273,6 +278,7 @@ def fp8_paged_mqa_logits(
             *tensors,
             storage,
             schedule_meta,
+            max_seq_len=max_seq_len,
             output_dtype=output_dtype,
             epi_dtype=epi_dtype,
             acc_dtype=acc_dtype,
@@ -383,11 +389,14 @@ def fp4_paged_mqa_logits(
             (`block_tables[::next_n]` works without a copy). The width must be at least
             `min_block_table_width(max(seq_lens), block_size)`; row `b` is read only for its
             first `ceil(seq_lens[b] / block_size)` entries. A narrower table is an
-            out-of-bounds device read (undefined behaviour), not a checked error.
+            out-of-bounds device read (undefined behaviour), not a checked error; an id
+            outside `[0, num_blocks)` within a length gets no page read, as for the FP8
+            variant.
         seq_lens: `[batch_size]` int32 KV length per request, on q's device, any stride. No
             entry may exceed `max_seq_len`.
-        max_seq_len: int, the logits' column count, `>= max(seq_lens)`; a smaller value is an
-            out-of-bounds device write. Set `FLASHINFER_VALIDATE_INPUTS=1` (read on each call,
+        max_seq_len: int, the logits' column count, `>= max(seq_lens)`; a smaller value is
+            outside the contract (the CUDA kernel clamps the lengths to it, as for the FP8
+            variant). Set `FLASHINFER_VALIDATE_INPUTS=1` (read on each call,
             skipped during CUDA-graph capture and in code traced by `torch.compile`) to have
             these preconditions checked on CUDA; CPU tensors, which run the reference, are
             always checked. As for the FP8 variant, a compiled function may read it from
@@ -553,6 +562,7 @@ def fp4_paged_mqa_logits(
             *tensors,
             storage,
             schedule_meta,
+            max_seq_len=max_seq_len,
             output_dtype=output_dtype,
             epi_dtype=epi_dtype,
             is_kv_sf_interleaved=is_kv_sf_interleaved,

@@ -495,8 +495,10 @@ def programmatic_launch_enabled() -> bool:
 def launch_parts(
     config,
     q: torch.Tensor,
+    kv_fused: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    max_seq_len: int,
     out_storage: torch.Tensor,
     schedule_meta: torch.Tensor | None,
     schedule_rows_out: torch.Tensor | None,
@@ -505,9 +507,11 @@ def launch_parts(
 ) -> tuple:
     """What a prepared launch fixes, shared by both kernels (their launch arguments differ only
     in the q operands): `(launch_kernel, pool_map, table_stride, lens_stride, no_schedule,
-    rows_out, rows, out_stride)`, where `launch_kernel(*args)` launches on the grid of
+    rows_out, rows, limits, out_stride)`, where `launch_kernel(*args)` launches on the grid of
     `schedule_arguments`, `pool_map(kv_fused)` is the pool's tensor map and the rest are the
-    kernel's scalar arguments."""
+    kernel's scalar arguments; `limits` are two of them, `max_seq_len` and the pool's block
+    count, which bound what the kernel writes and reads when the lengths or the block table
+    break the contract (see `UnitWalker` and `run_producer` in paged_mqa_common.cuh)."""
     from flashinfer_jit import i32, i64, load_kernel, u64
 
     kernel = load_kernel(config.spec, q.device)
@@ -531,6 +535,7 @@ def launch_parts(
         u64(0),
         rows_out,
         i32(q.shape[0]),
+        (i32(max_seq_len), i32(kv_fused.shape[0])),
         i64(out_storage.stride(0)),
     )
 
@@ -544,6 +549,7 @@ def prepare(
     out_storage: torch.Tensor,
     schedule_meta: torch.Tensor | None,
     *,
+    max_seq_len: int,
     output_dtype: torch.dtype,
     epi_dtype: torch.dtype,
     acc_dtype: torch.dtype,
@@ -553,7 +559,8 @@ def prepare(
 ):
     """The launch of every call whose arguments match these in dtype, device, shape and
     strides (their data may differ): returns `run(q, kv_fused, weights, block_tables,
-    seq_lens, out_storage, schedule_meta)`.
+    seq_lens, out_storage, schedule_meta)`. `max_seq_len` is the call's (`out_storage` has at
+    least `padded_seq_len(max_seq_len)` columns); the kernel clamps every length to it.
 
     Everything derived from that metadata (configuration, loaded kernel, grid, strides as
     kernel scalars) is fixed here; `run` reads only data pointers and the current stream, so
@@ -581,12 +588,15 @@ def prepare(
         no_schedule,
         rows_out,
         rows,
+        (max_len, num_blocks),
         out_stride,
     ) = launch_parts(
         config,
         q,
+        kv_fused,
         block_tables,
         seq_lens,
+        max_seq_len,
         out_storage,
         schedule_meta,
         schedule_rows_out,
@@ -610,6 +620,8 @@ def prepare(
             no_schedule if schedule_meta is None else schedule_meta,
             rows_out,
             rows,
+            max_len,
+            num_blocks,
             out_storage,
             out_stride,
         )

@@ -362,8 +362,8 @@ __device__ __forceinline__ void stage_q(int b, int part, const uint8_t* q, const
 
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, long long kv_block_stride,
                                          const uint8_t* q, const uint32_t* q_sf, const float* weights,
-                                         const int* block_tables, long long block_table_stride, UnitWalker walk,
-                                         uint8_t* smem, long long* phases) {
+                                         const int* block_tables, long long block_table_stride, int num_blocks,
+                                         UnitWalker walk, uint8_t* smem, long long* phases) {
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
   float* weight_slots = reinterpret_cast<float*>(smem + SharedLayout::kWeights);
@@ -395,7 +395,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
       }
     }
   };
-  run_producer(walk, block_tables, block_table_stride, bars, stage_request_q, issue,
+  run_producer(walk, block_tables, block_table_stride, num_blocks, bars, stage_request_q, issue,
                EXP_PHASES ? phases + kPhaseSlotsPerCta * blockIdx.x + kProducerPhaseSlots : nullptr);
 }
 
@@ -710,7 +710,8 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           long long kv_block_stride, const uint8_t* q, const uint32_t* q_sf,
                           const float* weights, const int* block_tables, long long block_table_stride,
                           const int* seq_lens, long long seq_lens_stride, const int* schedule,
-                          int* schedule_rows_out, int batch_size, Out* out, long long out_stride) {
+                          int* schedule_rows_out, int batch_size, int max_seq_len, int num_blocks, Out* out,
+                          long long out_stride) {
   // The next kernel may be launched now: it waits for this grid before it reads anything.
   pdl_launch_dependents();
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -743,13 +744,13 @@ fp4_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
   if (warpgroup == 0) {
     Registers::enter_producer();
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
-      walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
-      producer(kv_map, kv_base, kv_block_stride, q, q_sf, weights, block_tables, block_table_stride, walk, smem,
-               reinterpret_cast<long long*>(schedule_rows_out));
+      walk.start(rows, seq_lens, seq_lens_stride, batch_size, max_seq_len, schedule == nullptr);
+      producer(kv_map, kv_base, kv_block_stride, q, q_sf, weights, block_tables, block_table_stride, num_blocks, walk,
+               smem, reinterpret_cast<long long*>(schedule_rows_out));
     }
   } else {
     Registers::enter_consumer();
-    walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
+    walk.start(rows, seq_lens, seq_lens_stride, batch_size, max_seq_len, schedule == nullptr);
     consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
   }
 }

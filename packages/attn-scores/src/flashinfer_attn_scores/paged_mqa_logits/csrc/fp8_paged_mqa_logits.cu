@@ -180,8 +180,8 @@ __device__ __forceinline__ __half2 relu_half2(const AccReg (&acc)[Mma::kRegs], i
 
 __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t* kv_base, long long kv_block_stride,
                                          const uint8_t* q, const float* weights, const int* block_tables,
-                                         long long block_table_stride, UnitWalker walk, uint8_t* smem,
-                                         long long* phases) {
+                                         long long block_table_stride, int num_blocks, UnitWalker walk,
+                                         uint8_t* smem, long long* phases) {
   const int lane = threadIdx.x % 32;
   uint8_t* kv_tiles = smem + SharedLayout::kKv;
   uint8_t* q_slots = smem + SharedLayout::kQ;
@@ -264,7 +264,7 @@ __device__ __forceinline__ void producer(const TensorMap& kv_map, const uint8_t*
     stage_q(b, slot, part);
     if (EXP_TIMESTAMPS == 2 && first_staged_at == 0) first_staged_at = reading();  // staging warp 1 done with the first request
   };
-  run_producer(walk, block_tables, block_table_stride, bars, stage_q_stamped, issue,
+  run_producer(walk, block_tables, block_table_stride, num_blocks, bars, stage_q_stamped, issue,
                EXP_PHASES ? phases + kPhaseSlotsPerCta * blockIdx.x + kProducerPhaseSlots : nullptr);
   if (EXP_TIMESTAMPS == 2 && threadIdx.x == 0) stamp(4, first_issue_at);
   if (EXP_TIMESTAMPS == 2 && !EXP_STAMP_WALK && threadIdx.x == 32) stamp(6, first_staged_at);
@@ -496,7 +496,7 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
                           long long kv_block_stride, const uint8_t* q, const float* weights,
                           const int* block_tables, long long block_table_stride, const int* seq_lens,
                           long long seq_lens_stride, const int* schedule, int* schedule_rows_out, int batch_size,
-                          Out* out, long long out_stride) {
+                          int max_seq_len, int num_blocks, Out* out, long long out_stride) {
   if (EXP_EXIT == 1) return;
   // The next kernel may be launched now: it waits for this grid before it reads anything.
   pdl_launch_dependents();
@@ -544,16 +544,16 @@ fp8_paged_mqa_logits_sm90(const __grid_constant__ TensorMap kv_map, const uint8_
     Registers::enter_producer();
     unsigned long long walk_at = EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 2 ? reading() : 0;
     if (threadIdx.x < 32 * NUM_PRODUCERS) {
-      walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
+      walk.start(rows, seq_lens, seq_lens_stride, batch_size, max_seq_len, schedule == nullptr);
       if (EXP_TIMESTAMPS == 2 && EXP_STAMP_WALK == 1) walk_at = reading();
-      producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, walk, smem,
+      producer(kv_map, kv_base, kv_block_stride, q, weights, block_tables, block_table_stride, num_blocks, walk, smem,
                reinterpret_cast<long long*>(schedule_rows_out));
       if (EXP_TIMESTAMPS && threadIdx.x == 0) stamp(2, reading());
     }
     if (EXP_TIMESTAMPS == 2 && (EXP_STAMP_WALK == 1 || EXP_STAMP_WALK == 2) && threadIdx.x == 0) stamp(6, walk_at);
   } else {
     Registers::enter_consumer();
-    walk.start(rows, seq_lens, seq_lens_stride, batch_size, schedule == nullptr);
+    walk.start(rows, seq_lens, seq_lens_stride, batch_size, max_seq_len, schedule == nullptr);
     consumer(warpgroup - 1, out, out_stride, walk, smem, reinterpret_cast<long long*>(schedule_rows_out));
     if (EXP_TIMESTAMPS && threadIdx.x % 128 == 0 && (EXP_TIMESTAMPS == 1 || warpgroup == 1)) {
       stamp(2 + warpgroup, reading());

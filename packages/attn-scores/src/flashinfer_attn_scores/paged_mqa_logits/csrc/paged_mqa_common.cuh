@@ -335,16 +335,25 @@ __device__ __forceinline__ const int* schedule_rows(const int* schedule, const i
 // Walks this CTA's work units (request, unit) in order, skipping zero-length requests.
 // The range is [rows[0..1], rows[2..3]): schedule rows blockIdx.x and blockIdx.x + 1.
 // `rows_have_len`: rows[4] holds the length of request rows[0] (the in-kernel rows).
+//
+// Each length is clamped to `max_seq_len`. A length above it is outside the contract, but its
+// units would be stored past the padded columns of its output rows, into the next rows or past
+// the buffer; clamped, such a request is scored over its first max_seq_len positions and
+// nothing outside out's padded columns is written. The schedule's rows still follow the
+// unclamped lengths, so a CTA may find its first unit past its request's clamped end: it then
+// moves on to the next request.
 struct UnitWalker {
   const int* seq_lens;
   long long seq_lens_stride;
-  int batch_size, end_b, end_u;
+  int batch_size, max_len, end_b, end_u;
   int b, u, len, units;
 
-  __device__ void start(const int* rows, const int* lens, long long stride, int batch, bool rows_have_len) {
+  __device__ void start(const int* rows, const int* lens, long long stride, int batch, int max_seq_len,
+                        bool rows_have_len) {
     seq_lens = lens;
     seq_lens_stride = stride;
     batch_size = batch;
+    max_len = max_seq_len;
     // A caller's schedule_meta is not checked outside validate mode (and never inside graph
     // capture, where an uninitialised buffer is the likely mistake): negative starts would
     // index seq_lens, the block table and out before their first element. Clamped, any row
@@ -354,12 +363,12 @@ struct UnitWalker {
     end_b = min(rows[2], batch_size);
     end_u = rows[3];
     if (rows_have_len) {
-      len = has_request() ? rows[4] : 0;
+      len = has_request() ? min(rows[4], max_len) : 0;
       units = units_of(len);
     } else {
       load_request();
     }
-    while (units == 0 && b < end_b) {
+    while (u >= units && b < end_b) {
       ++b;
       u = 0;
       load_request();
@@ -368,7 +377,7 @@ struct UnitWalker {
   // Whether request b is inside the range (else its length is taken as 0 and not read).
   __device__ bool has_request() const { return b < batch_size && (b < end_b || end_u > 0); }
   __device__ void load_request() {
-    len = has_request() ? seq_lens[b * seq_lens_stride] : 0;
+    len = has_request() ? min(seq_lens[b * seq_lens_stride], max_len) : 0;
     units = units_of(len);
   }
   // Bitwise rather than short-circuit operators: predicate logic instead of branches in every
@@ -579,7 +588,7 @@ static_assert(!EXP_PHASES || (NUM_CONSUMERS <= 8 && NUM_PRODUCERS <= 8), "EXP_PH
 
 template <typename StageQ, typename IssueUnit>
 __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_tables, long long block_table_stride,
-                                             const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue,
+                                             int num_blocks, const Barriers& bars, StageQ&& stage_q, IssueUnit&& issue,
                                              long long* phases = nullptr) {
   unsigned empty_wait = 0, issuing = 0, requests = 0, units = 0;
   const int lane = threadIdx.x % 32;
@@ -624,10 +633,13 @@ __device__ __forceinline__ void run_producer(UnitWalker& walk, const int* block_
       const int token = walk.u * kTile + s * kBoxRows;
       block_ids[s] = -1;
       if (token < walk.len) {  // warp-uniform: every lane takes part in the lookup
-        block_ids[s] = table.lookup(token / BLOCK_SIZE);
-        // issue() copies no box of a negative id (a caller's "no page" mark inside a length,
-        // outside the contract): leaving it out of the expected bytes keeps the stage able
-        // to complete, so those positions get stale values instead of the CTA hanging.
+        const int id = table.lookup(token / BLOCK_SIZE);
+        // An id outside [0, num_blocks) (a caller's "no page" mark inside a length, or a stale
+        // table; outside the contract) becomes -1, and issue() copies no box of a negative id:
+        // the scales' bulk copy has no bounds of its own, and leaving the box out of the
+        // expected bytes keeps the stage able to complete, so those positions get stale values
+        // instead of a fault or a hung CTA. One unsigned compare covers both ends.
+        block_ids[s] = static_cast<unsigned>(id) < static_cast<unsigned>(num_blocks) ? id : -1;
         boxes += block_ids[s] >= 0;
       }
     }
