@@ -233,8 +233,10 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
 // g(i) reports it. 32-bit arithmetic is exact for lengths within max_seq_len: the output-span
 // rule (batch_size * next_n * padded_seq_len(max_seq_len) < 2^31, always validated) keeps the
 // units below 2^25, and at most 128 entry charges come on top. (Lengths past max_seq_len are
-// already undefined behaviour; the CTAs never wait on each other, so a wrong range cannot hang
-// the kernel.)
+// outside the contract: the walkers clamp them, but this scan sums them as given, and
+// lengths near 2^31 in most of 128 requests wrap the sum, leaving some requests unwritten.
+// The CTAs never wait on each other and every walk is bounded, so a wrong range cannot hang
+// the kernel nor move an access outside the problem.)
 // Measured on the H200 (2026-11-29, a stream of calls that exit once their rows are known):
 // B = 1 and 8 take 1.3 us with kPerLane = 1 (1.6 us with kPerLane = 4, hence two instances);
 // B = 33-128 take 1.6-1.7 us with kPerLane = 4 against 2.0-2.1 us block-wide (its barriers
