@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -316,6 +317,15 @@ def timing_case(next_n, block_size, batch, avg, seed=3):
     return case, total
 
 
+def length_limit(prepare, case) -> dict:
+    """`max_seq_len` for a timing case's launch: the storage's padded width, at least every
+    length, so the kernel clamps none. Empty for the launchers of trees before 2026-12-06,
+    which take no such argument (`tools/tree_ab.py` runs older trees with these tools)."""
+    if "max_seq_len" not in inspect.signature(prepare).parameters:
+        return {}
+    return {"max_seq_len": case["storage"].shape[1]}
+
+
 def fp8_call(
     case,
     schedule,
@@ -333,8 +343,7 @@ def fp8_call(
         case["seq_lens"],
         case["storage"],
         schedule,
-        # The storage's padded width: at least every length, so the kernel clamps none.
-        max_seq_len=case["storage"].shape[1],
+        **length_limit(fp8_sm90.prepare, case),
         output_dtype=torch.float32,
         epi_dtype=epi_dtype,
         acc_dtype=acc_dtype,
@@ -709,7 +718,7 @@ def fp4_call(
         case["seq_lens"],
         case["storage"],
         schedule,
-        max_seq_len=case["storage"].shape[1],  # as fp8_call
+        **length_limit(fp4_sm90.prepare, case),
         output_dtype=torch.float32,
         epi_dtype=epi_dtype,
         is_kv_sf_interleaved=is_kv_sf_interleaved,
