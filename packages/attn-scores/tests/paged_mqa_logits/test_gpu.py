@@ -904,9 +904,22 @@ def test_a_block_id_outside_the_pool_costs_only_its_positions(
     assert_rows_close(got, expected, mask, tolerance(torch.float32), magnitude)
 
 
-@pytest.mark.parametrize("given_schedule", [False, True], ids=["in_kernel", "given"])
+def past_the_clamp_schedule(seq_lens: torch.Tensor, next_n: int, variant: str) -> torch.Tensor:
+    """A schedule in which CTA 0 runs from the first unit to unit 100 of request 1, CTA 1 from
+    there to unit 2 of request 2, CTA 2 to the end, every other CTA nothing (the end sentinel).
+    With request 1 clamped below 100 units, CTA 1 starts past its end and must still compute
+    request 2's units 0 and 1."""
+    num_sms = torch.cuda.get_device_properties(seq_lens.device).multi_processor_count
+    sentinel = fa.compute_paged_mqa_logits_schedule(
+        seq_lens, next_n=next_n, variant=variant, num_sms=1
+    )[1:]
+    starts = torch.tensor([[0, 0], [1, 100], [2, 2]], dtype=torch.int32, device=seq_lens.device)
+    return torch.cat([starts, sentinel.expand(num_sms - 2, 2)]).contiguous()
+
+
+@pytest.mark.parametrize("schedule", ["in_kernel", "helper", "past_the_clamp"])
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
-def test_a_length_past_max_seq_len_writes_only_inside_out(variant, given_schedule, monkeypatch):
+def test_a_length_past_max_seq_len_writes_only_inside_out(variant, schedule, monkeypatch):
     """`seq_lens[b] > max_seq_len` is outside the contract (validate mode refuses it), but
     out's rows are sized from max_seq_len while the schedule follows the lengths, so the
     kernels wrote such a request's later units past its padded row, into the next rows and
@@ -928,18 +941,23 @@ def test_a_length_past_max_seq_len_writes_only_inside_out(variant, given_schedul
     args = kind.args(case)
     expected = kind.reference(*args)[:, :max_seq_len]
     magnitude = magnitude_of(kind.reference, args)[:, :max_seq_len]
-    schedule = None
-    if given_schedule:
-        schedule = fa.compute_paged_mqa_logits_schedule(
+    schedule_meta = None
+    if schedule == "helper":
+        schedule_meta = fa.compute_paged_mqa_logits_schedule(
             case.seq_lens, next_n=next_n, variant=variant
         )
+    elif schedule == "past_the_clamp":
+        schedule_meta = past_the_clamp_schedule(case.seq_lens, next_n, variant)
     padded, guard = fa.padded_seq_len(max_seq_len), 3
     dtype = torch.float32
     big = torch.full((case.rows + 2 * guard, padded + 256), UNTOUCHED, dtype=dtype, device="cuda")
     big[guard : guard + case.rows, :padded] = float("nan")
     call_args = (*args[:-1], max_seq_len)
     got = kind.op(
-        *call_args, output_dtype=dtype, schedule_meta=schedule, out=big[guard : guard + case.rows]
+        *call_args,
+        output_dtype=dtype,
+        schedule_meta=schedule_meta,
+        out=big[guard : guard + case.rows],
     )
     torch.cuda.synchronize()
     assert got.shape == (case.rows, max_seq_len)
