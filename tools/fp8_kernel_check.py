@@ -116,7 +116,7 @@ def run_kernel(
         case["seq_lens"],
         storage,
         None,
-        max_seq_len=max_seq_len,
+        **length_limit(fp8_sm90.prepare, {"storage": storage}),
         output_dtype=out_dtype,
         epi_dtype=epi,
         acc_dtype=acc,

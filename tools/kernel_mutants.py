@@ -225,6 +225,16 @@ MUTANTS = [
         " out's padded row, into the next rows or past the buffer",
     ),
     Mutant(
+        "walker-unclamped-first-length",
+        COMMON,
+        "len = has_request() ? min(rows[4], max_len) : 0;",
+        "len = has_request() ? rows[4] : 0;",
+        BOTH,
+        ("fp8", "fp4"),
+        "in-kernel schedule, a CTA starting inside a request past max_seq_len (outside the"
+        " contract): its first request's units are stored past out's padded row",
+    ),
+    Mutant(
         "walker-start-past-clamp",
         COMMON,
         "while (u >= units && b < end_b) {",

@@ -117,9 +117,10 @@ def fp8_paged_mqa_logits(
             first `ceil(seq_lens[b] / block_size)` entries, the rest may hold anything. A
             narrower table is an out-of-bounds device read (undefined behaviour), not a
             checked error. An id outside `[0, num_blocks)` within a request's length is
-            outside the contract too; the CUDA kernel reads no page for it (-1, the usual
-            "no page" mark, included), so those positions get unspecified values and
-            nothing else changes.
+            outside the contract too: the CPU path and validate mode refuse it (ValueError
+            naming the entry); the CUDA kernel reads no page for it (-1, the usual "no
+            page" mark, included), so those positions get unspecified values and nothing
+            else changes.
         seq_lens: `[batch_size]` int32 KV length per request, on q's device, any stride (so
             `seq_lens[::next_n]` works without a copy). No entry may exceed `max_seq_len`
             (DeepGEMM calls this `context_lens`). Entries must be >= 0: the CPU path and
@@ -130,8 +131,8 @@ def fp8_paged_mqa_logits(
             outside the contract, not a checked error (the spec leaves it undefined): the
             CUDA kernel clamps every length to `max_seq_len`, so a longer request's logits
             stop there and nothing is written outside out's padded rows. On CUDA,
-            both this and the table width are checked, on the host, only when the environment
-            variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call; CPU tensors,
+            this, the table width and the block ids are checked, on the host, only when the
+            environment variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call; CPU tensors,
             which run the reference, are always checked); the check is a
             development aid and is skipped during CUDA-graph capture, in code traced by
             `torch.compile` and under any other tracer or `TorchDispatchMode` (`make_fx`,
@@ -390,8 +391,8 @@ def fp4_paged_mqa_logits(
             `min_block_table_width(max(seq_lens), block_size)`; row `b` is read only for its
             first `ceil(seq_lens[b] / block_size)` entries. A narrower table is an
             out-of-bounds device read (undefined behaviour), not a checked error; an id
-            outside `[0, num_blocks)` within a length gets no page read, as for the FP8
-            variant.
+            outside `[0, num_blocks)` within a length is refused on the CPU and in validate
+            mode and gets no page read on CUDA, as for the FP8 variant.
         seq_lens: `[batch_size]` int32 KV length per request, on q's device, any stride. No
             entry may exceed `max_seq_len`.
         max_seq_len: int, the logits' column count, `>= max(seq_lens)`; a smaller value is
