@@ -8,6 +8,7 @@ launch would otherwise write `out` without PyTorch noticing.
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -123,26 +124,14 @@ def test_the_cuda_ops_checks_refuse_what_an_aot_package_could_hand_it():
 # (seq_lens is read as a `const int*` at seq_lens[b * stride(0)]), divide by (num_sms = 0) or
 # count wrongly with (passes < 1, or so many passes that a unit index overflows int32).
 _OP_REFUSALS = {
-    "seq_lens_int16": (
-        {"seq_lens": torch.zeros(4, dtype=torch.int16)},
-        TypeError,
-        r"^seq_lens must have dtype torch\.int32, got torch\.int16$",
-    ),
-    "seq_lens_uint8": (
-        {"seq_lens": torch.zeros(4, dtype=torch.uint8)},
-        TypeError,
-        r"^seq_lens must have dtype torch\.int32, got torch\.uint8$",
-    ),
-    "seq_lens_int64": (
-        {"seq_lens": torch.zeros(4, dtype=torch.int64)},
-        TypeError,
-        r"^seq_lens must have dtype torch\.int32, got torch\.int64$",
-    ),
-    "seq_lens_float32": (
-        {"seq_lens": torch.zeros(4, dtype=torch.float32)},
-        TypeError,
-        r"^seq_lens must have dtype torch\.int32, got torch\.float32$",
-    ),
+    **{
+        f"seq_lens_{dtype}".replace("torch.", ""): (
+            {"seq_lens": torch.zeros(4, dtype=dtype)},
+            TypeError,
+            rf"^seq_lens must have dtype torch\.int32, got {re.escape(str(dtype))}$",
+        )
+        for dtype in (torch.int16, torch.uint8, torch.int64, torch.float32)
+    },
     "seq_lens_2d": (
         {"seq_lens": torch.zeros(2, 2, dtype=torch.int32)},
         ValueError,

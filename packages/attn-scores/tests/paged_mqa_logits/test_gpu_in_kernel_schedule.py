@@ -49,8 +49,8 @@ def run_with_rows_out(variant: str, case, block_size: int):
     if variant == "fp8":
         fp8_sm90.launch(
             case.q, case.kv_fused, case.weights, case.block_tables, case.seq_lens, out, None,
-            max_seq_len=case.max_seq_len, output_dtype=torch.float32, epi_dtype=torch.float32, acc_dtype=torch.float32,
-            schedule_rows_out=rows_out,
+            max_seq_len=case.max_seq_len, output_dtype=torch.float32, epi_dtype=torch.float32,
+            acc_dtype=torch.float32, schedule_rows_out=rows_out,
         )  # fmt: skip
     else:
         fp4_sm90.launch(

@@ -132,8 +132,8 @@ def fp8_paged_mqa_logits(
             CUDA kernel clamps every length to `max_seq_len`, so a longer request's logits
             stop there and nothing is written outside out's padded rows. On CUDA,
             this, the table width and the block ids are checked, on the host, only when the
-            environment variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call; CPU tensors,
-            which run the reference, are always checked); the check is a
+            environment variable `FLASHINFER_VALIDATE_INPUTS=1` is set (read on each call;
+            CPU tensors, which run the reference, are always checked); the check is a
             development aid and is skipped during CUDA-graph capture, in code traced by
             `torch.compile` and under any other tracer or `TorchDispatchMode` (`make_fx`,
             `FakeTensorMode`, `torch.func` transforms; also `FlopCounterMode`): it copies

@@ -224,8 +224,8 @@ def prepare(
     """The launch of every call whose arguments match these in dtype, device, shape and
     strides: returns `run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage,
     schedule_meta)`, which reads only data pointers and the current stream (as
-    `fp8_sm90.prepare`, whose `max_seq_len` it takes too). `sf_vec_size` is always 32 here (validated by the api); the kernel
-    hard-codes it."""
+    `fp8_sm90.prepare`, whose `max_seq_len` it takes too). `sf_vec_size` is always 32 here
+    (validated by the api); the kernel hard-codes it."""
     from flashinfer_jit import i64
 
     config = fp4_config(
