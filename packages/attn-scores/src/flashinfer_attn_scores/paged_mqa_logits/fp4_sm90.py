@@ -236,17 +236,7 @@ def prepare(
         bool(is_kv_sf_interleaved),
         experiment,
     )
-    (
-        launch_kernel,
-        pool_map,
-        table_stride,
-        lens_stride,
-        no_schedule,
-        rows_out,
-        rows,
-        (max_len, num_blocks),
-        out_stride,
-    ) = launch_parts(
+    parts = launch_parts(
         config,
         q,
         kv_fused,
@@ -260,6 +250,17 @@ def prepare(
         devices_checked,
     )
 
+    # Locals, not attribute reads, inside `run`: it is on every eager call's host path.
+    launch_kernel = parts.launch_kernel
+    pool_map = parts.pool_map
+    table_stride = parts.table_stride
+    lens_stride = parts.lens_stride
+    no_schedule = parts.no_schedule
+    rows_out = parts.rows_out
+    rows = parts.rows
+    max_len = parts.max_seq_len
+    num_blocks = parts.num_blocks
+    out_stride = parts.out_stride
     block_stride = i64(kv_block_stride(kv_fused))
 
     def run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):

@@ -492,6 +492,25 @@ def programmatic_launch_enabled() -> bool:
     return os.environ.get("FLASHINFER_PDL", "1").strip().lower() not in _PDL_OFF
 
 
+class LaunchParts(NamedTuple):
+    """What `launch_parts` fixes for one argument signature. `launch_kernel(*args)` launches on
+    the grid of `schedule_arguments`; `pool_map(kv_fused)` gives the pool's tensor map; the rest
+    are the kernel's scalar arguments. `max_seq_len` and `num_blocks` (the pool's block count)
+    bound what the kernel writes and reads when the lengths or the block table break the
+    contract (see `UnitWalker` and `run_producer` in paged_mqa_common.cuh)."""
+
+    launch_kernel: object
+    pool_map: PoolTensorMap
+    table_stride: object
+    lens_stride: object
+    no_schedule: object  # the null schedule pointer of a call without schedule_meta
+    rows_out: object
+    rows: object
+    max_seq_len: object
+    num_blocks: object
+    out_stride: object
+
+
 def launch_parts(
     config,
     q: torch.Tensor,
@@ -504,14 +523,9 @@ def launch_parts(
     schedule_rows_out: torch.Tensor | None,
     make_kv_map,
     devices_checked: bool,
-) -> tuple:
+) -> LaunchParts:
     """What a prepared launch fixes, shared by both kernels (their launch arguments differ only
-    in the q operands): `(launch_kernel, pool_map, table_stride, lens_stride, no_schedule,
-    rows_out, rows, limits, out_stride)`, where `launch_kernel(*args)` launches on the grid of
-    `schedule_arguments`, `pool_map(kv_fused)` is the pool's tensor map and the rest are the
-    kernel's scalar arguments; `limits` are two of them, `max_seq_len` and the pool's block
-    count, which bound what the kernel writes and reads when the lengths or the block table
-    break the contract (see `UnitWalker` and `run_producer` in paged_mqa_common.cuh)."""
+    in the q operands); see `LaunchParts`."""
     from flashinfer_jit import i32, i64, load_kernel, u64
 
     kernel = load_kernel(config.spec, q.device)
@@ -527,16 +541,17 @@ def launch_parts(
         programmatic=programmatic_launch_enabled(),
         devices_checked=devices_checked,
     )
-    return (
-        launch_kernel,
-        PoolTensorMap(make_kv_map),
-        i64(block_tables.stride(0)),
-        i64(seq_lens.stride(0)),
-        u64(0),
-        rows_out,
-        i32(q.shape[0]),
-        (i32(max_seq_len), i32(kv_fused.shape[0])),
-        i64(out_storage.stride(0)),
+    return LaunchParts(
+        launch_kernel=launch_kernel,
+        pool_map=PoolTensorMap(make_kv_map),
+        table_stride=i64(block_tables.stride(0)),
+        lens_stride=i64(seq_lens.stride(0)),
+        no_schedule=u64(0),
+        rows_out=rows_out,
+        rows=i32(q.shape[0]),
+        max_seq_len=i32(max_seq_len),
+        num_blocks=i32(kv_fused.shape[0]),
+        out_stride=i64(out_storage.stride(0)),
     )
 
 
@@ -580,17 +595,7 @@ def prepare(
         acc_dtype,
         experiment,
     )
-    (
-        launch_kernel,
-        pool_map,
-        table_stride,
-        lens_stride,
-        no_schedule,
-        rows_out,
-        rows,
-        (max_len, num_blocks),
-        out_stride,
-    ) = launch_parts(
+    parts = launch_parts(
         config,
         q,
         kv_fused,
@@ -604,6 +609,17 @@ def prepare(
         devices_checked,
     )
 
+    # Locals, not attribute reads, inside `run`: it is on every eager call's host path.
+    launch_kernel = parts.launch_kernel
+    pool_map = parts.pool_map
+    table_stride = parts.table_stride
+    lens_stride = parts.lens_stride
+    no_schedule = parts.no_schedule
+    rows_out = parts.rows_out
+    rows = parts.rows
+    max_len = parts.max_seq_len
+    num_blocks = parts.num_blocks
+    out_stride = parts.out_stride
     block_stride = i64(kv_block_stride(kv_fused))
 
     def run(q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
