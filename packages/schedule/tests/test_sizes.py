@@ -104,8 +104,14 @@ def test_sizes_read_from_device_data_inside_a_compiled_function():
         for lengths, padded, width in (([5, 300], 512, 5), ([256, 0], 256, 4), ([0], 0, 0)):
             out, got_width = compiled(torch.tensor(lengths, dtype=torch.int32))
             assert out.shape == (2, padded) and got_width == width
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match=r">= 0"):
             compiled(torch.tensor([-5, -9], dtype=torch.int32))
+    # Each helper's own check, so that losing either one shows.
+    for helper in (padded_seq_len, lambda n: min_block_table_width(n, 64)):
+        one = torch.compile(lambda s, helper=helper: helper(int(s.max().item())), fullgraph=True)
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            with pytest.raises(RuntimeError, match=r">= 0"):
+                one(torch.tensor([-5, -9], dtype=torch.int32))
 
 
 def test_a_nested_tensor_for_a_size_is_a_type_error_naming_it():

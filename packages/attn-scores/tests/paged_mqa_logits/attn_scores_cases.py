@@ -123,6 +123,17 @@ class PagedCase:
             self.max_seq_len,
         )
 
+    def token_scales(self, interleaved: bool = False) -> torch.Tensor:
+        """An MXFP4 case's `fp4_token_scales` at its current lengths."""
+        return fp4_token_scales(
+            self.kv_fused,
+            self.block_tables,
+            self.seq_lens,
+            self.next_n,
+            self.max_seq_len,
+            interleaved,
+        )
+
     def dot_magnitude(self) -> torch.Tensor:
         """The float64 sums of |products| (sum_h |w_h| sum_d |q_hd| |k_d|, times the token
         scale): what the tensor cores' accumulation error scales with (`assert_rows_close`'s
@@ -253,6 +264,40 @@ def interleaved_token_of_slot(block_size: int) -> torch.Tensor:
     return (slot % 4) * (block_size // 4) + slot // 4
 
 
+def fp4_token_scales(
+    kv_fused: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    next_n: int,
+    max_seq_len: int,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    """2^(e - 127) for the largest UE8M0 group exponent e of the token behind each output
+    element: `[batch_size * next_n, max_seq_len]` float64 on the host, 1 where no token is.
+    Read from the cache's scale bytes as the layout places them (slot k of an interleaved
+    block holds token `interleaved_token_of_slot(block_size)[k]`)."""
+    kv = kv_fused.cpu()
+    num_blocks, block_size = kv.shape[:2]
+    packed_bytes = kv.shape[-1] - 4
+    slots = kv.reshape(num_blocks, -1)[:, block_size * packed_bytes :].reshape(
+        num_blocks, block_size, 4
+    )
+    largest = slots.amax(dim=2).to(torch.float64)  # [block, slot]
+    if interleaved:
+        by_token = torch.empty_like(largest)
+        by_token[:, interleaved_token_of_slot(block_size)] = largest
+        largest = by_token
+    token_scale = torch.exp2(largest - 127)
+    tables = block_tables.cpu().to(torch.int64)
+    scales = torch.ones(len(seq_lens) * next_n, max_seq_len, dtype=torch.float64)
+    for b, length in enumerate(seq_lens.tolist()):
+        pos = torch.arange(length)
+        scales[b * next_n : (b + 1) * next_n, :length] = token_scale[
+            tables[b, pos // block_size], pos % block_size
+        ]
+    return scales
+
+
 def make_fp4_case(
     lens: list[int],
     *,
@@ -359,9 +404,11 @@ def assert_rows_close(
     magnitude: torch.Tensor | None = None,
     dot_magnitude: torch.Tensor | None = None,
     rel_to_dot_magnitude: float = 0.0,
+    column_scale: torch.Tensor | None = None,
+    abs_floor: float = 0.0,
 ) -> None:
     """|got - expected| <= rel * (row max of `magnitude`) on every masked element, or (where
-    larger) rel_dot * dot_magnitude.
+    larger) rel_dot * dot_magnitude, plus `abs_floor`.
 
     `magnitude` defaults to |expected|. Kernel tests pass the reference computed with |weights|
     (sum_h |w_h| relu(q_h . k) * scale): the size of the terms that were summed, which a row
@@ -374,6 +421,14 @@ def assert_rows_close(
     q_h . k can be a small remainder of large products of both signs, and then that error is
     more than `rel` of the row's largest term. Elsewhere the row bound is the larger one and
     stays the test.
+
+    `column_scale` (per element, positive) is divided out of got, expected and both magnitudes
+    first, and out of `abs_floor`. MXFP4 tests pass each token's largest group scale
+    (`fp4_token_scales`): a token's logits scale with it, and the row bound of a row whose
+    tokens lie binades apart would otherwise cover the smaller tokens' logits whole (zeroing
+    them passed). `abs_floor` is the error a rounding below a dtype's normal range may add,
+    in the units of `got` (`test_gpu.absolute_floor`); it matters only where a result or a
+    float16 head term is that small.
     """
     assert got.shape == expected.shape, (
         f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
@@ -384,11 +439,19 @@ def assert_rows_close(
     expected, mask = expected.cpu(), mask.cpu()
     assert torch.isfinite(got64[mask]).all(), "a valid element was not written (NaN/inf)"
     size = expected.abs() if magnitude is None else magnitude.cpu().abs()
+    floor = torch.full_like(expected, abs_floor)
+    if column_scale is not None:
+        scale = torch.where(mask, column_scale.cpu().to(torch.float64), torch.ones_like(expected))
+        assert (scale > 0).all() and torch.isfinite(scale).all(), "column_scale must be positive"
+        got64, expected, size, floor = got64 / scale, expected / scale, size / scale, floor / scale
+        if dot_magnitude is not None:
+            dot_magnitude = dot_magnitude.cpu() / scale
     magnitude = torch.where(mask, size, torch.zeros_like(expected)).amax(dim=1)
     bound = (rel_to_row_max * magnitude.clamp_min(1e-30))[:, None].expand_as(expected)
     if dot_magnitude is not None:
         dots = torch.where(mask, dot_magnitude.cpu().abs(), torch.zeros_like(expected))
         bound = torch.maximum(bound, rel_to_dot_magnitude * dots)
+    bound = bound + floor
     err = torch.where(mask, (got64 - expected).abs(), torch.zeros_like(expected))
     worst = (err / bound).amax()
     assert (err <= bound).all(), f"error up to {float(worst):.3g} x the bound"

@@ -67,6 +67,25 @@ TOLERANCES = {
 }
 
 
+# Below a dtype's normal range rounding is to a fixed spacing, not relative: half the smallest
+# subnormal spacing per rounding. An MXFP4 test that divides each token's scale out of the
+# error (`assert_rows_close`'s column_scale) adds it back as an absolute floor: one output
+# rounding and, with the float16 epilogue (head terms rounded to float16 in output units, see
+# fp4_paged_mqa_logits.cu), a product and a sum per head.
+SUBNORMAL_HALF_SPACING = {
+    torch.float32: 2.0**-150,
+    torch.bfloat16: 2.0**-134,
+    torch.float16: 2.0**-25,
+}
+
+
+def absolute_floor(output_dtype, epi_dtype=torch.float32, num_heads=64) -> float:
+    floor = SUBNORMAL_HALF_SPACING[output_dtype]
+    if epi_dtype == torch.float16:
+        floor += 2 * num_heads * SUBNORMAL_HALF_SPACING[torch.float16]
+    return floor
+
+
 def tolerance(output_dtype, epi_dtype=torch.float32, acc_dtype=torch.float32) -> float:
     return max(
         TOLERANCES["output"][output_dtype],
@@ -131,12 +150,26 @@ def mark_empty_requests(out: torch.Tensor, seq_lens, next_n: int, max_seq_len: i
             out[b * next_n : (b + 1) * next_n, :padded] = UNTOUCHED
 
 
-def check_result(got, out, expected, seq_lens, next_n, tol, magnitude=None, empty_marked=False):
+def check_result(
+    got,
+    out,
+    expected,
+    seq_lens,
+    next_n,
+    tol,
+    magnitude=None,
+    empty_marked=False,
+    column_scale=None,
+    abs_floor=0.0,
+):
     """`got` against `expected` on the valid region; nothing of `out` written around it, nor
-    in the rows of empty requests (still NaN, or UNTOUCHED after `mark_empty_requests`)."""
+    in the rows of empty requests (still NaN, or UNTOUCHED after `mark_empty_requests`).
+    `column_scale` and `abs_floor` as in `assert_rows_close` (MXFP4: per token)."""
     rows = seq_lens.shape[0] * next_n
     mask = valid_mask(seq_lens.cpu(), next_n, got.shape[1])
-    assert_rows_close(got, expected, mask, tol, magnitude)
+    assert_rows_close(
+        got, expected, mask, tol, magnitude, column_scale=column_scale, abs_floor=abs_floor
+    )
     out = out.cpu()
     padded = fa.padded_seq_len(got.shape[1])
     for b, length in enumerate(seq_lens.tolist()):
@@ -415,6 +448,15 @@ def check_nan_in_one_draft_slots_q(num_heads, head_dim, block_size, seed, dtypes
     assert sorted(set(nan_expected.nonzero()[:, 0].tolist())) == nan_rows
     assert torch.equal(nan_expected[nan_rows], valid[nan_rows])
     assert torch.isnan(got[nan_expected]).all()
+    # The same call into a finite buffer: those NaN were written by the kernel, not left over.
+    finite = fa.fp8_paged_mqa_logits(
+        *case.fp8_args(),
+        output_dtype=output_dtype,
+        epi_dtype=epi_dtype,
+        acc_dtype=acc_dtype,
+        out=torch.full_like(out, UNTOUCHED),
+    ).cpu()
+    assert torch.isnan(finite[nan_expected]).all()
     magnitude = magnitude_of(fp8_paged_mqa_logits_reference, case.fp8_args())
     assert_rows_close(got, expected, valid & ~nan_expected, tolerance(*dtypes), magnitude)
 
@@ -483,7 +525,19 @@ def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, ep
         fp4_paged_mqa_logits_reference, case.fp4_args(), is_kv_sf_interleaved=interleaved
     )
     tol = tolerance(output_dtype, epi_dtype)
-    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, empty_marked=True)
+    # Per token: the spread puts tokens up to 14 binades apart in one row.
+    check_result(
+        got,
+        out,
+        expected,
+        case.seq_lens,
+        next_n,
+        tol,
+        magnitude,
+        empty_marked=True,
+        column_scale=case.token_scales(interleaved),
+        abs_floor=absolute_floor(output_dtype, epi_dtype),
+    )
 
 
 def many_short_lengths(batch: int, seed: int) -> list[int]:
@@ -751,6 +805,9 @@ def test_batch_invariant(variant, next_n):
         index = torch.tensor(order, device="cuda")
         rows = (index[:, None] * next_n + torch.arange(next_n, device="cuda")).flatten()
         qs = tuple(t[index] for t in per_request_q)
+        # A fresh NaN-poisoned buffer per call: the caching allocator would otherwise hand a
+        # call the block of the one before, and rows it never wrote would hold equal bits.
+        out = poisoned_out(len(order) * next_n, case.max_seq_len, kind.output_dtype)
         return op(
             *qs,
             case.kv_fused,
@@ -758,6 +815,7 @@ def test_batch_invariant(variant, next_n):
             case.block_tables[index],
             case.seq_lens[index],
             case.max_seq_len,
+            out=out,
         ).clone()
 
     batch = len(EDGE_LENGTHS)

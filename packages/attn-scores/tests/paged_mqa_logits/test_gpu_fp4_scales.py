@@ -26,7 +26,14 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
     valid_mask,
 )
 from flashinfer_layouts import unpack_mxfp4_kv_cache
-from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, poisoned_out, tolerance
+from test_gpu import (
+    EDGE_LENGTHS,
+    MAX_SEQ_LEN,
+    absolute_floor,
+    check_result,
+    poisoned_out,
+    tolerance,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -68,7 +75,15 @@ def test_group_scales_spanning_the_exact_window(exponent_range, output_dtype):
     got, out = run(case, output_dtype)
     expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
     check_result(
-        got, out, expected, case.seq_lens, 2, tolerance(output_dtype), magnitude(case.fp4_args())
+        got,
+        out,
+        expected,
+        case.seq_lens,
+        2,
+        tolerance(output_dtype),
+        magnitude(case.fp4_args()),
+        column_scale=case.token_scales(),
+        abs_floor=absolute_floor(output_dtype),
     )
 
 
@@ -85,7 +100,8 @@ def check_against_expectation(case, output_dtype, epi_dtype, unit=1.0):
     """One call into a poisoned buffer against the float64 expectation of the test cases
     (`attn_scores_cases.expected_logits`, not the package's reference). The logits are compared
     in units of `unit` (exact powers of two): `assert_rows_close` floors a row's magnitude at
-    1e-30, which would swallow logits near 2^-120 whole."""
+    1e-30, which would swallow logits near 2^-120 whole. Per token (`column_scale`), so a
+    token far below its row's largest is held to its own size."""
     got, out = run(case, output_dtype, epi_dtype)
     torch.cuda.synchronize()
     check_result(
@@ -96,6 +112,8 @@ def check_against_expectation(case, output_dtype, epi_dtype, unit=1.0):
         case.next_n,
         tolerance(output_dtype, epi_dtype),
         case.expected(abs_weights=True) / unit,
+        column_scale=case.token_scales(),
+        abs_floor=absolute_floor(output_dtype, epi_dtype) / unit,
     )
 
 
@@ -177,17 +195,23 @@ def test_ue8m0_extremes_0_and_254():
     _set_request_exponents(case, 1, [0, 6], (248, 254), gen)  # the mirror image
     _set_request_exponents(case, 2, [248], (0, 6), gen)
     case = case.to("cuda")
+    # Per token, in units of 2^-120 (as check_against_expectation): request 0's tokens at 2^0
+    # against q near 2^-127 give logits near 2^-106, which a row bound set by its tokens at
+    # 2^121 would cover whole; those at 2^-127 underflow, which the absolute floor accepts.
+    unit = 2.0**-120
     for output_dtype in (torch.float32, torch.bfloat16):
         got, out = run(case, output_dtype)
         expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
         check_result(
-            got,
+            got.double() / unit,
             out,
-            expected,
+            expected / unit,
             case.seq_lens,
             1,
             tolerance(output_dtype),
-            magnitude(case.fp4_args()),
+            magnitude(case.fp4_args()) / unit,
+            column_scale=case.token_scales(),
+            abs_floor=absolute_floor(output_dtype) / unit,
         )
 
 
