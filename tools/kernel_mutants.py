@@ -515,6 +515,16 @@ MUTANTS = [
         " paths), draft slots of different largest q exponents: slot 2k + 1 takes slot 2k's",
     ),
     Mutant(
+        "fp4-small-token-exponent",
+        FP4,
+        "*slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + slot_exponent[k]));",
+        "*slot_out = to_out(scale_by_pow2_from(sums.lane_sums[k], row_max + slot_exponent[k] - (row_max <= 120 ? 3 : 0)));",
+        ("fp4",),
+        ("fp4",),
+        "float32 epilogue, next_n 1, 2 and 4: tokens whose largest group exponent is at most 120 come"
+        " out 8x too small; a row bound set by the row's largest tokens covered them whole",
+    ),
+    Mutant(
         "fp4-scale-offset",
         FP4,
         "bulk_load(scales + stage * kScaleBytes + s * kBoxRows * 4, scale_region + row_in_block * 4, kBoxRows * 4,",
