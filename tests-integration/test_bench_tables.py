@@ -548,7 +548,8 @@ def _figures_only(text: str) -> str:
     """Markdown with the small-batch table's verdicts, the L2-warm column's label and the
     summary's "(graph of many calls)" dropped: how a table printed since compares with the
     history page's, printed before."""
-    text = text.replace(" (not the target's reading) |", " |").replace(" (graph of many calls) |", " |")
+    for label in (" (not the target's reading) |", " (graph of many calls) |"):
+        text = text.replace(label, " |")
     return re.sub(r" \((?:meets|over)\) \|", " |", text)
 
 
