@@ -24,11 +24,10 @@ from .fp8_sm90 import (
     _contiguous_aligned,
     _short,
     barrier_bytes,
-    kv_block_stride,
     kv_values_tensor_map,
-    launch_parts,
     mma_halves_for,
     pipeline_depth,
+    prepared_launcher,
 )
 
 NUM_HEADS = 64
@@ -226,7 +225,6 @@ def prepare(
     schedule_meta)`, which reads only data pointers and the current stream (as
     `fp8_sm90.prepare`, whose `max_seq_len` it takes too). `sf_vec_size` is always 32 here
     (validated by the api); the kernel hard-codes it."""
-    from flashinfer_jit import i64
 
     config = fp4_config(
         kv_fused.shape[1],
@@ -236,7 +234,7 @@ def prepare(
         bool(is_kv_sf_interleaved),
         experiment,
     )
-    parts = launch_parts(
+    launch = prepared_launcher(
         config,
         q,
         kv_fused,
@@ -250,39 +248,14 @@ def prepare(
         devices_checked,
     )
 
-    # Locals, not attribute reads, inside `run`: it is on every eager call's host path.
-    launch_kernel = parts.launch_kernel
-    pool_map = parts.pool_map
-    table_stride = parts.table_stride
-    lens_stride = parts.lens_stride
-    no_schedule = parts.no_schedule
-    rows_out = parts.rows_out
-    rows = parts.rows
-    max_len = parts.max_seq_len
-    num_blocks = parts.num_blocks
-    out_stride = parts.out_stride
-    block_stride = i64(kv_block_stride(kv_fused))
-
     def run(q, q_sf, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
-        launch_kernel(
-            pool_map(kv_fused),
-            kv_fused,
-            block_stride,
-            _contiguous_aligned(q),  # q rows are read as 16-byte vectors,
-            _contiguous_aligned(q_sf),  # q_sf and the weights as one word per row
+        # q rows are read as 16-byte vectors, q_sf and the weights as one word per row.
+        q_operands = (
+            _contiguous_aligned(q),
+            _contiguous_aligned(q_sf),
             _contiguous_aligned(weights),
-            block_tables,
-            table_stride,
-            seq_lens,
-            lens_stride,
-            no_schedule if schedule_meta is None else schedule_meta,
-            rows_out,
-            rows,
-            max_len,
-            num_blocks,
-            out_storage,
-            out_stride,
         )
+        launch(kv_fused, q_operands, block_tables, seq_lens, schedule_meta, out_storage)
 
     return run
 

@@ -492,26 +492,7 @@ def programmatic_launch_enabled() -> bool:
     return os.environ.get("FLASHINFER_PDL", "1").strip().lower() not in _PDL_OFF
 
 
-class LaunchParts(NamedTuple):
-    """What `launch_parts` fixes for one argument signature. `launch_kernel(*args)` launches on
-    the grid of `schedule_arguments`; `pool_map(kv_fused)` gives the pool's tensor map; the rest
-    are the kernel's scalar arguments. `max_seq_len` and `num_blocks` (the pool's block count)
-    bound what the kernel writes and reads when the lengths or the block table break the
-    contract (see `UnitWalker` and `run_producer` in paged_mqa_common.cuh)."""
-
-    launch_kernel: object
-    pool_map: PoolTensorMap
-    table_stride: object
-    lens_stride: object
-    no_schedule: object  # the null schedule pointer of a call without schedule_meta
-    rows_out: object
-    rows: object
-    max_seq_len: object
-    num_blocks: object
-    out_stride: object
-
-
-def launch_parts(
+def prepared_launcher(
     config,
     q: torch.Tensor,
     kv_fused: torch.Tensor,
@@ -523,9 +504,14 @@ def launch_parts(
     schedule_rows_out: torch.Tensor | None,
     make_kv_map,
     devices_checked: bool,
-) -> LaunchParts:
-    """What a prepared launch fixes, shared by both kernels (their launch arguments differ only
-    in the q operands); see `LaunchParts`."""
+):
+    """What a prepared launch fixes for one argument signature, shared by both kernels: returns
+    `launch(kv_fused, q_operands, block_tables, seq_lens, schedule_meta, out_storage)`, which
+    launches on the grid of `schedule_arguments` with the kernels' common signature, the
+    kernel's own q operands (fp8: q, weights; fp4: q, q_sf, weights) in place of `q_operands`.
+    `max_seq_len` and the pool's block count are passed too: they bound what the kernel writes
+    and reads when the lengths or the block table break the contract (see `UnitWalker` and
+    `run_producer` in paged_mqa_common.cuh)."""
     from flashinfer_jit import i32, i64, load_kernel, u64
 
     kernel = load_kernel(config.spec, q.device)
@@ -541,18 +527,33 @@ def launch_parts(
         programmatic=programmatic_launch_enabled(),
         devices_checked=devices_checked,
     )
-    return LaunchParts(
-        launch_kernel=launch_kernel,
-        pool_map=PoolTensorMap(make_kv_map),
-        table_stride=i64(block_tables.stride(0)),
-        lens_stride=i64(seq_lens.stride(0)),
-        no_schedule=u64(0),
-        rows_out=rows_out,
-        rows=i32(q.shape[0]),
-        max_seq_len=i32(max_seq_len),
-        num_blocks=i32(kv_fused.shape[0]),
-        out_stride=i64(out_storage.stride(0)),
-    )
+    pool_map = PoolTensorMap(make_kv_map)
+    block_stride = i64(kv_block_stride(kv_fused))
+    table_stride, lens_stride = i64(block_tables.stride(0)), i64(seq_lens.stride(0))
+    no_schedule = u64(0)  # the null schedule pointer of a call without schedule_meta
+    rows, out_stride = i32(q.shape[0]), i64(out_storage.stride(0))
+    max_len, num_blocks = i32(max_seq_len), i32(kv_fused.shape[0])
+
+    def launch(kv_fused, q_operands, block_tables, seq_lens, schedule_meta, out_storage):
+        launch_kernel(
+            pool_map(kv_fused),
+            kv_fused,
+            block_stride,
+            *q_operands,
+            block_tables,
+            table_stride,
+            seq_lens,
+            lens_stride,
+            no_schedule if schedule_meta is None else schedule_meta,
+            rows_out,
+            rows,
+            max_len,
+            num_blocks,
+            out_storage,
+            out_stride,
+        )
+
+    return launch
 
 
 def prepare(
@@ -582,7 +583,6 @@ def prepare(
     `dispatch.py` keeps one per validated argument signature and a warm eager call is one launch.
     `schedule_meta=None`: the kernel schedules itself (see `schedule_arguments`).
     """
-    from flashinfer_jit import i64
 
     _, next_n, num_heads, head_dim = q.shape
     config = fp8_config(
@@ -595,7 +595,7 @@ def prepare(
         acc_dtype,
         experiment,
     )
-    parts = launch_parts(
+    launch = prepared_launcher(
         config,
         q,
         kv_fused,
@@ -609,38 +609,10 @@ def prepare(
         devices_checked,
     )
 
-    # Locals, not attribute reads, inside `run`: it is on every eager call's host path.
-    launch_kernel = parts.launch_kernel
-    pool_map = parts.pool_map
-    table_stride = parts.table_stride
-    lens_stride = parts.lens_stride
-    no_schedule = parts.no_schedule
-    rows_out = parts.rows_out
-    rows = parts.rows
-    max_len = parts.max_seq_len
-    num_blocks = parts.num_blocks
-    out_stride = parts.out_stride
-    block_stride = i64(kv_block_stride(kv_fused))
-
     def run(q, kv_fused, weights, block_tables, seq_lens, out_storage, schedule_meta):
-        launch_kernel(
-            pool_map(kv_fused),
-            kv_fused,
-            block_stride,
-            _contiguous_aligned(q),  # the kernel reads q and weight rows as 16-byte vectors
-            _contiguous_aligned(weights),
-            block_tables,
-            table_stride,
-            seq_lens,
-            lens_stride,
-            no_schedule if schedule_meta is None else schedule_meta,
-            rows_out,
-            rows,
-            max_len,
-            num_blocks,
-            out_storage,
-            out_stride,
-        )
+        # The kernel reads q and weight rows as 16-byte vectors.
+        q_operands = (_contiguous_aligned(q), _contiguous_aligned(weights))
+        launch(kv_fused, q_operands, block_tables, seq_lens, schedule_meta, out_storage)
 
     return run
 
