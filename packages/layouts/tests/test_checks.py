@@ -80,3 +80,32 @@ def test_a_compiled_size_message_names_a_missing_torch_api(monkeypatch):
     monkeypatch.delattr(symbolic_shapes, "guard_or_false")
     with pytest.raises(RuntimeError, match=r"needs torch\.fx\.experimental\.symbolic_shapes"):
         _checks.plain(5)
+
+
+def _unavailable_cuda_device() -> str:
+    """A CUDA device this process cannot use: any, without CUDA; one past the last, with it."""
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+@pytest.mark.parametrize(
+    "helper", [fl.mxfp4_interleaved_token_of_slot, fl.mxfp4_interleaved_slot_of_token]
+)
+def test_an_unusable_cuda_device_is_a_value_error_naming_device(helper):
+    """torch's own answer is a bare AssertionError from inside its factory function."""
+    device = _unavailable_cuda_device()
+    with pytest.raises(ValueError, match=rf"^device: got '{device}', but "):
+        helper(128, device)
+
+
+def test_a_global_scale_on_another_device_is_a_value_error_naming_it():
+    a = torch.randn(4, 32)
+    with pytest.raises(ValueError, match=r"^a_global_sf must be on the CPU or on the data's"):
+        fl.nvfp4_quantize(a, torch.tensor(1.0, device="meta"))
+
+
+def test_swizzle_offsets_of_row_and_col_on_two_devices_are_refused():
+    row, col = torch.tensor([1], device="meta"), torch.tensor([1])
+    with pytest.raises(
+        ValueError, match=r"^col must be on the same device as row \(meta\); got cpu"
+    ):
+        fl.swizzle_128x4_offset(row, col, 4)

@@ -111,7 +111,8 @@ FP8_ERRORS = {
     "kv_row_bytes": (
         lambda c: {"kv_fused": torch.zeros(10, 32, 1, 40, dtype=torch.uint8)},
         ValueError,
-        r"kv_fused.shape\[3\] must be head_dim \+ 4 \(head_dim=32\) = 36, got 40",
+        r"kv_fused.shape\[3\] must be head_dim \+ 4 \(head_dim=32 = q.shape\[3\], q shape "
+        r"\[2, 2, 8, 32\]\) = 36, got 40",
     ),
     "kv_block_not_contiguous": (
         lambda c: {"kv_fused": torch.zeros(10, 32, 1, 72, dtype=torch.uint8)[..., ::2]},
@@ -162,7 +163,7 @@ FP8_ERRORS = {
     "weights_rows": (
         lambda c: {"weights": c.weights[:3]},
         ValueError,
-        r"weights.shape\[0\] must be batch_size\*next_n = 4, got 3",
+        r"weights.shape\[0\] must be batch_size\*next_n \(q.shape\[0\]\*q.shape\[1\]\) = 4, got 3",
     ),
     "weights_heads": (
         lambda c: {"weights": c.weights[:, :4]},
@@ -565,7 +566,8 @@ FP4_ERRORS = {
     "kv_row_bytes": (
         lambda c: {"kv_fused": torch.zeros(10, 32, 1, 132, dtype=torch.uint8)},
         ValueError,
-        r"kv_fused.shape\[3\] must be head_dim/2 \+ 4 \(head_dim=128\) = 68, got 132",
+        r"kv_fused.shape\[3\] must be head_dim/2 \+ 4 \(head_dim=128 = 2\*q.shape\[3\], q shape "
+        r"\[[0-9, ]+\]\) = 68, got 132",
     ),
     "kv_block_pitch_unaligned": (
         lambda c: {"kv_fused": pitched(c.kv_fused, 24)},

@@ -518,7 +518,10 @@ MUTATIONS: dict[str, Mutation] = {
     ),
     "weights_one_row_short": M(
         lambda a: {"weights": a["weights"][:-1]},
-        raises(ValueError, r"weights.shape\[0\] must be batch_size\*next_n = 10, got 9"),
+        raises(
+            ValueError,
+            r"weights.shape\[0\] must be batch_size\*next_n \(q.shape\[0\]\*q.shape\[1\]\) = 10, got 9",
+        ),
     ),
     "weights_half_the_heads": M(
         lambda a: {"weights": a["weights"][:, : a["weights"].shape[1] // 2]},

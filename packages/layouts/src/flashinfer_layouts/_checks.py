@@ -223,6 +223,13 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+@torch.compiler.assume_constant_result
+def _visible_cuda_devices() -> int:
+    """CUDA devices this process sees, 0 without CUDA (a constant while torch.compile traces:
+    dynamo cannot put these torch.cuda queries in a graph)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def device(name: str, value: object) -> torch.device | None:
     """Return ``value`` as a ``torch.device`` (None stays None), else raise naming ``name``."""
     if value is None:
@@ -232,11 +239,22 @@ def device(name: str, value: object) -> torch.device | None:
             f"{name} must be a torch.device, a device string or an int; got {type_name(value)}"
         )
     try:
-        return torch.device(value)
+        resolved = torch.device(value)
     except RuntimeError as error:
         raise ValueError(
             f"{name} must be a valid device such as 'cpu' or 'cuda:0'; got {value!r} ({error})"
         ) from error
+    if resolved.type == "cuda":
+        # torch answers both cases below with a bare AssertionError from inside a factory.
+        count = _visible_cuda_devices()
+        if count == 0:
+            raise ValueError(f"{name}: got {value!r}, but CUDA is not available in this process")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(
+                f"{name}: got {value!r}, but only {count} CUDA device(s) are visible "
+                f"(valid indices 0..{count - 1})"
+            )
+    return resolved
 
 
 def choice(name: str, value: object, allowed: Sequence[object]) -> None:
@@ -287,6 +305,10 @@ def global_scale(name: str, value: object, device: torch.device) -> torch.Tensor
             raise ValueError(
                 f"{name} must hold exactly one element (0-d or 1-element tensor); "
                 f"got shape {plain(value.shape)}"
+            )
+        if value.device.type != "cpu" and value.device != device:
+            raise ValueError(
+                f"{name} must be on the CPU or on the data's device ({device}); got {value.device}"
             )
         scale = value.reshape(()).to(dtype=torch.float32)
         if value.device.type == "cpu" and not torch.compiler.is_compiling():

@@ -108,13 +108,17 @@ def swizzle_128x4_offset(
         TypeError: ``num_cols`` is not an int, or ``row`` / ``col`` is neither an int nor an
             int32 / int64 tensor (a bool or float is refused too).
         ValueError: ``num_cols < 1``, ``row < 0``, ``col`` outside ``[0, num_cols)``, or
-            tensor ``row`` and ``col`` that do not broadcast.
+            tensor ``row`` and ``col`` that do not broadcast or lie on different devices.
     """
     num_cols = _checks.positive_int("num_cols", num_cols)
     row = _check_scale_index("row", row, None)
     col = _check_scale_index("col", col, num_cols)
     if isinstance(row, torch.Tensor) and isinstance(col, torch.Tensor):
         _check_broadcast("row", row, "col", col)
+        if row.device != col.device:
+            raise ValueError(
+                f"col must be on the same device as row ({row.device}); got {col.device}"
+            )
     # The offset arithmetic in int64 whatever the index dtype: row * 16 and the tile term
     # wrap silently in int32 once the buffer passes 2 GiB.
     row, col = (v.long() if isinstance(v, torch.Tensor) else v for v in (row, col))

@@ -79,7 +79,9 @@ def check_common(
 
     v.check_dtype("weights", weights, torch.float32)
     v.check_ndim("weights", weights, 2, "[batch_size*next_n, num_heads]")
-    v.check_dim("weights", weights, 0, batch_size * next_n, "batch_size*next_n")
+    v.check_dim(
+        "weights", weights, 0, batch_size * next_n, "batch_size*next_n (q.shape[0]*q.shape[1])"
+    )
     v.check_dim("weights", weights, 1, num_heads, "num_heads (q.shape[2])")
     v.check_block_tables(block_tables, batch_size)
     v.check_seq_lens(seq_lens, batch_size)
@@ -91,7 +93,8 @@ def check_common(
     value_bytes = head_dim if variant == "fp8" else head_dim // 2
     if kv_fused.shape[3] != value_bytes + KV_SCALE_BYTES:
         # Formatted only when raising: printing a traced head_dim specialises the graph to it.
-        meaning = f"{row_meaning} (head_dim={head_dim})"
+        source = "q.shape[3]" if variant == "fp8" else "2*q.shape[3]"
+        meaning = f"{row_meaning} (head_dim={head_dim} = {source}, q shape {v.sizes(q.shape)})"
         v.check_dim("kv_fused", kv_fused, 3, value_bytes + KV_SCALE_BYTES, meaning)
     block_size = v.check_block_size(kv_fused)
     v.check_kv_fused_blocks_contiguous(kv_fused)
