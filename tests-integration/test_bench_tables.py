@@ -848,3 +848,23 @@ def test_compare_cli_prints_the_table_and_rejects_a_missing_file(tmp_path, capsy
     assert "| fp8 | 1 | 1.000-1.000, median 1.000 (6) |" in out
     assert cli.main(["--compare", str(run), str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_run_off_the_h200_gets_no_verdict_against_the_peer(payload) -> None:
+    """The peer's figures are H200 times: another card's ratios print without a verdict."""
+    t = _tables()
+    cases = t.index_cases(payload)
+    cases[("fp8", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 4.0}  # 0.625x the peer
+    on_h200 = t.small_batch_table(payload)
+    assert "(meets)" in on_h200
+    assert "(target 1.25x: " in t.summary_lines(payload)
+    h100 = {**payload, "device": {**payload["device"], "name": "NVIDIA H100 80GB HBM3"}}
+    table, summary = t.small_batch_table(h100), t.summary_lines(h100)
+    assert "(meets)" not in table and "(over)" not in table and "| 0.62 |" in table
+    assert (
+        "No ratio gets a verdict: the peer was timed on an NVIDIA H200, this run on NVIDIA H100"
+        in (t.small_batch_caption(h100))
+    )
+    flushed = next(line for line in summary.splitlines() if "(after an L2 flush)" in line)
+    assert "(target 1.25x" not in flushed
+    assert "(no verdict: the peer was timed on an NVIDIA H200, this run on NVIDIA H100" in flushed

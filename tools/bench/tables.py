@@ -534,6 +534,20 @@ def summary_table(payload: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The peer's figures (peer.py) were measured on an NVIDIA H200: only a run on one gets a verdict
+# against them.
+PEER_DEVICE = "H200"
+
+
+def peer_device_mismatch(payload: Mapping[str, Any]) -> str | None:
+    """Why the run's times cannot be judged against the peer's, or None: the peer was timed on
+    an H200, and another card (an H100 has less bandwidth) would get a verdict it did not earn."""
+    name = (payload.get("device") or {}).get("name") or "an unknown device"
+    if PEER_DEVICE in name:
+        return None
+    return f"the peer was timed on an NVIDIA {PEER_DEVICE}, this run on {name}"
+
+
 def small_batch_caption(payload: Mapping[str, Any]) -> str:
     """How the run took its single replays: up to the twentieth run a window of 32 graphs, one
     per rotation set; since then one graph, each cold replay after an L2 flush."""
@@ -562,6 +576,9 @@ def small_batch_caption(payload: Mapping[str, Any]) -> str:
     )
     if any(single_replay_us(r, "single_replay_warm") for r in payload["results"]):
         caption += " " + WARM_NOTE
+    mismatch = peer_device_mismatch(payload)
+    if mismatch:
+        caption += f" No ratio gets a verdict: {mismatch}."
     return caption
 
 
@@ -642,6 +659,7 @@ def small_batch_table(payload: Mapping[str, Any]) -> str:
     if warm:
         header.append(WARM_RATIO_HEADER)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    comparable = peer_device_mismatch(payload) is None
     for op, next_n, batch, avg_len in rows:
         cells = [op, str(next_n), str(batch), length_label(avg_len)]
         for block in blocks:
@@ -655,7 +673,7 @@ def small_batch_table(payload: Mapping[str, Any]) -> str:
         cells.append("-" if many is None else f"{many:.2f} us")
         peer_us = PEER_FP8_US.get((next_n, batch, avg_len)) if op == "fp8" else None
         cells.append("" if peer_us is None else _peer_text(peer_us))
-        cells.append(_ratio_cell(single_replay_us(at_peer_block), peer_us))
+        cells.append(_ratio_cell(single_replay_us(at_peer_block), peer_us, verdict=comparable))
         if warm:
             cells.append(_ratio_cell(warm_us, peer_us, verdict=False))
         lines.append("| " + " | ".join(cells) + " |")
@@ -721,11 +739,13 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
         if replaced:
             mean = geomean(one_replay.values())
             # Pages in L2 overstate (PERFORMANCE.md): no verdict on that reading.
-            reading = (
-                _against_speedup_target(mean)
-                if field == "single_replay"
-                else f"{mean:.3f}x (not the target's reading: pages in L2 overstate)"
-            )
+            mismatch = peer_device_mismatch(payload)
+            if field != "single_replay":
+                reading = f"{mean:.3f}x (not the target's reading: pages in L2 overstate)"
+            elif mismatch:
+                reading = f"{mean:.3f}x (no verdict: {mismatch})"
+            else:
+                reading = _against_speedup_target(mean)
             items.append(
                 f"The same with our time from one call per graph replay ({where}), as the peer "
                 f"was timed, at the {replaced} shapes that have one; the other "
