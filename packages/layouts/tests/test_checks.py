@@ -109,3 +109,9 @@ def test_swizzle_offsets_of_row_and_col_on_two_devices_are_refused():
         ValueError, match=r"^col must be on the same device as row \(meta\); got cpu"
     ):
         fl.swizzle_128x4_offset(row, col, 4)
+
+
+def test_swizzle_offsets_take_a_0d_cpu_index_beside_any_device():
+    """torch combines a 0-d CPU tensor with a tensor elsewhere as a scalar; so does the check."""
+    row = torch.arange(5, device="meta")
+    assert fl.swizzle_128x4_offset(row, torch.tensor(1), 4).shape == (5,)

@@ -115,7 +115,9 @@ def swizzle_128x4_offset(
     col = _check_scale_index("col", col, num_cols)
     if isinstance(row, torch.Tensor) and isinstance(col, torch.Tensor):
         _check_broadcast("row", row, "col", col)
-        if row.device != col.device:
+        # torch combines a 0-d CPU tensor with a tensor on any device, as a scalar.
+        scalar = any(t.dim() == 0 and t.device.type == "cpu" for t in (row, col))
+        if row.device != col.device and not scalar:
             raise ValueError(
                 f"col must be on the same device as row ({row.device}); got {col.device}"
             )
