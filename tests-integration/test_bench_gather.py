@@ -159,6 +159,7 @@ def _expected_xor(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("programmatic", [False, True])
 @pytest.mark.parametrize("kind", ["loads", "copies"])
 @pytest.mark.parametrize(
     ("op", "block_size", "lens"),
@@ -171,7 +172,9 @@ def _expected_xor(
         ("fp8", 64, [0, 1, 65, 200] * 650),  # 2600 requests: three chunks of up to 1024
     ],
 )
-def test_gather_xor_equals_torch_xor_of_the_same_bytes(kind, op, block_size, lens) -> None:
+def test_gather_xor_equals_torch_xor_of_the_same_bytes(
+    kind, op, block_size, lens, programmatic
+) -> None:
     gather = _bench().gather
     device = torch.device("cuda")
     geometry = gather.geometry_for(op, block_size, 128)
@@ -197,11 +200,12 @@ def test_gather_xor_equals_torch_xor_of_the_same_bytes(kind, op, block_size, len
     table = storage[:, :width]
     lens_storage = torch.tensor([[n, 7] for n in lens], dtype=torch.int32)
 
-    runner = gather.PagedGather(geometry, device, kind)
+    runner = gather.PagedGather(geometry, device, kind, programmatic=programmatic)
     # Slice after the copy: .to() of a strided view would make it contiguous.
     table_dev = storage.to(device)[:, :width]
     assert table_dev.stride(0) == width + 5
     run = runner.launcher(pool.to(device), table_dev, lens_storage.to(device)[:, 0])
+    run()  # a second launch behind the first: with PDL it may start before the first ends
     got = _xor_reduce(run().cpu())
     torch.cuda.synchronize()
     expected = _expected_xor(pool, table, lens, block_size, geometry.value_bytes)
@@ -243,8 +247,8 @@ def test_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.MonkeyPatch
             assert threads == gather.THREADS
             return 3
 
-        def launch(self, grid, block, *args):
-            launches.append((grid, block, args))
+        def launch(self, grid, block, *args, programmatic=False):
+            launches.append((grid, block, args, programmatic))
 
     monkeypatch.setattr(flashinfer_jit, "load_kernel", lambda spec, device: RecordingKernel())
     monkeypatch.setattr(flashinfer_jit, "sm_count", lambda device: 132)
@@ -256,10 +260,13 @@ def test_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.MonkeyPatch
     table = torch.zeros(3, 9, dtype=torch.int32)[:, :4]
     lens = torch.zeros(3, 2, dtype=torch.int32)[:, 1]
     assert runner.launcher(pool, table, lens)() is runner.out
-    grid, block, args = launches[0]
-    assert (grid, block) == (396, 256)
+    grid, block, args, programmatic = launches[0]
+    assert (grid, block, programmatic) == (396, 256, False)
     assert args[0] is pool and args[2] is table and args[4] is lens and args[7] is runner.out
     assert [a.value for a in (args[1], args[3], args[5], args[6])] == [32 * 132, 9, 2, 3]
+    with_pdl = gather.PagedGather(geometry, torch.device("cpu"), programmatic=True)
+    with_pdl.launcher(pool, table, lens)()
+    assert launches[1][3] is True
 
     with pytest.raises(ValueError, match="contiguous blocks of 4224 bytes"):
         runner.launcher(torch.zeros(10, 64, 1, 132, dtype=torch.uint8), table, lens)
@@ -276,8 +283,8 @@ def test_copies_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.Monk
     launches = []
 
     class RecordingKernel:
-        def launch(self, grid, block, *args, shared_mem=0):
-            launches.append((grid, block, args, shared_mem))
+        def launch(self, grid, block, *args, shared_mem=0, programmatic=False):
+            launches.append((grid, block, args, shared_mem, programmatic))
 
     monkeypatch.setattr(flashinfer_jit, "load_kernel", lambda spec, device: RecordingKernel())
     monkeypatch.setattr(flashinfer_jit, "sm_count", lambda device: 132)
@@ -289,10 +296,14 @@ def test_copies_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.Monk
     table = torch.tensor([[3, 4], [7, 8]], dtype=torch.int32)
     lens = torch.tensor([65, 10], dtype=torch.int32)
     assert runner.launcher(pool, table, lens)() is runner.out
-    grid, block, args, shared_mem = launches[0]
-    assert (grid, block) == (132, 256)
+    grid, block, args, shared_mem, programmatic = launches[0]
+    assert (grid, block, programmatic) == (132, 256, False)
     assert shared_mem == gather.copies_stages(geometry) * (64 * 132 + 20)
     assert args[0] is pool and args[1].value == 64 * 132 and args[4] is runner.out
     assert args[2].tolist() == [[3, 64], [4, 1], [7, 10]] and args[3].value == 3
+    gather.PagedGather(geometry, torch.device("cpu"), "copies", programmatic=True).launcher(
+        pool, table, lens
+    )()
+    assert launches[1][4] is True
     with pytest.raises(ValueError, match="kind: expected one of"):
         gather.PagedGather(geometry, torch.device("cpu"), "ldg")

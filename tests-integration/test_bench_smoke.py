@@ -176,6 +176,37 @@ def test_check_flags_wrong_and_unwritten_elements_only_in_the_valid_region() -> 
     assert bench.check.check_case(case, logits).passed
 
 
+@pytest.mark.parametrize("op", ["fp8", "fp4"])
+def test_replay_check_wants_the_checked_bits_in_every_valid_element(op) -> None:
+    bench = _bench()
+    shape = bench.shapes.IndexerShape(op, 3, 200, 2, 32)
+    case = bench.data.build_case(shape, torch.device("cpu"))
+    logits = bench.ops.op_call(case, case.sets[0])()
+    checked = bench.check.valid_bits(case, logits)
+    lens = case.seq_lens
+    assert checked.numel() == sum(2 * n - 1 for n in lens)  # slot 0 sees one column less
+    assert bench.check.replays_match(case, checked, logits, "graph") == ""
+
+    # What the replays left: outside the valid region anything goes.
+    logits[0, lens[0] - 1] = float("nan")
+    assert bench.check.replays_match(case, checked, logits, "graph") == ""
+    # Inside it, one unwritten element (still the poison), one rounding and a sign of zero.
+    saved = logits.clone()
+    logits[1, lens[0] - 1] = float("nan")
+    detail = bench.check.replays_match(case, checked, logits, "graph of 4 calls")
+    assert detail.startswith("graph of 4 calls: 1 of ") and "differ" in detail
+    logits.copy_(saved)
+    bits = logits.view(torch.int16 if logits.element_size() == 2 else torch.int32)
+    bits[2, 5] += 1
+    assert "1 of" in bench.check.replays_match(case, checked, logits, "graph")
+    logits.copy_(saved)
+    zero_row = 2 * 1 + 1
+    logits[zero_row, 0] = 0.0
+    checked_zero = bench.check.valid_bits(case, logits)
+    logits[zero_row, 0] = -0.0
+    assert "1 of" in bench.check.replays_match(case, checked_zero, logits, "graph")
+
+
 def test_dtype_choice_times_the_default_run_s_data_under_its_own_label() -> None:
     shapes = _bench().shapes
     default = shapes.IndexerShape("fp8", 8, 4096, 3, 64)

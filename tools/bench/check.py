@@ -119,3 +119,42 @@ def check_case(case: CaseData, result: torch.Tensor) -> CheckResult:
     elif not passed:
         detail = f"max error {worst:.3g} of the row magnitude exceeds {tolerance:.3g}"
     return CheckResult(passed, worst, tolerance, unwritten, detail)
+
+
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32}
+
+
+def valid_bits(case: CaseData, result: torch.Tensor) -> torch.Tensor:
+    """The valid elements of `result` (rotation set 0's output view) as raw integers, 1-D.
+
+    Compared as bits, so a NaN the op wrote compares equal to itself and -0.0 differs from 0.0.
+    """
+    n, width = case.shape.next_n, result.shape[1]
+    mask = valid_mask(case.sets[0].seq_lens, n, width)
+    return result.view(_SAME_WIDTH_INT[result.element_size()])[mask]
+
+
+def replays_match(case: CaseData, checked: torch.Tensor, result: torch.Tensor, timed: str) -> str:
+    """Compare what timed replays left in set 0's output with the checked eager call's bits.
+
+    The output was poisoned with NaN just before the timed replays (`before_samples`), so an
+    element the replays did not write, or wrote differently, shows here; the kernels are
+    deterministic, so the graph replays must repeat the checked call bit for bit.
+
+    Args:
+        case: The case.
+        checked: `valid_bits` of the eager call that passed `check_case`.
+        result: Set 0's output view after the timed replays.
+        timed: What was timed, for the message.
+
+    Returns:
+        "" when every valid element matches, else one line for a human.
+    """
+    got = valid_bits(case, result)
+    differing = int((got != checked).sum())
+    if not differing:
+        return ""
+    return (
+        f"{timed}: {differing} of {checked.numel()} valid elements differ from the checked "
+        "eager call's bits"
+    )

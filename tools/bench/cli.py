@@ -11,8 +11,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 
-from .check import check_case
+from .check import check_case, replays_match, valid_bits
 from .compare import compare_report
 from .data import GIB, CaseData, CaseTooLarge, build_case
 from .gather import KINDS, GatherCeiling, PagedGather, geometry_for
@@ -208,12 +209,15 @@ def time_gather(case: CaseData, kind: str, device: torch.device) -> GatherCeilin
     and lengths, replaying every rotation set like the op, so its pages come from HBM too."""
     shape = case.shape
     geometry = geometry_for(shape.op, shape.block_size, shape.head_dim)
-    gather = PagedGather(geometry, device, kind)
+    programmatic = fp8_sm90.programmatic_launch_enabled()  # as the ops launch
+    gather = PagedGather(geometry, device, kind, programmatic=programmatic)
     calls = [
         gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens) for inputs in case.sets
     ]
     timing = time_graph_replays(calls, min_samples=GATHER_MIN_SAMPLES, budget_s=GATHER_BUDGET_S)
-    return GatherCeiling(geometry.bytes_read(case.seq_lens), timing, gather.grid, kind)
+    return GatherCeiling(
+        geometry.bytes_read(case.seq_lens), timing, gather.grid, kind, programmatic
+    )
 
 
 def measure_gather(case: CaseData, device: torch.device) -> GatherCeiling:
@@ -247,16 +251,34 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         result.status, result.detail = FAIL, result.check.detail
         return result
     if device.type == "cuda":
+        checked = valid_bits(case, logits)
+
+        def poison() -> None:
+            first.out.fill_(float("nan"))
+
+        def recheck(timed: str) -> None:
+            """What the timed replays left in set 0's output must be the checked call's bits."""
+            mismatch = replays_match(case, checked, logits, timed)
+            if mismatch and result.status == PASS:
+                result.status, result.detail = FAIL, mismatch
+            result.replays_checked.append(timed)
+
         settle(device)  # the check's memory would otherwise slow the timing (timing.SETTLE_S)
         calls = [op_call(case, inputs) for inputs in case.sets]
         if shape.small_batch:
             # First, straight after the settle: timed after the graphs of many calls below,
             # they read up to 1.6x slower on the H200 (2026-11-29, still with windows of
             # different graphs, which drift: see time_single_replays).
-            result.single_replay = time_single_replays(calls[0])
-            result.single_replay_warm = time_single_replays(calls[0], cold=False)
+            result.single_replay = time_single_replays(calls[0], before_samples=poison)
+            recheck("one call per replay, after an L2 flush")
+            result.single_replay_warm = time_single_replays(
+                calls[0], cold=False, before_samples=poison
+            )
+            recheck("one call per replay, L2-warm")
             settle(device)
-        result.timing = time_graph_replays(calls)
+        result.timing = time_graph_replays(calls, before_samples=poison)
+        recheck(f"graph of {len(calls)} calls")
+        del checked
         if gather:
             try:
                 result.gather = measure_gather(case, device)

@@ -96,12 +96,15 @@ class GatherCeiling:
         timing: Per-call time over CUDA-graph replays of the case's rotation sets.
         grid: CTAs launched (SMs x resident CTAs per SM).
         kernel: Which gather kernel this is (`KINDS`): the faster one on the case.
+        programmatic: Launched with programmatic dependent launch, as the ops are unless
+            `FLASHINFER_PDL` turns it off (runs before 2026-12-06 launched without it).
     """
 
     bytes_read: int
     timing: Timing
     grid: int
     kernel: str = "loads"
+    programmatic: bool = False
 
     @property
     def bytes_per_s(self) -> float:
@@ -188,15 +191,27 @@ class PagedGather:
         geometry: Block geometry of the pools it will read.
         device: A CUDA device.
         kind: `"loads"` or `"copies"` (see the module docstring).
+        programmatic: Launch with programmatic dependent launch (both kernels wait for the
+            previous kernel in the stream before they read anything), as the ops do: in a
+            graph of back-to-back calls each launch then overlaps the end of the one before
+            for the gather as for the op.
     """
 
-    def __init__(self, geometry: GatherGeometry, device: torch.device, kind: str = "loads") -> None:
+    def __init__(
+        self,
+        geometry: GatherGeometry,
+        device: torch.device,
+        kind: str = "loads",
+        *,
+        programmatic: bool = False,
+    ) -> None:
         from flashinfer_jit import load_kernel, sm_count
 
         if kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
         self.geometry = geometry
         self.kind = kind
+        self.programmatic = programmatic
         if kind == "loads":
             self.kernel = load_kernel(gather_spec(geometry), device)
             per_sm = max(1, self.kernel.max_active_blocks_per_sm(THREADS))
@@ -262,7 +277,11 @@ class PagedGather:
 
             def launch_copies() -> torch.Tensor:
                 self.kernel.launch(
-                    self.grid, self.threads, *copies_args, shared_mem=self.shared_mem
+                    self.grid,
+                    self.threads,
+                    *copies_args,
+                    shared_mem=self.shared_mem,
+                    programmatic=self.programmatic,
                 )
                 return self.out
 
@@ -279,7 +298,7 @@ class PagedGather:
         )
 
         def launch() -> torch.Tensor:
-            self.kernel.launch(self.grid, THREADS, *args)
+            self.kernel.launch(self.grid, THREADS, *args, programmatic=self.programmatic)
             return self.out
 
         return launch

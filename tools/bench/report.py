@@ -48,6 +48,9 @@ class CaseResult:
             replay after an L2 flush (its pages from HBM).
         single_replay_warm: The same graph replayed over and over, so its pages, table and q
             stay in L2: the figure a benchmark that does not rotate reports.
+        replays_checked: The timings whose replays were checked after they ran: set 0's
+            output, poisoned with NaN before the timed replays, then compared bit for bit
+            with the checked eager call (`check.replays_match`). A mismatch makes the case FAIL.
         derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 
@@ -63,6 +66,7 @@ class CaseResult:
     gather_error: str = ""
     single_replay: Timing | None = None
     single_replay_warm: Timing | None = None
+    replays_checked: list[str] = field(default_factory=list)
     derived: dict[str, float | None] = field(default_factory=dict)
 
     def derive(self, copy_bw: float | None) -> None:
@@ -170,6 +174,7 @@ def _record(r: CaseResult) -> dict[str, object]:
         "single_replay_warm": None
         if r.single_replay_warm is None
         else asdict(r.single_replay_warm),
+        "replays_checked": r.replays_checked,
         "rotations": r.rotations,
         "pool_bytes": r.pool_bytes,
         **r.derived,

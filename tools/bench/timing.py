@@ -129,6 +129,7 @@ def time_graph_replays(
     *,
     min_samples: int = MIN_SAMPLES,
     budget_s: float = SAMPLE_BUDGET_S,
+    before_samples: Callable[[], object] | None = None,
 ) -> Timing:
     """Capture `calls` into one CUDA graph and time its replays with CUDA events.
 
@@ -140,6 +141,9 @@ def time_graph_replays(
         calls: Closures, one per rotation set; each launches one op call on the current stream.
         min_samples: Samples taken whatever the budget.
         budget_s: GPU seconds after which sampling stops (once `min_samples` are taken).
+        before_samples: Queued after the warm-up calls and replays, before the first timed
+            replay (the benchmark poisons an output there, so what the timed replays wrote
+            can be checked afterwards).
 
     Returns:
         The median (and spread) of replay time divided by `len(calls)`.
@@ -152,6 +156,8 @@ def time_graph_replays(
             call()
     for _ in range(WARMUP_REPLAYS):
         graph.replay()
+    if before_samples is not None:
+        before_samples()
     torch.cuda.synchronize()
 
     timer = SpinTimer(SPIN_CYCLES_PER_GRAPH)
@@ -189,7 +195,11 @@ def flush_l2(device: torch.device) -> None:
 
 
 def time_single_replays(
-    call: Callable[[], object], *, cold: bool = True, samples: int = SINGLE_REPLAY_SAMPLES
+    call: Callable[[], object],
+    *,
+    cold: bool = True,
+    samples: int = SINGLE_REPLAY_SAMPLES,
+    before_samples: Callable[[], object] | None = None,
 ) -> Timing:
     """Time one call per CUDA-graph replay: the small-batch target's measurement.
 
@@ -202,7 +212,8 @@ def time_single_replays(
     `time_graph_replays`, no call's launch or prologue hides under the previous call. The
     host's launch time is kept out: a spin kernel queued before the first event holds the
     stream until every replay is queued, and a sample whose queueing outlasted the spin is
-    refused (the spin is lengthened and the sample taken again).
+    refused (the spin is lengthened and the sample taken again). `before_samples` is queued
+    after the warm-up calls and replay, before the first timed one, as in `time_graph_replays`.
 
     One graph on purpose. On the H200 (2026-11-30), once a benchmark process had run some ten
     cases, a window of 32 different one-call graphs (one per rotation set, the form used up
@@ -216,6 +227,8 @@ def time_single_replays(
     with torch.cuda.graph(graph):
         call()
     graph.replay()
+    if before_samples is not None:
+        before_samples()
     torch.cuda.synchronize()
 
     window = 1 if cold else SINGLE_REPLAY_WINDOW

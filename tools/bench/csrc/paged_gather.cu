@@ -121,6 +121,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS_PER_SM)
   __shared__ int prefix[CHUNK + 1];  // exclusive block-count prefix of the chunk's requests
   __shared__ int lengths[CHUNK];
   __shared__ int warp_totals[WARPS];
+  // Launched with programmatic dependent launch where the ops are (a launch without it
+  // passes both at once): the next launch may start now, and nothing is read before the
+  // previous kernel in the stream has completed, as in the logits kernels.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int lane = threadIdx.x % 32, warp_in_cta = threadIdx.x / 32;
   const int64_t total_warps = int64_t(gridDim.x) * WARPS;
   const int64_t warp = int64_t(blockIdx.x) * WARPS + warp_in_cta;

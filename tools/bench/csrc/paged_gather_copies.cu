@@ -45,6 +45,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   int* slot_tokens = reinterpret_cast<int*>(empty + STAGES);
   __shared__ uint32_t warp_xor[2 * kProducers];
 
+  // Programmatic dependent launch as in the logits kernels (see paged_gather.cu): the barrier
+  // setup overlaps the previous kernel, the block list is read after it has completed.
+  pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int begin = static_cast<int>(static_cast<int64_t>(num_blocks) * blockIdx.x / gridDim.x);
   const int end = static_cast<int>(static_cast<int64_t>(num_blocks) * (blockIdx.x + 1) / gridDim.x);
@@ -56,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
     fence_barrier_init();
   }
+  pdl_wait();
   __syncthreads();
 
   uint32_t acc = 0;
