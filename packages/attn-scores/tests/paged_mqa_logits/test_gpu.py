@@ -86,6 +86,17 @@ def absolute_floor(output_dtype, epi_dtype=torch.float32, num_heads=64) -> float
     return floor
 
 
+def fp4_per_token(case, output_dtype, epi_dtype=torch.float32, interleaved=False) -> dict:
+    """`assert_rows_close`'s (and `check_result`'s) per-token keywords for an MXFP4 case, as
+    `test_fp4_matches_reference` passes them: its tokens' largest group scales lie binades
+    apart in one row (up to 8 in `make_fp4_case`'s default exponent range), so each token's
+    2^(M - 127) is divided out before the row bound applies, with `absolute_floor` added."""
+    return {
+        "column_scale": case.token_scales(interleaved),
+        "abs_floor": absolute_floor(output_dtype, epi_dtype, case.q64.shape[2]),
+    }
+
+
 def tolerance(output_dtype, epi_dtype=torch.float32, acc_dtype=torch.float32) -> float:
     return max(
         TOLERANCES["output"][output_dtype],
@@ -237,6 +248,12 @@ class Variant:
 
     def args(self, case) -> tuple:
         return case.fp8_args() if self.name == "fp8" else case.fp4_args()
+
+    def per_token(self, case, output_dtype, epi_dtype=torch.float32, interleaved=False) -> dict:
+        """fp4: `fp4_per_token` (each token held to its own size); fp8: none, the row bound."""
+        if self.name == "fp8":
+            return {}
+        return fp4_per_token(case, output_dtype, epi_dtype, interleaved)
 
 
 VARIANTS = {
@@ -577,7 +594,9 @@ def test_many_short_requests_per_cta(variant, epi_dtype, next_n, batch):
     got = op(*args, out=out, epi_dtype=epi_dtype)
     expected = reference(*args)
     magnitude = magnitude_of(reference, args)
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(dtype, epi_dtype), magnitude)
+    tol = tolerance(dtype, epi_dtype)
+    per_token = kind.per_token(case, dtype, epi_dtype)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, **per_token)
 
 
 @pytest.mark.parametrize("next_n", [2, 4])
@@ -618,7 +637,9 @@ def test_a_nan_weight_reaches_exactly_its_row(variant, epi_dtype, next_n):
     others = valid & ~in_poisoned_row
     assert not torch.isnan(expected[others]).any()
     magnitude = magnitude_of(reference, args)
-    assert_rows_close(got, expected, others, tolerance(torch.float32, epi_dtype), magnitude)
+    tol = tolerance(torch.float32, epi_dtype)
+    per_token = kind.per_token(case, torch.float32, epi_dtype)
+    assert_rows_close(got, expected, others, tol, magnitude, **per_token)
 
 
 def test_fp8_spec_example_on_gpu():
@@ -826,7 +847,8 @@ def test_batch_invariant(variant, next_n):
     # itself is checked against the float64 reference.
     args = kind.args(case)
     expected, magnitude = kind.reference(*args), magnitude_of(kind.reference, args)
-    assert_rows_close(whole, expected, mask, tolerance(kind.output_dtype), magnitude)
+    per_token = kind.per_token(case, kind.output_dtype)  # fp4: each token to its own size
+    assert_rows_close(whole, expected, mask, tolerance(kind.output_dtype), magnitude, **per_token)
     for b in range(batch):
         rows = slice(b * next_n, (b + 1) * next_n)
         alone = call([b])
@@ -904,7 +926,12 @@ def test_negative_schedule_rows_stay_inside_the_problem(variant):
     assert (big[guard : guard + case.rows, padded:] == UNTOUCHED).all(), "written past the row"
     mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
     assert_rows_close(
-        got, kind.reference(*args), mask, tolerance(dtype), magnitude_of(kind.reference, args)
+        got,
+        kind.reference(*args),
+        mask,
+        tolerance(dtype),
+        magnitude_of(kind.reference, args),
+        **kind.per_token(case, dtype),
     )
 
 
@@ -951,6 +978,7 @@ def test_a_block_id_outside_the_pool_costs_only_its_positions(
     flags = {"is_kv_sf_interleaved": True} if interleaved else {}
     expected = kind.reference(*kind.args(case), **flags)
     magnitude = magnitude_of(kind.reference, kind.args(case), **flags)
+    per_token = kind.per_token(case, torch.float32, interleaved=interleaved)  # intact table
     # request 0's positions [block_size, 2 * block_size)
     case.block_tables[0, 1] = BAD_BLOCK_IDS[bad_id](case.kv_fused.shape[0])
     out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
@@ -959,7 +987,7 @@ def test_a_block_id_outside_the_pool_costs_only_its_positions(
     assert_nothing_written_around(out.cpu(), case.rows, case.max_seq_len)
     mask = valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len)
     mask[:next_n, block_size : 2 * block_size] = False
-    assert_rows_close(got, expected, mask, tolerance(torch.float32), magnitude)
+    assert_rows_close(got, expected, mask, tolerance(torch.float32), magnitude, **per_token)
 
 
 def past_the_clamp_schedule(seq_lens: torch.Tensor, next_n: int, variant: str) -> torch.Tensor:
@@ -1024,7 +1052,10 @@ def test_a_length_past_max_seq_len_writes_only_inside_out(variant, schedule, mon
     assert (big[guard : guard + case.rows, padded:] == UNTOUCHED).all(), "written past the row"
     mask = valid_mask(case.seq_lens.cpu(), next_n, max_seq_len)
     assert mask[2:4].all() and mask[12:14].all()  # every position of the long requests' rows
-    assert_rows_close(got, expected, mask, tolerance(dtype), magnitude)
+    per_token = kind.per_token(case, dtype)
+    if per_token:  # fp4: the token scales of the first max_seq_len positions, as `expected`
+        per_token["column_scale"] = per_token["column_scale"][:, :max_seq_len]
+    assert_rows_close(got, expected, mask, tolerance(dtype), magnitude, **per_token)
 
 
 def in_another_pool(case, *, layers: int = 1, layer: int = 0, min_pool_bytes: int = 0):
@@ -1075,7 +1106,8 @@ def test_blocks_of_another_pool_layout(variant, block_size, pool):
     moved[kind.kv_index], moved[kind.table_index] = kv_fused, tables
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
     got = call(*moved, out=out)
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(output_dtype), magnitude)
+    tol, per_token = tolerance(output_dtype), kind.per_token(case, output_dtype)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, **per_token)
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
@@ -1103,7 +1135,8 @@ def test_a_negative_length_leaves_the_other_requests_intact(variant):
     moved = [with_negatives if a is case.seq_lens else a for a in args]
     out = poisoned_out(case.rows, case.max_seq_len, output_dtype)
     got = call(*moved, out=out)
-    check_result(got, out, expected, case.seq_lens, 1, tolerance(output_dtype), magnitude)
+    tol, per_token = tolerance(output_dtype), kind.per_token(case, output_dtype)
+    check_result(got, out, expected, case.seq_lens, 1, tol, magnitude, **per_token)
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
@@ -1196,4 +1229,7 @@ def test_cuda_graph_replay_follows_new_seq_lens(variant, validate, monkeypatch):
     got = out[: case.rows, :max_seq_len]
     expected = reference(*args)  # args hold the same seq_lens tensor, now with new contents
     magnitude = magnitude_of(reference, args)
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(dtype), magnitude)
+    per_token = kind.per_token(case, dtype)  # fp4: the token scales at the new lengths
+    check_result(
+        got, out, expected, case.seq_lens, next_n, tolerance(dtype), magnitude, **per_token
+    )

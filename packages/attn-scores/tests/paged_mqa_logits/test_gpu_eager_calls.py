@@ -53,6 +53,7 @@ def check(variant, case, got, out, next_n=2):
         next_n,
         tolerance(kind.output_dtype),
         magnitude_of(reference, args),
+        **kind.per_token(case, kind.output_dtype),
     )
 
 
@@ -80,7 +81,8 @@ def test_without_out_every_call_gets_its_own_storage(variant, prepares):
         args = kind.args(case)
         mask = valid_mask(case.seq_lens.cpu(), case.next_n, case.max_seq_len)
         magnitude = magnitude_of(kind.reference, args)
-        assert_rows_close(got, kind.reference(*args), mask, tolerance(kind.output_dtype), magnitude)
+        tol, per_token = tolerance(kind.output_dtype), kind.per_token(case, kind.output_dtype)
+        assert_rows_close(got, kind.reference(*args), mask, tol, magnitude, **per_token)
 
 
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])

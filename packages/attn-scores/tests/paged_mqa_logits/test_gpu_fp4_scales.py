@@ -219,7 +219,10 @@ def test_ue8m0_extremes_0_and_254():
 def test_ue8m0_byte_255_reads_as_2_to_the_128(block_size, interleaved):
     """OCP MX reserves byte 255 for NaN; here it is the exponent 128 (docs/layouts.md), in the
     kernel as in the reference. k groups up to 2^128 against q near 2^-127, the mirror image,
-    and a request whose every k group is at 2^128."""
+    and a request whose every k group is at 2^128. Per token, in units of 2^-120 (as
+    `test_ue8m0_extremes_0_and_254`): a token whose largest byte is 255 is divided by 2^128
+    (finite in float64, as the reference decodes it), and requests 0 and 1 have tokens up to
+    6 and 12 binades apart, so the smaller ones are held to their own size."""
     gen = torch.Generator().manual_seed(12)
     case = make_fp4_case(
         [300, 257, 64],
@@ -235,12 +238,26 @@ def test_ue8m0_byte_255_reads_as_2_to_the_128(block_size, interleaved):
     scale_bytes = case.kv_fused.view(case.kv_fused.shape[0], -1)[:, block_size * 64 :]
     assert (scale_bytes == 255).any() and (case.q_sf.view(torch.uint8) == 255).any()
     case = case.to("cuda")
+    # Divided by their tokens' 2^122-2^128, the magnitudes of requests 0 and 2 are near
+    # 2^-111, under assert_rows_close's 1e-30 floor of a row's magnitude: without the unit
+    # their rows would pass whatever the kernel wrote.
+    unit = 2.0**-120
     for output_dtype in (torch.float32, torch.bfloat16):
         got, out = run(case, output_dtype, interleaved=interleaved)
         args = case.fp4_args()
         expected = fp4_paged_mqa_logits_reference(*args, is_kv_sf_interleaved=interleaved)
         size = magnitude(args, interleaved)
-        check_result(got, out, expected, case.seq_lens, 1, tolerance(output_dtype), size)
+        check_result(
+            got.double() / unit,
+            out,
+            expected / unit,
+            case.seq_lens,
+            1,
+            tolerance(output_dtype),
+            size / unit,
+            column_scale=case.token_scales(interleaved),
+            abs_floor=absolute_floor(output_dtype) / unit,
+        )
 
 
 def case_from_codes(
@@ -428,7 +445,9 @@ def test_spec_zero_placeholder_example_on_gpu():
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_fp4_precomputed_schedule_and_random_magnitudes(interleaved):
-    """A caller-built schedule (variant='fp4') gives the same bits as the internal one."""
+    """A caller-built schedule (variant='fp4') gives the same bits as the internal one, and
+    those match the reference per token (group scales 120-128: tokens up to 8 binades apart
+    in one row)."""
     case = make_fp4_case(
         [4000, 0, 130, 2500],
         next_n=4,
@@ -455,6 +474,8 @@ def test_fp4_precomputed_schedule_and_random_magnitudes(interleaved):
         mask.cpu(),
         tolerance(torch.bfloat16),
         magnitude(args, interleaved),
+        column_scale=case.token_scales(interleaved),
+        abs_floor=absolute_floor(torch.bfloat16),
     )
 
 

@@ -17,7 +17,7 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
     valid_mask,
 )
 from flashinfer_schedule import padded_seq_len
-from test_gpu import magnitude_of, tolerance
+from test_gpu import fp4_per_token, magnitude_of, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -112,6 +112,7 @@ def test_fp4_in_kernel_rows_equal_the_schedule_helper(batch_size, mix):
             mask,
             tolerance(torch.float32),
             magnitude_of(fp4_paged_mqa_logits_reference, args),
+            **fp4_per_token(case, torch.float32),
         )
 
 
@@ -136,10 +137,12 @@ def test_in_kernel_rows_with_fewer_threads_and_strided_lengths(variant, next_n, 
         fp8_paged_mqa_logits_reference if variant == "fp8" else fp4_paged_mqa_logits_reference
     )
     args = case.fp8_args() if variant == "fp8" else case.fp4_args()
+    per_token = {} if variant == "fp8" else fp4_per_token(case, torch.float32)
     assert_rows_close(
         got,
         reference(*args),
         valid_mask(case.seq_lens.cpu(), next_n, case.max_seq_len),
         tolerance(torch.float32),
         magnitude_of(reference, args),
+        **per_token,
     )

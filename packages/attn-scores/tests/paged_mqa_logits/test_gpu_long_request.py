@@ -13,7 +13,7 @@ import flashinfer_attn_scores as fa
 import pytest
 import torch
 from attn_scores_cases import make_fp4_case, make_fp8_case
-from test_gpu import check_result, poisoned_out, tolerance
+from test_gpu import check_result, fp4_per_token, poisoned_out, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -38,4 +38,6 @@ def test_fp4_million_token_request_interleaved_scales():
     out = poisoned_out(case.rows, case.max_seq_len, torch.bfloat16)
     got = fa.fp4_paged_mqa_logits(*case.fp4_args(), is_kv_sf_interleaved=True, out=out)
     magnitude = case.expected(abs_weights=True)
-    check_result(got, out, case.expected(), case.seq_lens, 1, tolerance(torch.bfloat16), magnitude)
+    tol = tolerance(torch.bfloat16)
+    per_token = fp4_per_token(case, torch.bfloat16, interleaved=True)  # slot -> token order
+    check_result(got, out, case.expected(), case.seq_lens, 1, tol, magnitude, **per_token)

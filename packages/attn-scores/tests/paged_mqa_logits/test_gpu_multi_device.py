@@ -25,6 +25,7 @@ from test_gpu import (
     assert_nothing_written,
     check_result,
     fp4_case,
+    fp4_per_token,
     fp8_case,
     magnitude_of,
     poisoned_out,
@@ -78,9 +79,11 @@ def check_fp8(case, got, out, next_n):
 
 
 def check_fp4(case, got, out, next_n):
+    """Per token (`fp4_per_token`), at the case's current lengths."""
     expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
     magnitude = magnitude_of(fp4_paged_mqa_logits_reference, case.fp4_args())
-    check_result(got, out, expected, case.seq_lens, next_n, tolerance(torch.bfloat16), magnitude)
+    tol, per_token = tolerance(torch.bfloat16), fp4_per_token(case, torch.bfloat16)
+    check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, **per_token)
 
 
 @pytest.mark.parametrize("current", [0, 1])

@@ -17,7 +17,15 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (
     fp4_paged_mqa_logits_reference,
     fp8_paged_mqa_logits_reference,
 )
-from test_gpu import EDGE_LENGTHS, MAX_SEQ_LEN, check_result, magnitude_of, poisoned_out, tolerance
+from test_gpu import (
+    EDGE_LENGTHS,
+    MAX_SEQ_LEN,
+    check_result,
+    fp4_per_token,
+    magnitude_of,
+    poisoned_out,
+    tolerance,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -92,6 +100,9 @@ def test_threads_calling_at_once(variant, own_stream):
         args = args_of(case)
         expected = reference(*args)
         magnitude = magnitude_of(reference, args)
+        per_token = {} if variant == "fp8" else fp4_per_token(case, dtype)
         assert len(got_list) == CALLS_PER_THREAD
         for got, out in zip(got_list, out_list):
-            check_result(got, out, expected, case.seq_lens, 2, tolerance(dtype), magnitude)
+            check_result(
+                got, out, expected, case.seq_lens, 2, tolerance(dtype), magnitude, **per_token
+            )
