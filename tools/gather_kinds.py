@@ -1,4 +1,5 @@
-"""The benchmark's two paged-gather ceiling kernels on the same cases, twice each, interleaved.
+"""The benchmark's two paged-gather ceiling kernels on the same cases, twice each, interleaved,
+each launched without and with programmatic dependent launch (PDL).
 
     PYTHONPATH=packages/layouts/src:packages/jit/src:packages/schedule/src:packages/attn-scores/src:tools \\
         python tools/gather_kinds.py
@@ -6,7 +7,9 @@
 `tools/bench` times both kernels (`bench.gather.KINDS`) on every case and keeps the faster as
 the case's read-only ceiling. This prints both, as fractions of a copy measured in the same
 run, on large, mid-size and small fp8 / fp4 cases at next_n 1 (the cases the benchmark builds:
-lengths 0.7-1.3 of L, shuffled blocks in a pool well beyond L2, rotation sets).
+lengths 0.7-1.3 of L, shuffled blocks in a pool well beyond L2, rotation sets). Up to the
+thirty-sixth run the benchmark launched the gathers without PDL and the ops with it; the
+`pdl` cells show what that difference was worth.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ def main() -> None:
         cells = []
         for _ in range(2):
             for kind in KINDS:
-                ceiling = time_gather(case, kind, device)
-                cells.append(
-                    f"{kind} {ceiling.timing.median_us:7.1f} {ceiling.bytes_per_s / copy:5.3f}"
-                )
+                for programmatic in (False, True):
+                    ceiling = time_gather(case, kind, device, programmatic)
+                    label = kind + (" pdl" if programmatic else "")
+                    cells.append(
+                        f"{label} {ceiling.timing.median_us:7.1f} {ceiling.bytes_per_s / copy:5.3f}"
+                    )
         print(f"{op} B {batch:3d} L {avg_len:5d} block {block_size:3d}: " + " | ".join(cells))
         del case
         torch.cuda.empty_cache()

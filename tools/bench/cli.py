@@ -204,12 +204,16 @@ def run_ceilings(copy_start: float, copy_end: float | None = None) -> dict[str, 
     return {"copy": copy, "copy_start": copy_start, "copy_end": copy_end}
 
 
-def time_gather(case: CaseData, kind: str, device: torch.device) -> GatherCeiling:
+def time_gather(
+    case: CaseData, kind: str, device: torch.device, programmatic: bool | None = None
+) -> GatherCeiling:
     """Time one read-only gather kernel (`bench.gather.KINDS`) on the case's own pool, tables
-    and lengths, replaying every rotation set like the op, so its pages come from HBM too."""
+    and lengths, replaying every rotation set like the op, so its pages come from HBM too.
+    `programmatic`: launch with programmatic dependent launch; None, as the ops launch."""
     shape = case.shape
     geometry = geometry_for(shape.op, shape.block_size, shape.head_dim)
-    programmatic = fp8_sm90.programmatic_launch_enabled()  # as the ops launch
+    if programmatic is None:
+        programmatic = fp8_sm90.programmatic_launch_enabled()
     gather = PagedGather(geometry, device, kind, programmatic=programmatic)
     calls = [
         gather.launcher(case.kv_fused, inputs.block_tables, inputs.seq_lens) for inputs in case.sets
