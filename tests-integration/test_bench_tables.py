@@ -33,6 +33,7 @@ RUN29_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-02-run29.json"
 RUN34_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run34.json"
 RUN35_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run35.json"
 RUN36_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run36.json"
+RUN37_JSON = REPO / "docs" / "assets" / "bench" / "h100-2026-12-06-run37.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
@@ -569,6 +570,7 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
+    (RUN37_JSON, [PERFORMANCE_MD]),
     (RUN36_JSON, [PERFORMANCE_MD]),
     (RUN35_JSON, [HISTORY_MD]),
     (RUN34_JSON, [HISTORY_MD]),
@@ -870,3 +872,10 @@ def test_a_run_off_the_h200_gets_no_verdict_against_the_peer(payload) -> None:
     flushed = next(line for line in summary.splitlines() if "(after an L2 flush)" in line)
     assert "(target 1.25x" not in flushed
     assert "(no verdict: the peer was timed on an NVIDIA H200, this run on NVIDIA H100" in flushed
+    assert summary.startswith(
+        "- No speed-up below gets a verdict: the peer was timed on an NVIDIA H200, this run on "
+        "NVIDIA H100 80GB HBM3."
+    )
+    assert "No speed-up below" not in t.summary_lines(payload)
+    assert "| peer (block 64, H200, PERFORMANCE.md) |" in t.op_table(h100, "fp8")
+    assert "| peer (block 64, PERFORMANCE.md) |" in t.op_table(payload, "fp8")

@@ -284,7 +284,9 @@ def op_table(payload: Mapping[str, Any], op: str) -> str:
     peer = op == "fp8"
     header = ["next_n", "B", "L"] + [f"block {b}" for b in blocks]
     if peer:
-        header.append(f"peer (block {PEER_BLOCK_SIZE}, PERFORMANCE.md)")
+        # The peer's times are H200 times: said in the header when this run is on another card.
+        card = "" if peer_device_mismatch(payload) is None else f"{PEER_DEVICE}, "
+        header.append(f"peer (block {PEER_BLOCK_SIZE}, {card}PERFORMANCE.md)")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for next_n, batch, avg_len in _rows(payload, op):
         cells = [str(next_n), str(batch), length_label(avg_len)]
@@ -702,6 +704,13 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
     """The peer speed-up and the fp4 / fp8 token-rate ratio as a markdown list."""
     items = []
     speedups = peer_speedups(payload)
+    mismatch = peer_device_mismatch(payload)
+    if speedups and mismatch:
+        items.append(
+            f"No speed-up below gets a verdict: {mismatch}. The plain time ratios compare the "
+            "two cards as much as the two kernels; the second line, rescaled by the copy "
+            "bandwidths, is the one that puts both under one byte model."
+        )
     if speedups:
         low, high = _lowest_and_highest(speedups)
         items.append(
@@ -739,7 +748,6 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
         if replaced:
             mean = geomean(one_replay.values())
             # Pages in L2 overstate (PERFORMANCE.md): no verdict on that reading.
-            mismatch = peer_device_mismatch(payload)
             # After a flush every one-replay time here was slower than the same shape's graph
             # of many calls, so keeping those for the other shapes flatters the mean; an
             # L2-warm replay can be the faster of the two, so no such claim for it.
