@@ -195,24 +195,31 @@ def test_ue8m0_extremes_0_and_254():
     _set_request_exponents(case, 1, [0, 6], (248, 254), gen)  # the mirror image
     _set_request_exponents(case, 2, [248], (0, 6), gen)
     case = case.to("cuda")
-    # Per token, in units of 2^-120 (as check_against_expectation): request 0's tokens at 2^0
+    # Per token, in units of 2^-120 (check_per_token_in_units): request 0's tokens at 2^0
     # against q near 2^-127 give logits near 2^-106, which a row bound set by its tokens at
     # 2^121 would cover whole; those at 2^-127 underflow, which the absolute floor accepts.
-    unit = 2.0**-120
     for output_dtype in (torch.float32, torch.bfloat16):
         got, out = run(case, output_dtype)
         expected = fp4_paged_mqa_logits_reference(*case.fp4_args())
-        check_result(
-            got.double() / unit,
-            out,
-            expected / unit,
-            case.seq_lens,
-            1,
-            tolerance(output_dtype),
-            magnitude(case.fp4_args()) / unit,
-            column_scale=case.token_scales(),
-            abs_floor=absolute_floor(output_dtype) / unit,
-        )
+        check_per_token_in_units(case, got, out, expected, magnitude(case.fp4_args()), output_dtype)
+
+
+def check_per_token_in_units(
+    case, got, out, expected, size, output_dtype, interleaved=False, unit=2.0**-120
+):
+    """`check_result` per token (next_n 1), every figure divided by `unit` first, so that rows
+    whose magnitude is far below `assert_rows_close`'s 1e-30 floor are still compared."""
+    check_result(
+        got.double() / unit,
+        out,
+        expected / unit,
+        case.seq_lens,
+        1,
+        tolerance(output_dtype),
+        size / unit,
+        column_scale=case.token_scales(interleaved),
+        abs_floor=absolute_floor(output_dtype) / unit,
+    )
 
 
 @pytest.mark.parametrize(("block_size", "interleaved"), [(64, False), (128, True)])
@@ -240,24 +247,13 @@ def test_ue8m0_byte_255_reads_as_2_to_the_128(block_size, interleaved):
     case = case.to("cuda")
     # Divided by their tokens' 2^122-2^128, the magnitudes of requests 0 and 2 are near
     # 2^-111, under assert_rows_close's 1e-30 floor of a row's magnitude: without the unit
-    # their rows would pass whatever the kernel wrote.
-    unit = 2.0**-120
+    # (2^-120) their rows would pass whatever the kernel wrote.
     for output_dtype in (torch.float32, torch.bfloat16):
         got, out = run(case, output_dtype, interleaved=interleaved)
         args = case.fp4_args()
         expected = fp4_paged_mqa_logits_reference(*args, is_kv_sf_interleaved=interleaved)
         size = magnitude(args, interleaved)
-        check_result(
-            got.double() / unit,
-            out,
-            expected / unit,
-            case.seq_lens,
-            1,
-            tolerance(output_dtype),
-            size / unit,
-            column_scale=case.token_scales(interleaved),
-            abs_floor=absolute_floor(output_dtype) / unit,
-        )
+        check_per_token_in_units(case, got, out, expected, size, output_dtype, interleaved)
 
 
 def case_from_codes(
