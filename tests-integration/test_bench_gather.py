@@ -307,3 +307,39 @@ def test_copies_launch_arguments_and_grid_without_a_gpu(monkeypatch: pytest.Monk
     assert launches[1][4] is True
     with pytest.raises(ValueError, match="kind: expected one of"):
         gather.PagedGather(geometry, torch.device("cpu"), "ldg")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["loads", "copies"])
+def test_a_programmatic_gather_writes_out_only_after_the_previous_one_finished(kind) -> None:
+    """A long gather, then a short one from the same `PagedGather` (one `out`), with PDL and
+    no synchronisation between them: the short one may start early, but it must wait for the
+    long one before it writes, so `out` ends as the short one alone leaves it."""
+    gather = _bench().gather
+    device = torch.device("cuda")
+    block_size = 64
+    geometry = gather.geometry_for("fp8", block_size, 128)
+    gen = torch.Generator().manual_seed(7)
+    num_blocks = 16384  # 138 MB of pages: the long gather takes tens of microseconds
+    pool = torch.randint(
+        0,
+        256,
+        (num_blocks, block_size, 1, geometry.value_bytes + 4),
+        generator=gen,
+        dtype=torch.uint8,
+    ).to(device)
+    long_table = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(128, 128).to(device)
+    long_lens = torch.full((128,), 128 * block_size, dtype=torch.int32, device=device)
+    short_table = torch.tensor([[5]], dtype=torch.int32, device=device)
+    short_lens = torch.tensor([1], dtype=torch.int32, device=device)
+
+    runner = gather.PagedGather(geometry, device, kind, programmatic=True)
+    run_long = runner.launcher(pool, long_table, long_lens)
+    run_short = runner.launcher(pool, short_table, short_lens)
+    short_alone = run_short().clone()
+    torch.cuda.synchronize()
+    for _ in range(5):
+        run_long()
+        run_short()
+        torch.cuda.synchronize()
+        assert torch.equal(runner.out, short_alone)

@@ -493,6 +493,11 @@ def test_run_description_and_full_report(payload) -> None:
     assert "NVIDIA H200 (132 SMs, 60 MiB L2)" in text
     assert "device copy ceiling 4.13 TB/s" in text
     assert text.endswith("8 of 9 cases PASS the float64 check.")
+    # Runs since 2026-12-06 record which timings' replays were checked, and say so.
+    rechecked = {**payload, "results": [{**r, "replays_checked": []} for r in payload["results"]]}
+    assert t.run_description(rechecked).endswith(
+        "8 of 9 cases PASS the float64 check and the check of their timed replays."
+    )
     payload["complete"] = False
     assert "`complete` is false" in t.run_description(payload)
     report = t.markdown_report(payload)

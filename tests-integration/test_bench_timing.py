@@ -68,3 +68,91 @@ def test_graph_replays_hold_no_host_launch() -> None:
     alone_us = _spin_alone_us(cycles)
     measured = timing.time_graph_replays([lambda: torch.cuda._sleep(cycles)], min_samples=10)
     assert alone_us * 0.95 <= measured.median_us <= alone_us + 5.0, (measured, alone_us)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("timer", ["graph of many calls", "one replay cold", "one replay warm"])
+def test_before_samples_runs_after_every_eager_call_and_before_the_timed_replays(timer) -> None:
+    """The benchmark poisons its output in `before_samples` and checks what the timed replays
+    wrote: the hook must come after the last eager run of the closure (warm-up and capture)
+    and before the first timed replay."""
+    timing = _timing()
+    counter = torch.zeros(1, dtype=torch.int64, device="cuda")
+    host_calls = []
+    calls_at_hook = []
+
+    def call() -> None:
+        host_calls.append(1)  # runs eagerly and once at capture, never in a replay
+        counter.add_(1)
+
+    def hook() -> None:
+        calls_at_hook.append(len(host_calls))
+        counter.zero_()
+
+    if timer == "graph of many calls":
+        measured = timing.time_graph_replays(
+            [call], min_samples=5, budget_s=0.0, before_samples=hook
+        )
+        per_sample = 1
+    else:
+        cold = timer == "one replay cold"
+        measured = timing.time_single_replays(call, cold=cold, samples=5, before_samples=hook)
+        per_sample = 1 if cold else timing.SINGLE_REPLAY_WINDOW
+    torch.cuda.synchronize()
+    assert calls_at_hook == [len(host_calls)]  # once, after every eager run and the capture
+    assert len(host_calls) == timing.WARMUP_CALLS + 1
+    # Every timed replay ran after the hook (a refused sample repeats its replays).
+    replays = int(counter.item())
+    assert replays >= measured.samples * per_sample and replays % per_sample == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("batch", "avg_len", "fault", "failed_timing"),
+    [
+        (2, 4096, "perturb", "one call per replay, after an L2 flush"),  # a small batch
+        (16, 2048, "perturb", "graph of"),
+        (16, 2048, "skip", "graph of"),
+    ],
+)
+def test_run_case_fails_a_case_whose_timed_replays_differ_from_the_checked_call(
+    monkeypatch, batch, avg_len, fault, failed_timing
+) -> None:
+    """Set 0's eager call is honest and passes the float64 check; the closure that is then
+    timed adds 1 to one valid logit ("perturb") or launches nothing ("skip"). The case must
+    FAIL, naming the first timing whose replays were checked."""
+    from bench import cli
+
+    honest = cli.op_call
+    made_for_set_0 = []
+
+    def faulty_op_call(case, inputs):
+        call = honest(case, inputs)
+        if inputs is not case.sets[0]:
+            return call
+        made_for_set_0.append(1)
+        if len(made_for_set_0) == 1:
+            return call  # the eager call that run_case checks against the reference
+        if fault == "skip":
+            return lambda: inputs.out
+
+        def perturbed():
+            result = call()
+            inputs.out[0, 0].add_(1.0)  # row 0, position 0: valid for every length >= 1
+            return result
+
+        return perturbed
+
+    monkeypatch.setattr(cli, "op_call", faulty_op_call)
+    shape = cli.IndexerShape("fp8", batch, avg_len, 1, 64)
+    result = cli.run_case(shape, torch.device("cuda"), gather=False)
+    assert result.check is not None and result.check.passed
+    assert result.status == cli.FAIL, result.detail
+    assert result.detail.startswith(failed_timing) and "differ from the checked" in result.detail
+    assert result.replays_checked  # the timing that failed is listed
+
+    monkeypatch.setattr(cli, "op_call", honest)
+    result = cli.run_case(shape, torch.device("cuda"), gather=False)
+    assert result.status == cli.PASS, result.detail
+    expected = 3 if shape.small_batch else 1
+    assert len(result.replays_checked) == expected

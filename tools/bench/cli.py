@@ -261,7 +261,7 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
             first.out.fill_(float("nan"))
 
         def recheck(timed: str) -> None:
-            """What the timed replays left in set 0's output must be the checked call's bits."""
+            """What the last timed replay left in set 0's output must be the checked call's bits."""
             mismatch = replays_match(case, checked, logits, timed)
             if mismatch and result.status == PASS:
                 result.status, result.detail = FAIL, mismatch
@@ -281,14 +281,13 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
             recheck("one call per replay, L2-warm")
             settle(device)
         result.timing = time_graph_replays(calls, before_samples=poison)
-        recheck(f"graph of {len(calls)} calls")
-        del checked
-        if gather:
+        if gather:  # straight after the op's timing, as before the replay check (it writes no out)
             try:
                 result.gather = measure_gather(case, device)
             except Exception as exc:  # the op's own measurement stands; report the ceiling's
                 traceback.print_exc()
                 result.gather_error = f"{type(exc).__name__}: {exc}"
+        recheck(f"graph of {len(calls)} calls")
     else:
         result.timing = time_host(op_call(case, first))
     return result

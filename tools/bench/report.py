@@ -32,11 +32,12 @@ class CaseResult:
 
     Attributes:
         shape: The case.
-        status: PASS (checked, then timed), FAIL (wrong result, not timed), "kernel not
-            built", a skip or "error".
+        status: PASS (checked, then timed, then its replays checked), FAIL (a wrong eager
+            result, not timed; or timed replays that did not repeat the checked call's bits,
+            timed), "kernel not built", a skip or "error".
         work: Byte and FLOP model of the call, when the data was built.
         check: The correctness check, when it ran.
-        timing: The timing, only for checked results.
+        timing: The timing, only for results that passed the float64 check.
         rotations: Rotation sets replayed per sample.
         pool_bytes: Size of the page pool.
         detail: Human-readable reason for anything but PASS.
@@ -49,8 +50,9 @@ class CaseResult:
         single_replay_warm: The same graph replayed over and over, so its pages, table and q
             stay in L2: the figure a benchmark that does not rotate reports.
         replays_checked: The timings whose replays were checked after they ran: set 0's
-            output, poisoned with NaN before the timed replays, then compared bit for bit
-            with the checked eager call (`check.replays_match`). A mismatch makes the case FAIL.
+            output, poisoned with NaN before the timed replays, holds what the last timed
+            replay wrote, compared bit for bit with the checked eager call
+            (`check.replays_match`). A mismatch makes the case FAIL.
         derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 

@@ -708,8 +708,8 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
     if speedups and mismatch:
         items.append(
             f"No speed-up below gets a verdict: {mismatch}. The plain time ratios compare the "
-            "two cards as much as the two kernels; the second line, rescaled by the copy "
-            "bandwidths, is the one that puts both under one byte model."
+            "two cards as much as the two kernels; the second line rescales the ratios of the "
+            "peer's bandwidth-bound shapes by the two copy bandwidths and keeps the others."
         )
     if speedups:
         low, high = _lowest_and_highest(speedups)
@@ -939,6 +939,8 @@ def run_description(payload: Mapping[str, Any]) -> str:
     if copy:
         text += f"device copy ceiling {copy / 1e12:.2f} TB/s (bytes read plus written); "
     text += f"{passed} of {len(statuses)} cases PASS the float64 check"
+    if any("replays_checked" in r for r in payload["results"]):  # since 2026-12-06
+        text += " and the check of their timed replays"
     if payload.get("mode") == CPU_REFERENCE:
         text += (
             '; a CPU reference run (`"mode": "cpu-reference"`): its times are host wall-clock '
