@@ -3,6 +3,8 @@ across packages), and the dense-layout check every tensor argument goes through.
 
 from __future__ import annotations
 
+import types
+
 import flashinfer_layouts as fl
 import pytest
 import torch
@@ -22,13 +24,28 @@ from flashinfer_layouts import _checks
     ],
 )
 def test_validate_inputs_spellings_match_attn_scores(monkeypatch, setting, enabled):
-    """Off the CPU (a meta tensor here) the checks follow FLASHINFER_VALIDATE_INPUTS, with the
-    spellings flashinfer_attn_scores accepts."""
+    """Off the CPU (a stand-in with a non-CPU device here: this machine may have no GPU) the
+    checks follow FLASHINFER_VALIDATE_INPUTS, with the spellings flashinfer_attn_scores
+    accepts. A meta tensor has no data: never checked."""
     if setting is None:
         monkeypatch.delenv("FLASHINFER_VALIDATE_INPUTS", raising=False)
     else:
         monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", setting)
-    assert _checks.device_data_checks_enabled(torch.empty(1, device="meta")) is enabled
+    off_cpu = types.SimpleNamespace(device=torch.device("xpu"))
+    assert _checks.device_data_checks_enabled(off_cpu) is enabled
+    assert _checks.device_data_checks_enabled(torch.empty(1, device="meta")) is False
+
+
+def test_meta_tensors_pass_through_the_data_checks_under_validate_inputs(monkeypatch):
+    """Shapes only: with FLASHINFER_VALIDATE_INPUTS on, the functions that read values (slot
+    ranges, swizzle indices) still trace meta tensors instead of failing inside torch."""
+    monkeypatch.setenv("FLASHINFER_VALIDATE_INPUTS", "1")
+    pool = torch.zeros(2, 32, 1, 68, dtype=torch.uint8, device="meta")
+    fl.write_mxfp4_kv_cache(
+        pool, torch.randn(1, 128, device="meta"), torch.tensor([1], device="meta")
+    )
+    offset = fl.swizzle_128x4_offset(torch.tensor([130], device="meta"), 2, 4)
+    assert offset.device.type == "meta" and offset.shape == (1,)
 
 
 def test_cpu_tensors_are_always_checked(monkeypatch):

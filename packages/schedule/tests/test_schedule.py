@@ -471,6 +471,29 @@ def test_more_than_int32_max_requests_is_refused():
         compute_paged_mqa_logits_schedule(seq_lens, num_sms=4)
 
 
+def test_cpu_index_1_is_the_one_cpu_and_accepts_its_own_result_as_out():
+    """torch allocates `cpu:1` on the one CPU; the schedule's result there is a valid `out`."""
+    lens = torch.tensor([100, 0, 300], dtype=torch.int32)
+    first = compute_paged_mqa_logits_schedule(lens, "cpu:1", num_sms=4)
+    assert first.device == torch.device("cpu")
+    again = compute_paged_mqa_logits_schedule(lens, "cpu:1", num_sms=4, out=first)
+    assert again is first and [tuple(r) for r in first.tolist()] == loop_schedule([100, 0, 300], 4)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_cpu_rows_computed_in_chunks_equal_one_pass(monkeypatch, chunk):
+    """The CPU path computes its rows in chunks (bounded memory for huge num_sms)."""
+    from flashinfer_schedule import schedule
+
+    gen = torch.Generator().manual_seed(chunk)
+    lens = torch.randint(0, 5000, (9,), generator=gen, dtype=torch.int32)
+    lens[3] = 0
+    whole = compute_paged_mqa_logits_schedule(lens, num_sms=11)
+    monkeypatch.setattr(schedule, "_CPU_ROWS_PER_CHUNK", chunk)
+    assert torch.equal(compute_paged_mqa_logits_schedule(lens, num_sms=11), whole)
+    assert [tuple(r) for r in whole.tolist()] == loop_schedule(lens.tolist(), 11)
+
+
 def test_cpu_device_with_index_accepts_cpu_out():
     lens = [100, 0, 300]
     out = torch.zeros(5, 2, dtype=torch.int32)  # device "cpu", index None

@@ -340,12 +340,14 @@ def device_data_checks_enabled(t: torch.Tensor) -> bool:
     Always on CPU (reading is free there). On other devices only when
     ``FLASHINFER_VALIDATE_INPUTS`` is 1/true/yes/on and no CUDA graph is being captured, because reading
     device data forces a host synchronisation, which is illegal during capture. Never while
-    torch.compile traces: a trace has no data to read.
+    torch.compile traces or on the meta device: neither has data to read.
     """
     if torch.compiler.is_compiling():
         return False
     if t.device.type == "cpu":
         return True
+    if t.device.type == "meta":  # shapes only: there is no data to read
+        return False
     if os.environ.get("FLASHINFER_VALIDATE_INPUTS", "").strip().lower() not in _ENV_TRUE:
         return False
     if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -82,6 +82,8 @@ SCHEDULE_VARIANTS = ("fp8", "fp4")
 # fp4's kernel is specialised for next_n 1..4 only.
 _FP4_MAX_NEXT_N = 4
 
+# Rows of the schedule the torch implementation computes at once (its memory beside `out`).
+_CPU_ROWS_PER_CHUNK = 1 << 20
 # Largest accepted `num_sms`: the CUDA kernel takes it as an int32.
 _MAX_NUM_SMS = 2**31 - 1
 
@@ -211,12 +213,11 @@ def _resolve_cuda_device(resolved: torch.device, given: object) -> torch.device:
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
-    """Device equality that treats a CPU device's index None and 0 as the same device."""
+    """Device equality where every CPU device is the same one: torch allocates `cpu:1` on
+    the one CPU (`torch.empty(1, device="cpu:1").device` is `cpu`)."""
     if a.type != b.type:
         return False
-    if a.type == "cpu":
-        return (a.index or 0) == (b.index or 0)
-    return a.index == b.index
+    return a.type == "cpu" or a.index == b.index
 
 
 # SM count per CUDA device index, fixed for the life of the process: the property query costs
@@ -351,15 +352,19 @@ def _compute_schedule_torch(
     cost = torch.where(units > 0, units + entry, 0)
     cost_end = torch.cumsum(cost, dim=0)  # inclusive prefix sum: end of request b's positions
     total = cost.sum()
-    sm = torch.arange(num_sms + 1, dtype=torch.int64, device=lens.device)
-    start = (total // num_sms) * sm + torch.minimum(sm, total % num_sms)
-    # First request whose positions end after `start`: skips zero-length requests, and gives
-    # batch_size when `start == total`.
-    request = torch.searchsorted(cost_end, start, right=True)
     cost_begin = torch.cat([cost_end - cost, total.reshape(1)])
-    # The entry positions belong to unit 0; the sentinel's `start - total - entry` is < 0.
-    unit = (start - cost_begin[request] - entry).clamp_min(0)
-    out.copy_(torch.stack([request, unit], dim=1))
+    # The rows in chunks: a row's int64 temporaries take about 9x its 8 bytes in `out`, which
+    # for num_sms near its 2**31 - 1 limit would be tens of GB beside the result.
+    for first in range(0, num_sms + 1, _CPU_ROWS_PER_CHUNK):
+        stop = min(num_sms + 1, first + _CPU_ROWS_PER_CHUNK)
+        sm = torch.arange(first, stop, dtype=torch.int64, device=lens.device)
+        start = (total // num_sms) * sm + torch.minimum(sm, total % num_sms)
+        # First request whose positions end after `start`: skips zero-length requests, and
+        # gives batch_size when `start == total`.
+        request = torch.searchsorted(cost_end, start, right=True)
+        # The entry positions belong to unit 0; the sentinel's `start - total - entry` is < 0.
+        unit = (start - cost_begin[request] - entry).clamp_min(0)
+        out[first:stop].copy_(torch.stack([request, unit], dim=1))
     return out
 
 
