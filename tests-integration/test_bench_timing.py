@@ -108,47 +108,57 @@ def test_before_samples_runs_after_every_eager_call_and_before_the_timed_replays
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("batch", "avg_len", "fault", "failed_timing"),
+    ("batch", "avg_len", "fault", "faulty_set", "failed_timing"),
     [
-        (2, 4096, "perturb", "one call per replay, after an L2 flush"),  # a small batch
-        (16, 2048, "perturb", "graph of"),
-        (16, 2048, "skip", "graph of"),
+        (2, 4096, "perturb", 0, "one call per replay, after an L2 flush"),  # a small batch
+        (16, 2048, "perturb", 0, "graph of"),
+        (16, 2048, "skip", 0, "graph of"),
+        (16, 2048, "perturb", 2, "graph of"),  # a later rotation set: its own eager bits
     ],
 )
-def test_run_case_fails_a_case_whose_timed_replays_differ_from_the_checked_call(
-    monkeypatch, batch, avg_len, fault, failed_timing
+def test_run_case_fails_a_case_whose_timed_replays_differ_from_the_eager_calls(
+    monkeypatch, batch, avg_len, fault, faulty_set, failed_timing
 ) -> None:
-    """Set 0's eager call is honest and passes the float64 check; the closure that is then
+    """Each rotation set's first closure (the eager call run_case keeps the bits of; for set
+    0 also the one checked against the float64 reference) is honest; the closure that is then
     timed adds 1 to one valid logit ("perturb") or launches nothing ("skip"). The case must
-    FAIL, naming the first timing whose replays were checked."""
+    FAIL, naming the first timing whose replays were checked and, for a graph of many calls,
+    the rotation set."""
     from bench import cli
 
     honest = cli.op_call
-    made_for_set_0 = []
+    made = []
 
     def faulty_op_call(case, inputs):
         call = honest(case, inputs)
-        if inputs is not case.sets[0]:
+        if inputs is not case.sets[faulty_set]:
             return call
-        made_for_set_0.append(1)
-        if len(made_for_set_0) == 1:
+        made.append(1)
+        if len(made) == 1 and faulty_set == 0:
             return call  # the eager call that run_case checks against the reference
-        if fault == "skip":
-            return lambda: inputs.out
 
-        def perturbed():
+        calls_made = []
+
+        def faulty():
+            calls_made.append(1)
+            if faulty_set != 0 and len(calls_made) == 1:
+                return call()  # a later set's first call: the eager bits run_case keeps
+            if fault == "skip":
+                return inputs.out
             result = call()
             inputs.out[0, 0].add_(1.0)  # row 0, position 0: valid for every length >= 1
             return result
 
-        return perturbed
+        return faulty
 
     monkeypatch.setattr(cli, "op_call", faulty_op_call)
     shape = cli.IndexerShape("fp8", batch, avg_len, 1, 64)
     result = cli.run_case(shape, torch.device("cuda"), gather=False)
     assert result.check is not None and result.check.passed
     assert result.status == cli.FAIL, result.detail
-    assert result.detail.startswith(failed_timing) and "differ from the checked" in result.detail
+    assert result.detail.startswith(failed_timing) and "differ from the eager" in result.detail
+    if failed_timing == "graph of":
+        assert f", rotation set {faulty_set}: 1 of " in result.detail or fault == "skip"
     assert result.replays_checked  # the timing that failed is listed
 
     monkeypatch.setattr(cli, "op_call", honest)

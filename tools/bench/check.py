@@ -135,17 +135,18 @@ def valid_bits(case: CaseData, result: torch.Tensor) -> torch.Tensor:
 
 
 def replays_match(case: CaseData, checked: torch.Tensor, result: torch.Tensor, timed: str) -> str:
-    """Compare what timed replays left in set 0's output with the checked eager call's bits.
+    """Compare what timed replays left in a rotation set's output with its eager call's bits.
 
     The output was poisoned with NaN just before the timed replays (`before_samples`), so an
     element the replays did not write, or wrote differently, shows here; the kernels are
-    deterministic, so the graph replays must repeat the checked call bit for bit.
+    deterministic, so the graph replays must repeat the eager call bit for bit.
 
     Args:
-        case: The case.
-        checked: `valid_bits` of the eager call that passed `check_case`.
-        result: Set 0's output view after the timed replays.
-        timed: What was timed, for the message.
+        case: The case (every rotation set has the same lengths, so one valid region).
+        checked: `valid_bits` of the set's eager call: for set 0 the one that passed
+            `check_case`.
+        result: The set's output view after the timed replays.
+        timed: What was timed (and which set), for the message.
 
     Returns:
         "" when every valid element matches, else one line for a human.
@@ -155,6 +156,6 @@ def replays_match(case: CaseData, checked: torch.Tensor, result: torch.Tensor, t
     if not differing:
         return ""
     return (
-        f"{timed}: {differing} of {checked.numel()} valid elements differ from the checked "
-        "eager call's bits"
+        f"{timed}: {differing} of {checked.numel()} valid elements differ from the eager "
+        "call's bits"
     )

@@ -7,6 +7,7 @@ import json
 import sys
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -255,39 +256,47 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         result.status, result.detail = FAIL, result.check.detail
         return result
     if device.type == "cuda":
-        checked = valid_bits(case, logits)
+        calls = [op_call(case, inputs) for inputs in case.sets]
+        # What each timed replay must repeat bit for bit: set 0's checked call, and for the
+        # other rotation sets (no float64 reference of their own) one eager call each, now.
+        views = [logits, *(call() for call in calls[1:])]
+        expected_bits = [valid_bits(case, view) for view in views]
 
-        def poison() -> None:
-            first.out.fill_(float("nan"))
+        def poison(sets: int) -> Callable[[], None]:
+            return lambda: [inputs.out.fill_(float("nan")) for inputs in case.sets[:sets]]
 
-        def recheck(timed: str) -> None:
-            """What the last timed replay left in set 0's output must be the checked call's bits."""
-            mismatch = replays_match(case, checked, logits, timed)
-            if mismatch and result.status == PASS:
-                result.status, result.detail = FAIL, mismatch
+        def recheck(timed: str, sets: int) -> None:
+            """What the last timed replay left in the first `sets` outputs must be the bits
+            of their eager calls."""
+            for index in range(sets):
+                where = timed if sets == 1 else f"{timed}, rotation set {index}"
+                mismatch = replays_match(case, expected_bits[index], views[index], where)
+                if mismatch:
+                    if result.status == PASS:
+                        result.status, result.detail = FAIL, mismatch
+                    break
             result.replays_checked.append(timed)
 
         settle(device)  # the check's memory would otherwise slow the timing (timing.SETTLE_S)
-        calls = [op_call(case, inputs) for inputs in case.sets]
         if shape.small_batch:
             # First, straight after the settle: timed after the graphs of many calls below,
             # they read up to 1.6x slower on the H200 (2026-11-29, still with windows of
             # different graphs, which drift: see time_single_replays).
-            result.single_replay = time_single_replays(calls[0], before_samples=poison)
-            recheck("one call per replay, after an L2 flush")
+            result.single_replay = time_single_replays(calls[0], before_samples=poison(1))
+            recheck("one call per replay, after an L2 flush", 1)
             result.single_replay_warm = time_single_replays(
-                calls[0], cold=False, before_samples=poison
+                calls[0], cold=False, before_samples=poison(1)
             )
-            recheck("one call per replay, L2-warm")
+            recheck("one call per replay, L2-warm", 1)
             settle(device)
-        result.timing = time_graph_replays(calls, before_samples=poison)
+        result.timing = time_graph_replays(calls, before_samples=poison(len(calls)))
         if gather:  # straight after the op's timing, as before the replay check (it writes no out)
             try:
                 result.gather = measure_gather(case, device)
             except Exception as exc:  # the op's own measurement stands; report the ceiling's
                 traceback.print_exc()
                 result.gather_error = f"{type(exc).__name__}: {exc}"
-        recheck(f"graph of {len(calls)} calls")
+        recheck(f"graph of {len(calls)} calls", len(calls))
     else:
         result.timing = time_host(op_call(case, first))
     return result

@@ -49,10 +49,11 @@ class CaseResult:
             replay after an L2 flush (its pages from HBM).
         single_replay_warm: The same graph replayed over and over, so its pages, table and q
             stay in L2: the figure a benchmark that does not rotate reports.
-        replays_checked: The timings whose replays were checked after they ran: set 0's
-            output, poisoned with NaN before the timed replays, holds what the last timed
-            replay wrote, compared bit for bit with the checked eager call
-            (`check.replays_match`). A mismatch makes the case FAIL.
+        replays_checked: The timings whose replays were checked after they ran: the outputs
+            they write, poisoned with NaN before the timed replays, hold what the last timed
+            replay wrote, compared bit for bit with an eager call of the same rotation set
+            (for set 0 the checked one; `check.replays_match`). A mismatch makes the case
+            FAIL.
         derived: GB/s, fractions of the ceilings and TFLOP/s (see `derive`).
     """
 
