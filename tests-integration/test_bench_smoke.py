@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -174,6 +175,32 @@ def test_check_flags_wrong_and_unwritten_elements_only_in_the_valid_region() -> 
     assert not result.passed and result.unwritten == 1
     logits[1, lens[0] - 1] = inside
     assert bench.check.check_case(case, logits).passed
+
+
+def test_replay_check_names_the_first_rotation_set_that_lost_its_eager_bits() -> None:
+    bench = _bench()
+    shape = bench.shapes.IndexerShape("fp8", 2, 128, 1, 32)
+    case = bench.data.build_case(shape, torch.device("cpu"))
+    # Three rotation sets with outputs of their own (a CPU case may have built only one).
+    case.sets = [dataclasses.replace(case.sets[0], out=case.sets[0].out.clone()) for _ in range(3)]
+    views = [bench.ops.op_call(case, inputs)() for inputs in case.sets]
+    replays = bench.check.ReplayCheck(case, views)
+    assert replays.mismatch("graph of 3 calls", 3) == ""
+
+    replays.poison(2)()  # the first two outputs only
+    assert torch.isnan(views[0]).all() and torch.isnan(views[1]).all()
+    assert not torch.isnan(views[2]).any()
+    detail = replays.mismatch("graph of 3 calls", 3)
+    assert detail.startswith("graph of 3 calls, rotation set 0: ")
+    assert replays.mismatch("one call per replay", 1).startswith("one call per replay: ")
+    for view, bits in zip(views, replays.expected):  # write the eager bits back
+        view.view(torch.int32)[bench.check.valid_mask(case.sets[0].seq_lens, 1, view.shape[1])] = (
+            bits
+        )
+    views[1].view(torch.int32)[0, 0] += 1
+    assert replays.mismatch("graph of 3 calls", 3).startswith(
+        "graph of 3 calls, rotation set 1: 1 of "
+    )
 
 
 @pytest.mark.parametrize("op", ["fp8", "fp4"])

@@ -12,6 +12,7 @@ output of a chunk stays small however large the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -159,3 +160,37 @@ def replays_match(case: CaseData, checked: torch.Tensor, result: torch.Tensor, t
         f"{timed}: {differing} of {checked.numel()} valid elements differ from the eager "
         "call's bits"
     )
+
+
+class ReplayCheck:
+    """What the timed replays of a case must repeat: each rotation set's eager output, bit for
+    bit. `poison` goes before a timing's samples (`before_samples`), `mismatch` after them.
+
+    Args:
+        case: The case.
+        views: One output view per rotation set, as its eager call returned it (set 0: the
+            call that passed `check_case`); their valid bits are kept now.
+    """
+
+    def __init__(self, case: CaseData, views: Sequence[torch.Tensor]) -> None:
+        self.case, self.views = case, list(views)
+        self.expected = [valid_bits(case, view) for view in self.views]
+
+    def poison(self, sets: int) -> Callable[[], None]:
+        """Fill the first `sets` rotation sets' outputs with NaN."""
+
+        def fill() -> None:
+            for inputs in self.case.sets[:sets]:
+                inputs.out.fill_(float("nan"))
+
+        return fill
+
+    def mismatch(self, timed: str, sets: int) -> str:
+        """The first of the first `sets` outputs that does not hold its eager bits, as one
+        line for a human, or ""."""
+        for index in range(sets):
+            where = timed if sets == 1 else f"{timed}, rotation set {index}"
+            found = replays_match(self.case, self.expected[index], self.views[index], where)
+            if found:
+                return found
+        return ""

@@ -7,14 +7,13 @@ import json
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 
-from .check import check_case, replays_match, valid_bits
+from .check import ReplayCheck, check_case
 from .compare import compare_report
 from .data import GIB, CaseData, CaseTooLarge, build_case
 from .gather import KINDS, GatherCeiling, PagedGather, geometry_for
@@ -259,22 +258,13 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
         calls = [op_call(case, inputs) for inputs in case.sets]
         # What each timed replay must repeat bit for bit: set 0's checked call, and for the
         # other rotation sets (no float64 reference of their own) one eager call each, now.
-        views = [logits, *(call() for call in calls[1:])]
-        expected_bits = [valid_bits(case, view) for view in views]
-
-        def poison(sets: int) -> Callable[[], None]:
-            return lambda: [inputs.out.fill_(float("nan")) for inputs in case.sets[:sets]]
+        replays = ReplayCheck(case, [logits, *(call() for call in calls[1:])])
+        poison = replays.poison
 
         def recheck(timed: str, sets: int) -> None:
-            """What the last timed replay left in the first `sets` outputs must be the bits
-            of their eager calls."""
-            for index in range(sets):
-                where = timed if sets == 1 else f"{timed}, rotation set {index}"
-                mismatch = replays_match(case, expected_bits[index], views[index], where)
-                if mismatch:
-                    if result.status == PASS:
-                        result.status, result.detail = FAIL, mismatch
-                    break
+            mismatch = replays.mismatch(timed, sets)
+            if mismatch and result.status == PASS:
+                result.status, result.detail = FAIL, mismatch
             result.replays_checked.append(timed)
 
         settle(device)  # the check's memory would otherwise slow the timing (timing.SETTLE_S)
