@@ -202,6 +202,21 @@ def test_replay_check_names_the_first_rotation_set_that_lost_its_eager_bits() ->
         "graph of 3 calls, rotation set 1: 1 of "
     )
 
+    # The eager calls of the later sets are their expectation: each must be a view of its own
+    # out= and write every valid element (its out was poisoned before).
+    assert replays.eager_problem() == ""
+    views[2][0, 0] = float("nan")
+    assert bench.check.ReplayCheck(case, views).eager_problem() == (
+        "rotation set 2: 1 valid elements were never written by its eager call (still NaN)"
+    )
+    views[0][0, 0] = float("nan")  # set 0 is check_case's: not looked at here
+    views[2][0, 0] = 0.0
+    assert bench.check.ReplayCheck(case, views).eager_problem() == ""
+    elsewhere = [views[0], views[1].clone(), views[2]]
+    assert bench.check.ReplayCheck(case, elsewhere).eager_problem() == (
+        "rotation set 1: the eager call's result is not a view of out="
+    )
+
 
 @pytest.mark.parametrize("op", ["fp8", "fp4"])
 def test_replay_check_wants_the_checked_bits_in_every_valid_element(op) -> None:

@@ -176,6 +176,25 @@ class ReplayCheck:
         self.case, self.views = case, list(views)
         self.expected = [valid_bits(case, view) for view in self.views]
 
+    def eager_problem(self) -> str:
+        """Why the eager calls of the sets after the first cannot serve as the replays'
+        expectation, or "": a view that is not its set's `out` (the poison would never reach
+        it), or valid elements still NaN (their outputs were poisoned before the calls)."""
+        for index, (inputs, view) in enumerate(zip(self.case.sets, self.views)):
+            if index == 0:
+                continue  # `check_case` checked it against the float64 reference
+            if view.data_ptr() != inputs.out.data_ptr():
+                return f"rotation set {index}: the eager call's result is not a view of out="
+            width = view.shape[1]
+            mask = valid_mask(self.case.sets[0].seq_lens, self.case.shape.next_n, width)
+            unwritten = int((torch.isnan(view) & mask).sum())
+            if unwritten:
+                return (
+                    f"rotation set {index}: {unwritten} valid elements were never written by "
+                    "its eager call (still NaN)"
+                )
+        return ""
+
     def poison(self, sets: int) -> Callable[[], None]:
         """Fill the first `sets` rotation sets' outputs with NaN."""
 

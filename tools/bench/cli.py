@@ -257,8 +257,15 @@ def run_case(shape: IndexerShape, device: torch.device, *, gather: bool = True) 
     if device.type == "cuda":
         calls = [op_call(case, inputs) for inputs in case.sets]
         # What each timed replay must repeat bit for bit: set 0's checked call, and for the
-        # other rotation sets (no float64 reference of their own) one eager call each, now.
+        # other rotation sets (no float64 reference of their own) one eager call each, now,
+        # into outputs poisoned as set 0's was.
+        for inputs in case.sets[1:]:
+            inputs.out.fill_(float("nan"))
         replays = ReplayCheck(case, [logits, *(call() for call in calls[1:])])
+        problem = replays.eager_problem()
+        if problem:
+            result.status, result.detail = FAIL, problem
+            return result
         poison = replays.poison
 
         def recheck(timed: str, sets: int) -> None:

@@ -353,10 +353,8 @@ def _compute_schedule_torch(
     cost_end = torch.cumsum(cost, dim=0)  # inclusive prefix sum: end of request b's positions
     total = cost.sum()
     cost_begin = torch.cat([cost_end - cost, total.reshape(1)])
-    # The rows in chunks: a row's int64 temporaries take about 9x its 8 bytes in `out`, which
-    # for num_sms near its 2**31 - 1 limit would be tens of GB beside the result.
-    for first in range(0, num_sms + 1, _CPU_ROWS_PER_CHUNK):
-        stop = min(num_sms + 1, first + _CPU_ROWS_PER_CHUNK)
+
+    def rows(first: int, stop: int) -> None:
         sm = torch.arange(first, stop, dtype=torch.int64, device=lens.device)
         start = (total // num_sms) * sm + torch.minimum(sm, total % num_sms)
         # First request whose positions end after `start`: skips zero-length requests, and
@@ -365,6 +363,15 @@ def _compute_schedule_torch(
         # The entry positions belong to unit 0; the sentinel's `start - total - entry` is < 0.
         unit = (start - cost_begin[request] - entry).clamp_min(0)
         out[first:stop].copy_(torch.stack([request, unit], dim=1))
+
+    # Eagerly in chunks: a row's int64 temporaries take about 9x its 8 bytes in `out`, which for
+    # num_sms near its 2**31 - 1 limit would be tens of GB beside the result. Traced in one
+    # pass, so that torch.compile does not specialise on num_sms through the loop.
+    if torch.compiler.is_compiling() or num_sms < _CPU_ROWS_PER_CHUNK:
+        rows(0, num_sms + 1)
+    else:
+        for first in range(0, num_sms + 1, _CPU_ROWS_PER_CHUNK):
+            rows(first, min(num_sms + 1, first + _CPU_ROWS_PER_CHUNK))
     return out
 
 
