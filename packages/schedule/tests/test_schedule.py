@@ -464,6 +464,22 @@ def test_cpu_schedule_compiles_with_fullgraph():
         assert torch.equal(got, compute_paged_mqa_logits_schedule(lens, next_n=2, num_sms=11))
 
 
+def test_a_dynamic_cpu_schedule_compiles_once_for_every_num_sms():
+    """Traced in one pass: the eager path's row chunks must not make dynamo specialise on
+    num_sms (a loop over range(num_sms + 1) did: three recompiles over these four values)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda lens, n: compute_paged_mqa_logits_schedule(lens, num_sms=n),
+        fullgraph=True,
+        dynamic=True,
+    )
+    lens = torch.tensor([100, 0, 300, 70], dtype=torch.int32)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for num_sms in (11, 12, 13, 40):
+            got = compiled(lens, num_sms)
+            assert torch.equal(got, compute_paged_mqa_logits_schedule(lens, num_sms=num_sms))
+
+
 def test_more_than_int32_max_requests_is_refused():
     # A stride-0 view: 2**31 entries without allocating them.
     seq_lens = torch.zeros(1, dtype=torch.int32).expand(2**31)
