@@ -186,6 +186,20 @@ def test_integers_beyond_the_double_range_are_a_value_error(wrapper, value):
         wrapper(value)
 
 
+@pytest.mark.parametrize("wrapper", [f32, f64])
+def test_finite_values_past_the_double_range_are_a_value_error_whatever_their_type(wrapper):
+    """Decimal and numpy.longdouble give inf from float() instead of raising; an infinity
+    given as such is still accepted."""
+    import decimal
+
+    np = pytest.importorskip("numpy")
+    for value in (decimal.Decimal("1e5000"), -decimal.Decimal("1e5000"), np.longdouble("1e4000")):
+        with pytest.raises(ValueError, match=rf"{wrapper.__name__}: expected a value within"):
+            wrapper(value)
+    assert wrapper(decimal.Decimal("Infinity")).value == float("inf")
+    assert wrapper(np.longdouble("-inf")).value == float("-inf")
+
+
 def test_scalar_wrappers_accept_integer_like_values():
     assert i32(torch.tensor(5, dtype=torch.int32).item()).value == 5
     assert f32(torch.tensor(0.5).item()).value == 0.5

@@ -107,6 +107,12 @@ def test_template_name_expression(tmp_path, cache_dir):
         ("--bogus-flag", "unsupported NVRTC option"),
         ("-DX=1", "KernelSpec.defines"),
         ("--maxrregcount=lots", "bad value"),
+        # Out-of-range integers: NVRTC 13 aborts or crashes the process on some of them.
+        ("--split-compile=2147483648", r"--split-compile expects an integer in \[0, 256\]"),
+        ("--split-compile=10000000", r"--split-compile expects an integer in \[0, 256\]"),
+        ("--split-compile=-1", r"--split-compile expects an integer in \[0, 256\]"),
+        ("--maxrregcount=-5", r"--maxrregcount expects an integer in \[1, 255\]"),
+        ("-maxrregcount=256", r"-maxrregcount expects an integer in \[1, 255\]"),
     ],
 )
 def test_unsupported_options_are_rejected(source, cache_dir, option, fragment):

@@ -51,6 +51,9 @@ def test_arch_for_capability(capability, arch):
         ((-1, 0), ValueError, r"minor in \[0, 9\], got -1\.0"),
         ((9, 10), ValueError, r"minor in \[0, 9\], got 9\.10"),
         ((9, -1), ValueError, r"minor in \[0, 9\], got 9\.-1"),
+        # No SM target has these names (sm_00, sm_1000a): check_arch refuses them.
+        ((0, 0), ValueError, r"major in \[1, 99\] and minor in \[0, 9\], got 0\.0"),
+        ((100, 0), ValueError, r"major in \[1, 99\] and minor in \[0, 9\], got 100\.0"),
     ],
 )
 def test_arch_for_capability_rejects_what_is_no_capability(capability, error, fragment):
@@ -152,6 +155,15 @@ def test_unsupported_gpu_error_names_gpu_capability_and_supported(monkeypatch):
     assert "NVIDIA A100-SXM4-80GB" in message
     assert "compute capability 8.0" in message
     assert "sm_90a" in message
+
+
+@pytest.mark.parametrize("supported", ["sm_90a", None, 90])
+def test_supported_archs_must_be_a_sequence_of_strings(monkeypatch, supported):
+    """A bare str would be split into its characters (and a matching GPU refused)."""
+    _fake_device(monkeypatch, "NVIDIA H100 80GB HBM3", (9, 0))
+    with pytest.raises(TypeError, match=r"^supported: expected a sequence of arch strings"):
+        require_supported_arch(0, supported)
+    assert require_supported_arch(0, ["sm_90a"]) == "sm_90a"
 
 
 def test_supported_gpu_passes(monkeypatch):

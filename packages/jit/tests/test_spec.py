@@ -48,6 +48,8 @@ def test_with_defines_adds_and_replaces():
         ({"1A": 1}, ValueError, "C identifier"),
         ([("A", 1), ("A", 2)], ValueError, "given twice"),
         ([("A",)], TypeError, "(name, value) pairs"),
+        # NVRTC reads C strings: "4" would be compiled and the rest silently dropped.
+        ({"A": "4\x00 * 1000"}, ValueError, "contains a NUL byte"),
     ],
 )
 def test_bad_defines_are_rejected(defines, error, fragment):
@@ -120,3 +122,24 @@ def test_dot_dot_after_a_symlink_names_the_file_the_system_opens(tmp_path):
     spec = KernelSpec.make("k", tmp_path / "lnk" / ".." / "kernel.cu")
     assert spec.source.is_absolute()
     assert spec.source.read_text() == "// the one opened\n"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"options": ["--std=c++17\x00"]}, ValueError, r"KernelSpec.options: .* NUL byte"),
+        ({"name_expressions": ["k\x00<1>"]}, ValueError, r"KernelSpec.name_expressions: .* NUL"),
+        ({"options": None}, TypeError, r"^KernelSpec.options: expected a sequence, got NoneType"),
+        ({"include_dirs": 3}, TypeError, r"^KernelSpec.include_dirs: expected a sequence, got int"),
+        ({"label": 5}, TypeError, r"^KernelSpec.label: expected a str, got int"),
+    ],
+)
+def test_make_names_the_argument_it_cannot_use(kwargs, error, fragment):
+    with pytest.raises(error, match=fragment):
+        KernelSpec.make("k", "/x/k.cu", **kwargs)
+
+
+@pytest.mark.parametrize(("name", "error"), [(None, TypeError), (3, TypeError), ("", ValueError)])
+def test_a_name_that_is_no_str_is_a_type_error(name, error):
+    with pytest.raises(error, match=r"^KernelSpec.name: expected a non-empty str"):
+        KernelSpec.make(name, "/x/k.cu")

@@ -115,6 +115,20 @@ def _int_list(value: str) -> list[int]:
     return [int(v) for v in value.split(",") if v]
 
 
+def _int_within(low: int, high: int) -> Callable[[str, str], int]:
+    """A converter of an integer option value in [low, high]: NVRTC 13 aborts or crashes the
+    whole process on some values out of range (`--split-compile=2147483648`: an uncaught
+    std::out_of_range; 10000000: a segfault) instead of reporting an error."""
+
+    def convert(value: str, option: str) -> int:
+        number = int(value)
+        if not low <= number <= high:
+            raise ValueError(f"{option} expects an integer in [{low}, {high}], got {number}")
+        return number
+
+    return convert
+
+
 def _ptxas_value(value: str, option: str) -> str:
     # NVRTC 13 aborts the whole process (an uncaught std::out_of_range) on an empty or blank
     # --ptxas-options value instead of reporting an error.
@@ -127,8 +141,9 @@ def _ptxas_value(value: str, option: str) -> str:
 # `cuda.core.ProgramOptions` has no raw pass-through, so spec options are mapped onto its
 # typed fields; anything else is rejected with the supported list.
 _VALUED_OPTIONS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "--maxrregcount": ("max_register_count", lambda v, o: int(v)),
-    "-maxrregcount": ("max_register_count", lambda v, o: int(v)),
+    # ptxas allocates at most 255 registers per thread.
+    "--maxrregcount": ("max_register_count", _int_within(1, 255)),
+    "-maxrregcount": ("max_register_count", _int_within(1, 255)),
     "--ftz": ("ftz", _bool_option),
     "-ftz": ("ftz", _bool_option),
     "--prec-div": ("prec_div", _bool_option),
@@ -144,7 +159,8 @@ _VALUED_OPTIONS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "--diag-warn": ("diag_warn", lambda v, o: _int_list(v)),
     "--ptxas-options": ("ptxas_options", _ptxas_value),
     "-Xptxas": ("ptxas_options", _ptxas_value),
-    "--split-compile": ("split_compile", lambda v, o: int(v)),
+    # Threads NVRTC compiles with (0: as many as the host has).
+    "--split-compile": ("split_compile", _int_within(0, 256)),
 }
 _FLAG_OPTIONS: dict[str, str] = {
     "--use_fast_math": "use_fast_math",

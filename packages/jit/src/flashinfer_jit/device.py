@@ -95,14 +95,16 @@ def arch_for_capability(major: int, minor: int) -> str:
 
     Raises:
         TypeError: `major` or `minor` is not an int.
-        ValueError: `major` is negative, or `minor` is not in [0, 9].
+        ValueError: `major` is not in [1, 99] (no SM target to name), or `minor` is not in
+            [0, 9].
     """
     for name, value in (("major", major), ("minor", minor)):
         if type(value) is not int:
             raise TypeError(f"{name}: expected an int, got {type(value).__name__} ({value!r})")
-    if major < 0 or not 0 <= minor <= 9:
+    if not 1 <= major <= 99 or not 0 <= minor <= 9:
         raise ValueError(
-            f"compute capability: expected major >= 0 and minor in [0, 9], got {major}.{minor}"
+            f"compute capability: expected major in [1, 99] and minor in [0, 9], got "
+            f"{major}.{minor}"
         )
     return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
 
@@ -304,6 +306,11 @@ def require_supported_arch(device: Any = None, supported: Iterable[str] = ("sm_9
         RuntimeError: The device's arch is not in `supported`; the message names the GPU,
             its compute capability and the supported architectures.
     """
+    if isinstance(supported, (str, bytes)) or not isinstance(supported, Iterable):
+        raise TypeError(
+            f"supported: expected a sequence of arch strings such as ('sm_90a',), got "
+            f"{type(supported).__name__} ({supported!r:.60})"
+        )
     info = device_info(device)
     supported = tuple(supported)
     if info.arch not in supported:

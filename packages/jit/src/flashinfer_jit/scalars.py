@@ -9,6 +9,7 @@ numbers; wrap each scalar in the type of the C parameter::
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 
@@ -132,7 +133,12 @@ def _real(wrapper: str, value: object) -> float:
             f"{wrapper}: expected a real number, got {type(value).__name__} ({value!r})"
         )
     try:
-        return float(value)  # type: ignore[arg-type]
+        result = float(value)  # type: ignore[arg-type]
+        # Decimal and numpy.longdouble round a finite value past the double range to inf
+        # instead of raising; an infinity given as such compares equal to it.
+        if math.isinf(result) and not value == result:
+            raise OverflowError
+        return result
     except OverflowError:  # an int beyond the double range, such as 10**400
         text = repr(value)
         text = text if len(text) <= 40 else f"{text[:37]}..."

@@ -34,6 +34,9 @@ def _normalise_defines(
             raise TypeError(
                 f"defines[{name!r}]: expected str or int, got {type(value).__name__} ({value!r})"
             )
+        if isinstance(value, str) and "\x00" in value:
+            # NVRTC reads C strings: everything after the NUL would silently be dropped.
+            raise ValueError(f"defines[{name!r}]: value contains a NUL byte: {value!r}")
         if name in seen and seen[name] != value:
             raise ValueError(f"defines: macro {name!r} given twice ({seen[name]!r} and {value!r})")
         seen[name] = value
@@ -56,12 +59,17 @@ def _absolute_path(value: object, what: str) -> Path:
     return Path(text).absolute()
 
 
-def _as_sequence(value: object) -> object:
+def _as_sequence(value: object, what: str) -> object:
     """`tuple(value)` for `make`, except that a bare str (or path) is passed through, so the
     constructor rejects it instead of splitting it into characters."""
     if isinstance(value, (str, bytes, os.PathLike)):
         return value
-    return tuple(value)  # type: ignore[call-overload]
+    try:
+        return tuple(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(
+            f"KernelSpec.{what}: expected a sequence, got {type(value).__name__} ({value!r:.60})"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +106,14 @@ class KernelSpec:
     label: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"KernelSpec.name: expected a non-empty str, got {self.name!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(
+                f"KernelSpec.name: expected a non-empty str, got {type(self.name).__name__}"
+            )
+        if not self.name:
+            raise ValueError("KernelSpec.name: expected a non-empty str, got ''")
+        if not isinstance(self.label, str):
+            raise TypeError(f"KernelSpec.label: expected a str, got {type(self.label).__name__}")
         object.__setattr__(self, "source", _absolute_path(self.source, "KernelSpec.source"))
         object.__setattr__(self, "defines", _normalise_defines(self.defines))
         if isinstance(self.include_dirs, (str, bytes, os.PathLike)):
@@ -119,6 +133,8 @@ class KernelSpec:
                     raise TypeError(
                         f"KernelSpec.{field}: expected str items, got {type(item).__name__} ({item!r})"
                     )
+                if "\x00" in item:
+                    raise ValueError(f"KernelSpec.{field}: {item!r} contains a NUL byte")
             object.__setattr__(self, field, value)
         if self.name_expressions and self.name not in self.name_expressions:
             raise ValueError(
@@ -186,9 +202,9 @@ class KernelSpec:
             name=name,
             source=source,  # type: ignore[arg-type]  # checked and made a Path in __post_init__
             defines=defines,  # type: ignore[arg-type]  # normalised in __post_init__
-            include_dirs=_as_sequence(include_dirs),  # type: ignore[arg-type]
-            options=_as_sequence(options),  # type: ignore[arg-type]
-            name_expressions=_as_sequence(name_expressions),  # type: ignore[arg-type]
+            include_dirs=_as_sequence(include_dirs, "include_dirs"),  # type: ignore[arg-type]
+            options=_as_sequence(options, "options"),  # type: ignore[arg-type]
+            name_expressions=_as_sequence(name_expressions, "name_expressions"),  # type: ignore[arg-type]
             label=label,
         )
 
