@@ -200,6 +200,17 @@ def test_finite_values_past_the_double_range_are_a_value_error_whatever_their_ty
     assert wrapper(np.longdouble("-inf")).value == float("-inf")
 
 
+@pytest.mark.parametrize("wrapper", [i32, u32, i64, u64, f32, f64])
+def test_a_numpy_array_is_no_scalar_even_with_one_element(wrapper):
+    np = pytest.importorskip("numpy")
+    for array in (np.array([5]), np.array([[5]]), np.zeros(3)):
+        with pytest.raises(
+            TypeError, match=rf"^{wrapper.__name__}: expected a number, got an array"
+        ):
+            wrapper(array)
+    assert wrapper(np.array(5)).value == 5  # 0-d: a scalar
+
+
 def test_scalar_wrappers_accept_integer_like_values():
     assert i32(torch.tensor(5, dtype=torch.int32).item()).value == 5
     assert f32(torch.tensor(0.5).item()).value == 0.5

@@ -203,7 +203,11 @@ def test_spec_must_be_a_kernel_spec(function, cache_dir):
 
 @pytest.mark.parametrize(
     ("cache_dir", "error", "fragment"),
-    [("", ValueError, "cache_dir: expected a folder, got an empty str"), (5, TypeError, "got int")],
+    [
+        ("", ValueError, "cache_dir: expected a folder, got an empty str"),
+        (5, TypeError, "got int"),
+        ("cache\x00dir", ValueError, "cache_dir: the path contains a NUL byte"),
+    ],
 )
 def test_cache_dir_must_be_a_non_empty_path(
     source, tmp_path, monkeypatch, cache_dir, error, fragment

@@ -122,7 +122,7 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
 
     Raises:
         TypeError: `cache_dir` is not None, a str or a path.
-        ValueError: `cache_dir` is an empty str (which would silently mean the current
+        ValueError: `cache_dir` holds a NUL byte, or is an empty str (which would silently mean the current
             directory).
         NoCacheFolderError: `cache_dir` starts with `~` or `~user` and that home folder is
             unknown.
@@ -137,6 +137,8 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
         )
     if not cache_dir:
         raise ValueError("cache_dir: expected a folder, got an empty str")
+    if "\x00" in cache_dir:
+        raise ValueError(f"cache_dir: the path contains a NUL byte: {cache_dir!r}")
     return _expanded(Path(cache_dir))  # as FLASHINFER_JIT_CACHE_DIR is
 
 

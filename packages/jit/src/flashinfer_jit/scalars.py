@@ -24,6 +24,13 @@ def _refuse_tensor(wrapper: str, value: object) -> None:
             f"{wrapper}: expected a Python number, got a torch.Tensor on {value.device} "
             "(pass value.item() explicitly if a host read is intended)"
         )
+    # A numpy array of one element converts like a scalar in some numpy versions and raises
+    # numpy's own TypeError in others: refused here by its dimensions, naming the wrapper.
+    if getattr(value, "ndim", 0) != 0 and hasattr(value, "shape"):
+        raise TypeError(
+            f"{wrapper}: expected a number, got an array of shape {tuple(value.shape)} "
+            "(index it, e.g. value[0], to pass one element)"
+        )
 
 
 class _Scalar:
