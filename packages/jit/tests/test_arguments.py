@@ -211,6 +211,14 @@ def test_a_numpy_array_is_no_scalar_even_with_one_element(wrapper):
     assert wrapper(np.array(5)).value == 5  # 0-d: a scalar
 
 
+@pytest.mark.parametrize("wrapper", [i32, u32, i64, u64, f32, f64])
+def test_a_scalar_wrapper_cannot_be_changed_after_its_check(wrapper):
+    scalar = wrapper(1)
+    with pytest.raises(AttributeError, match=rf"^{wrapper.__name__} is immutable"):
+        scalar.value = 2**70
+    assert scalar.value == 1
+
+
 def test_scalar_wrappers_accept_integer_like_values():
     assert i32(torch.tensor(5, dtype=torch.int32).item()).value == 5
     assert f32(torch.tensor(0.5).item()).value == 0.5

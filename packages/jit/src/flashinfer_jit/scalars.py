@@ -41,6 +41,11 @@ class _Scalar:
     size: int = 0
     c_type: str = ""
 
+    def __setattr__(self, name: str, value: object) -> None:
+        # Checked once, at construction: a value changed afterwards would reach the launch
+        # unchecked (and fail inside `struct`, or pack as something else).
+        raise AttributeError(f"{type(self).__name__} is immutable: make a new one")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.value!r})"
 
@@ -69,7 +74,7 @@ class _Integer(_Scalar):
                 f"{type(self).__name__}: {value} is outside [{self.low}, {self.high}] "
                 f"({self.c_type})"
             )
-        self.value = value
+        object.__setattr__(self, "value", value)
 
 
 class i32(_Integer):
@@ -174,7 +179,7 @@ class f32(_Scalar):
             struct.pack("<f", value)
         except OverflowError:
             raise ValueError(f"f32: {value} overflows float32") from None
-        self.value = value
+        object.__setattr__(self, "value", value)
 
 
 class f64(_Scalar):
@@ -192,7 +197,7 @@ class f64(_Scalar):
     format, size, c_type = "d", 8, "double"
 
     def __init__(self, value: float) -> None:
-        self.value = _real("f64", value)
+        object.__setattr__(self, "value", _real("f64", value))
 
 
 SCALAR_TYPES: tuple[type[_Scalar], ...] = (i32, u32, i64, u64, f32, f64)
