@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import pickle
 import struct
 
 import pytest
@@ -217,6 +219,8 @@ def test_a_scalar_wrapper_cannot_be_changed_after_its_check(wrapper):
     with pytest.raises(AttributeError, match=rf"^{wrapper.__name__} is immutable"):
         scalar.value = 2**70
     assert scalar.value == 1
+    for copied in (copy.copy(scalar), copy.deepcopy(scalar), pickle.loads(pickle.dumps(scalar))):
+        assert type(copied) is wrapper and copied == scalar
 
 
 def test_scalar_wrappers_accept_integer_like_values():

@@ -46,6 +46,10 @@ class _Scalar:
         # unchecked (and fail inside `struct`, or pack as something else).
         raise AttributeError(f"{type(self).__name__} is immutable: make a new one")
 
+    def __reduce__(self) -> tuple:
+        # copy and pickle rebuild through the constructor (and its check), not setattr.
+        return (type(self), (self.value,))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.value!r})"
 
