@@ -125,17 +125,27 @@ def check_case(case: CaseData, result: torch.Tensor) -> CheckResult:
 _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32}
 
 
-def valid_bits(case: CaseData, result: torch.Tensor) -> torch.Tensor:
-    """The valid elements of `result` (rotation set 0's output view) as raw integers, 1-D.
+def valid_bits(
+    case: CaseData, result: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The valid elements of `result` (an output view of the case) as raw integers, 1-D.
 
     Compared as bits, so a NaN the op wrote compares equal to itself and -0.0 differs from 0.0.
+    `mask`: the case's `valid_mask` at this width, when the caller already has it (every
+    rotation set has the same lengths).
     """
-    n, width = case.shape.next_n, result.shape[1]
-    mask = valid_mask(case.sets[0].seq_lens, n, width)
+    if mask is None:
+        mask = valid_mask(case.sets[0].seq_lens, case.shape.next_n, result.shape[1])
     return result.view(_SAME_WIDTH_INT[result.element_size()])[mask]
 
 
-def replays_match(case: CaseData, checked: torch.Tensor, result: torch.Tensor, timed: str) -> str:
+def replays_match(
+    case: CaseData,
+    checked: torch.Tensor,
+    result: torch.Tensor,
+    timed: str,
+    mask: torch.Tensor | None = None,
+) -> str:
     """Compare what timed replays left in a rotation set's output with its eager call's bits.
 
     The output was poisoned with NaN just before the timed replays (`before_samples`), so an
@@ -148,11 +158,12 @@ def replays_match(case: CaseData, checked: torch.Tensor, result: torch.Tensor, t
             `check_case`.
         result: The set's output view after the timed replays.
         timed: What was timed (and which set), for the message.
+        mask: As for `valid_bits`.
 
     Returns:
         "" when every valid element matches, else one line for a human.
     """
-    got = valid_bits(case, result)
+    got = valid_bits(case, result, mask)
     differing = int((got != checked).sum())
     if not differing:
         return ""
@@ -174,7 +185,9 @@ class ReplayCheck:
 
     def __init__(self, case: CaseData, views: Sequence[torch.Tensor]) -> None:
         self.case, self.views = case, list(views)
-        self.expected = [valid_bits(case, view) for view in self.views]
+        # One mask for every set: the same lengths and the same output width.
+        self.mask = valid_mask(case.sets[0].seq_lens, case.shape.next_n, self.views[0].shape[1])
+        self.expected = [valid_bits(case, view, self.mask) for view in self.views]
 
     def eager_problem(self) -> str:
         """Why the eager calls of the sets after the first cannot serve as the replays'
@@ -185,9 +198,7 @@ class ReplayCheck:
                 continue  # `check_case` checked it against the float64 reference
             if view.data_ptr() != inputs.out.data_ptr():
                 return f"rotation set {index}: the eager call's result is not a view of out="
-            width = view.shape[1]
-            mask = valid_mask(self.case.sets[0].seq_lens, self.case.shape.next_n, width)
-            unwritten = int((torch.isnan(view) & mask).sum())
+            unwritten = int((torch.isnan(view) & self.mask).sum())
             if unwritten:
                 return (
                     f"rotation set {index}: {unwritten} valid elements were never written by "
@@ -209,7 +220,9 @@ class ReplayCheck:
         line for a human, or ""."""
         for index in range(sets):
             where = timed if sets == 1 else f"{timed}, rotation set {index}"
-            found = replays_match(self.case, self.expected[index], self.views[index], where)
+            found = replays_match(
+                self.case, self.expected[index], self.views[index], where, self.mask
+            )
             if found:
                 return found
         return ""

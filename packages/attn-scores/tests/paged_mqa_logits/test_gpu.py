@@ -552,8 +552,7 @@ def test_fp4_matches_reference(block_size, interleaved, next_n, output_dtype, ep
         tol,
         magnitude,
         empty_marked=True,
-        column_scale=case.token_scales(interleaved),
-        abs_floor=absolute_floor(output_dtype, epi_dtype),
+        **fp4_per_token(case, output_dtype, epi_dtype, interleaved),
     )
 
 
