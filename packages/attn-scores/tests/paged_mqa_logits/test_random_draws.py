@@ -2,6 +2,7 @@
 call the contract admits, and the draws reach the corners the fixed lists of the suite do not.
 Also: CI's compile check covers every parametric shape the GPU tests run."""
 
+import itertools
 import random
 
 import flashinfer_attn_scores as fa
@@ -9,7 +10,7 @@ import torch
 from attn_scores_cases import expected_logits, make_fp8_case
 from flashinfer_attn_scores.paged_mqa_logits import fp8_sm90
 from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
-from test_gpu import PARAMETRIC_SHAPES
+from test_gpu import PARAMETRIC_SHAPES, STRADDLING_HEADS
 from test_gpu_random_cases import (
     BATCH_MODES,
     FP8_HEAD_SHAPES,
@@ -97,6 +98,20 @@ def test_compile_check_covers_the_parametric_shapes():
     for num_heads, head_dim, next_n in PARAMETRIC_SHAPES:
         for block_size in (32, 64, 128):
             config = fp8_sm90.fp8_config(block_size, head_dim, num_heads, next_n, f32, f32, f32)
+            assert config.spec.label in compiled, config.spec.label
+
+
+def test_compile_check_covers_the_straddling_heads_at_every_epilogue_dtype():
+    """The shapes where a column group holds two draft slots' heads compile at every epilogue
+    and accumulator dtype (their 16-bit epilogue takes its own branch)."""
+    compiled = {spec.label for spec in fp8_sm90.all_kernel_specs()}
+    dtypes = (torch.float32, torch.float16)
+    for next_n, num_heads in STRADDLING_HEADS:
+        assert num_heads % 8 == 4
+        for epi_dtype, acc_dtype in itertools.product(dtypes, dtypes):
+            config = fp8_sm90.fp8_config(
+                64, 128, num_heads, next_n, torch.float32, epi_dtype, acc_dtype
+            )
             assert config.spec.label in compiled, config.spec.label
 
 

@@ -345,6 +345,14 @@ def all_kernel_specs():
             fp8_config(bs, head_dim, num_heads, next_n, torch.float32, torch.float32, torch.float32)
             for bs in (32, 64, 128)
         ]
+    # num_heads % 8 == 4, where an 8-column group holds the heads of two draft slots, at every
+    # epilogue and accumulator dtype (test_gpu.py's STRADDLING_HEADS).
+    for num_heads, next_n in [(12, 2), (4, 4), (20, 4), (100, 2)]:
+        configs += [
+            fp8_config(64, 128, num_heads, next_n, torch.float32, epi, acc)
+            for epi in dtypes
+            for acc in dtypes
+        ]
     return [config.spec for config in configs]
 
 

@@ -396,16 +396,19 @@ struct ConsumerMath {
       const int j = h * (kNHalf / 8) + jl;  // 8-column group of the unit's N columns
       const __half2 w2 = weights_of_group(w, j);
       // The group's columns belong to one draft slot, or (H % 8 == 4) quads 0-1 to t_lo and
-      // quads 2-3 to t_hi.
+      // quads 2-3 to t_hi. There the other slot gets 0 * 0, not w * 0: a lane's weight belongs
+      // to its own slot, and an infinite or NaN one (a weight past 65504 rounds to inf) would
+      // make the other slot's sum NaN.
       const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
+      const bool in_lo = quad < 2;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const __half2 term = relu_half2(acc[h], jl, i);
         if (t_lo == t_hi) {
           pair_sums[t_lo][i] = __hfma2(w2, term, pair_sums[t_lo][i]);
         } else {
-          pair_sums[t_lo][i] = __hfma2(w2, quad < 2 ? term : zero, pair_sums[t_lo][i]);
-          pair_sums[t_hi][i] = __hfma2(w2, quad < 2 ? zero : term, pair_sums[t_hi][i]);
+          pair_sums[t_lo][i] = __hfma2(in_lo ? w2 : zero, in_lo ? term : zero, pair_sums[t_lo][i]);
+          pair_sums[t_hi][i] = __hfma2(in_lo ? zero : w2, in_lo ? zero : term, pair_sums[t_hi][i]);
         }
       }
     }
