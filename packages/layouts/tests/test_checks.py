@@ -114,6 +114,32 @@ def test_an_unusable_cuda_device_is_a_value_error_naming_device(helper):
         helper(128, device)
 
 
+def _outcome(call):
+    """What a call gives: its result, or its exception's type and message."""
+    try:
+        return call()
+    except (TypeError, ValueError) as error:
+        return type(error), str(error)
+
+
+@pytest.mark.parametrize("index", [2**63, 2**64 + 1])
+def test_a_device_index_past_64_bits_is_a_value_error_naming_device(index):
+    with pytest.raises(ValueError, match=rf"^device must be a valid device .* got {index} \("):
+        fl.mxfp4_interleaved_token_of_slot(128, device=index)
+
+
+def test_a_numpy_integer_device_is_the_index_it_holds():
+    """As every other integer argument of the package: the same device (or the same refusal,
+    without CUDA) as the Python int."""
+    numpy = pytest.importorskip("numpy")
+    for value in (numpy.int64(0), numpy.int32(0)):
+        assert _outcome(lambda v=value: _checks.device("device", v)) == _outcome(
+            lambda: _checks.device("device", 0)
+        )
+    with pytest.raises(TypeError, match=r"^device must be a torch.device, .* got numpy.bool"):
+        _checks.device("device", numpy.bool_(True))
+
+
 def test_a_global_scale_on_another_device_is_a_value_error_naming_it():
     a = torch.randn(4, 32)
     with pytest.raises(ValueError, match=r"^a_global_sf must be on the CPU or on the data's"):

@@ -102,6 +102,23 @@ def test_a_cuda_index_past_64_bits_is_a_value_error_naming_device(index):
         compute_paged_mqa_logits_schedule(torch.tensor([1], dtype=torch.int32), index)
 
 
+def test_a_numpy_integer_device_is_the_cuda_index_it_holds():
+    """The docstring's "integers may be Python or numpy ints" holds for `device` too: the
+    same schedule (or the same refusal, without CUDA) as the Python int."""
+    numpy = pytest.importorskip("numpy")
+    seq_lens = torch.tensor([5, 0, 300], dtype=torch.int32)
+
+    def outcome(device):
+        try:
+            return compute_paged_mqa_logits_schedule(seq_lens, device, num_sms=3).cpu().tolist()
+        except (TypeError, ValueError) as error:
+            return type(error), str(error)
+
+    assert outcome(numpy.int64(0)) == outcome(0)
+    with pytest.raises(TypeError, match=r"^device must be a torch.device, str or int, got numpy"):
+        compute_paged_mqa_logits_schedule(seq_lens, numpy.bool_(False), num_sms=3)
+
+
 def test_the_cuda_ops_checks_refuse_what_an_aot_package_could_hand_it():
     # An AOTInductor package skips export's input guards; the op itself refuses an out the
     # kernel would overrun or that overlaps seq_lens (the checks run on CPU tensors here;

@@ -234,13 +234,14 @@ def device(name: str, value: object) -> torch.device | None:
     """Return ``value`` as a ``torch.device`` (None stays None), else raise naming ``name``."""
     if value is None:
         return None
+    value = python_int(value)  # a numpy integer as the index it holds
     if isinstance(value, bool) or not isinstance(value, (torch.device, str, int)):
         raise TypeError(
             f"{name} must be a torch.device, a device string or an int; got {type_name(value)}"
         )
     try:
         resolved = torch.device(value)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError, OverflowError) as error:  # 2**63: "Overflow when unpacking"
         raise ValueError(
             f"{name} must be a valid device such as 'cpu' or 'cuda:0'; got {value!r} ({error})"
         ) from error
