@@ -49,17 +49,42 @@ def test_out_sharing_memory_with_seq_lens_is_refused_exactly_when_bytes_meet(dev
     refused = accepted = 0
     for _ in range(600):
         seq_lens, out, num_sms = _random_views(rng, device)
-        meets = bool(_element_bytes(seq_lens) & _element_bytes(out))
-        if meets:
-            with pytest.raises(ValueError, match=r"^out shares memory with seq_lens \(out bytes"):
-                compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, out=out)
+        if _refused_exactly_when_bytes_meet(seq_lens, out, num_sms):
             refused += 1
         else:
-            expected = compute_paged_mqa_logits_schedule(seq_lens.clone(), num_sms=num_sms)
-            got = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, out=out)
-            assert got is out and torch.equal(got, expected)
             accepted += 1
     assert refused > 50 and accepted > 50  # both sides of the check were exercised
+
+
+def _refused_exactly_when_bytes_meet(seq_lens, out, num_sms) -> bool:
+    """Assert the call refuses `out` if and only if its bytes meet seq_lens'; return whether
+    they meet."""
+    meets = bool(_element_bytes(seq_lens) & _element_bytes(out))
+    if meets:
+        with pytest.raises(ValueError, match=r"^out shares memory with seq_lens \(out bytes"):
+            compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, out=out)
+    else:
+        expected = compute_paged_mqa_logits_schedule(seq_lens.clone(), num_sms=num_sms)
+        got = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms, out=out)
+        assert got is out and torch.equal(got, expected)
+    return meets
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stride", [0, 1, 2, 5])
+def test_seq_lens_at_every_element_around_the_ends_of_out(device, stride):
+    """The cases the random draw may miss: seq_lens starting at each element from before
+    `out`'s first to past its last (a stride-0 seq_lens on exactly the first or last element
+    included)."""
+    storage = torch.randint(0, 500, (200,), dtype=torch.int32, device=device)
+    num_sms, out_at = 3, 80
+    out = storage.as_strided((num_sms + 1, 2), (2, 1), out_at)
+    outcomes = set()
+    for count in (1, 3):
+        for lens_at in range(out_at - 3 * max(stride, 1) - 2, out_at + 2 * (num_sms + 1) + 2):
+            seq_lens = storage.as_strided((count,), (stride,), lens_at)
+            outcomes.add(_refused_exactly_when_bytes_meet(seq_lens, out, num_sms))
+    assert outcomes == {True, False}
 
 
 def test_out_on_another_device_than_seq_lens_needs_no_overlap_check():

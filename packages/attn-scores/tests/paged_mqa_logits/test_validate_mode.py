@@ -90,6 +90,19 @@ def test_stale_schedule_is_refused(validate_on):
         fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=stale_schedule(case))
 
 
+def test_a_schedule_stale_in_its_sentinel_row_only_is_refused(validate_on):
+    """The last row, (batch_size, 0), is checked too: a schedule built for one more request
+    (a trailing zero length) can agree with the fresh one everywhere else."""
+    case = small_fp8(lens=[20000])
+    longer = torch.cat([case.seq_lens, torch.zeros(1, dtype=torch.int32)])
+    sched = fa.compute_paged_mqa_logits_schedule(longer, next_n=case.next_n, variant="fp8")
+    fresh = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=case.next_n, variant="fp8")
+    assert torch.equal(sched[:-1], fresh[:-1]) and not torch.equal(sched[-1], fresh[-1])
+    sentinel = sched.shape[0] - 1
+    with pytest.raises(ValueError, match=rf"^schedule_meta is stale: row {sentinel} is \[2, 0\]"):
+        fa.fp8_paged_mqa_logits(*case.fp8_args(), schedule_meta=sched)
+
+
 def test_schedule_for_the_wrong_variant_or_next_n_is_refused(validate_on):
     case = small_fp8(next_n=2)
     fresh = fa.compute_paged_mqa_logits_schedule(case.seq_lens, next_n=2)
