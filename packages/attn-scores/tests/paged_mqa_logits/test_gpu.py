@@ -642,9 +642,9 @@ def test_a_nan_weight_reaches_exactly_its_row(variant, epi_dtype, next_n):
 
 
 # (next_n, num_heads) with num_heads % 8 == 4: an 8-column group of the MMA's N columns then
-# holds the last four heads of one draft slot and the first four of the next (N 24, 16, 80
-# and 200, the last in two MMA halves).
-STRADDLING_HEADS = [(2, 12), (4, 4), (4, 20), (2, 100)]
+# holds the last four heads of one draft slot and the first four of the next (N 24, 16, 80,
+# 200 and 144; only the last runs as two MMA halves, with a straddling group in each).
+STRADDLING_HEADS = [(2, 12), (4, 4), (4, 20), (2, 100), (4, 36)]
 
 
 @pytest.mark.parametrize("poison", ["nan", "past_float16"])
@@ -657,9 +657,11 @@ def test_a_weight_beside_a_slot_boundary_inside_a_column_group_stays_in_its_row(
     next_n, num_heads, epi_dtype, acc_dtype, poison
 ):
     """Where a column group straddles two draft slots, a lane's weights belong to its own
-    slot only: a NaN weight, or one past float16's 65504 (the float16 epilogue rounds it to
-    inf), on either side of the boundary reaches its own row and no other. (At 64 heads, as
-    in `test_a_nan_weight_reaches_exactly_its_row`, no group straddles.)"""
+    slot only: a NaN weight, or 7e4 (past float16's 65520, so the float16 epilogue rounds it
+    to inf), on either side of the boundary reaches its own row and no other. The float16
+    epilogue once leaked it into the neighbouring row; the float32 epilogue, which takes
+    another path, is held to the same. (At 64 heads, as in
+    `test_a_nan_weight_reaches_exactly_its_row`, no group straddles.)"""
     case = make_fp8_case(
         [300, 0, 129, 77],
         next_n=next_n,
@@ -671,16 +673,18 @@ def test_a_weight_beside_a_slot_boundary_inside_a_column_group_stays_in_its_row(
     ).to("cuda")
     value = float("nan") if poison == "nan" else 7.0e4
     # Request 0: slot 1's first head (beside slot 0's last); request 2: slot 0's last head
-    # (beside slot 1's first); request 3: the last slot's first head.
+    # (beside slot 1's first); request 3: the last slot's first head; with four slots also
+    # request 0's slot 2's last head (beside slot 3's first, in the second MMA half at N 144).
     poisoned = [(0 * next_n + 1, 0), (2 * next_n + 0, num_heads - 1), (3 * next_n + next_n - 1, 0)]
+    if next_n == 4:
+        poisoned.append((0 * next_n + 2, num_heads - 1))
     for row, head in poisoned:
         case.weights[row, head] = value
     poisoned_rows = [row for row, _ in poisoned]
     args = case.fp8_args()
+    dtypes = {"output_dtype": torch.float32, "epi_dtype": epi_dtype, "acc_dtype": acc_dtype}
     out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
-    got = fa.fp8_paged_mqa_logits(
-        *args, output_dtype=torch.float32, epi_dtype=epi_dtype, acc_dtype=acc_dtype, out=out
-    ).cpu()
+    got = fa.fp8_paged_mqa_logits(*args, **dtypes, out=out).cpu()
     expected = fp8_paged_mqa_logits_reference(*args).cpu()
     valid = valid_mask(case.seq_lens.cpu(), next_n, got.shape[1])
     in_poisoned_row = torch.zeros_like(valid)
@@ -692,6 +696,10 @@ def test_a_weight_beside_a_slot_boundary_inside_a_column_group_stays_in_its_row(
     assert not torch.isnan(expected[others]).any()
     assert_rows_close(got, expected, others, tol, magnitude)
     if poison == "nan":
+        # Into a finite buffer too: the NaN were written by the kernel, not left over.
+        finite_out = torch.full_like(out, UNTOUCHED)
+        again = fa.fp8_paged_mqa_logits(*args, **dtypes, out=finite_out).cpu()
+        assert torch.isnan(again[valid & in_poisoned_row]).all()
         assert torch.isnan(got[valid & in_poisoned_row]).all()
     elif epi_dtype == torch.float32:  # the float16 epilogue may saturate these rows
         assert_rows_close(got, expected, valid & in_poisoned_row, tol, magnitude)

@@ -49,6 +49,7 @@ from flashinfer_jit.op_args import (
     check_int,
     describe,
     inference_out_error,
+    int_hint,
     shown,
     sizes,
     strides,
@@ -160,7 +161,8 @@ def resolve_device(device: object) -> torch.device:
 
     Args:
         device: A `torch.device`, a str such as `"cuda:1"` or `"cpu"`, or an int (a CUDA
-            index). A CUDA device without an index is the current one.
+            index; a numpy integer too, in eager calls). A CUDA device without an index is
+            the current one.
 
     Returns:
         The device, with its index filled in for CUDA. Any device type is returned; callers
@@ -185,7 +187,9 @@ def resolve_device(device: object) -> torch.device:
         except (RuntimeError, ValueError, OverflowError) as err:  # 2**63: "Overflow when unpacking"
             raise ValueError(f"device: cannot parse {device!r} as a torch device ({err})") from err
     else:
-        raise TypeError(f"device must be a torch.device, str or int, got {describe(device)}")
+        raise TypeError(
+            f"device must be a torch.device, str or int, got {describe(device)}{int_hint(device)}"
+        )
     if resolved.type == "cuda":
         resolved = _resolve_cuda_device(resolved, device)
     return resolved

@@ -146,10 +146,12 @@ def fp8_paged_mqa_logits(
         output_dtype: float32 (default) or float16. bfloat16 is refused on purpose: the FP8
             epilogue has no bfloat16 store path. `fp4_paged_mqa_logits` defaults to bfloat16,
             so pass `output_dtype` explicitly in code that calls both.
-        epi_dtype: Epilogue dtype, float32 (default) or float16. float16 halves epilogue
-            traffic but saturates above 65504 in magnitude, so long sequences can overflow to
-            inf where float32 would not. On SM90 it is mostly 3-13 % faster at next_n 2-4
-            (the same at next_n 1); the docs' performance page has the figures.
+        epi_dtype: Epilogue dtype, float32 (default) or float16. float16 rounds each raw
+            FP8 dot product q . k (before the token scale) and each weight to float16: a dot
+            product from 65520 up is inf however small the logit (with q and K near E4M3's
+            full range many are), and weights below 2^-25 become 0. On SM90 it is mostly
+            3-13 % faster at next_n 2-4 (the same at next_n 1); the docs' numerics and
+            performance pages have the ranges and the figures.
         acc_dtype: Tensor-core accumulator dtype, float32 (default) or float16. With a float16
             epilogue as well, 4-27 % faster than the defaults at next_n 2-4 on SM90, at the
             cost of the accumulator's rounding and range: each dot product of the raw FP8
@@ -406,8 +408,10 @@ def fp4_paged_mqa_logits(
             and the cache's scale bytes.
         output_dtype: bfloat16 (default), float32 or float16. The FP8 variant defaults to
             float32, so pass it explicitly in code that calls both.
-        epi_dtype: Epilogue dtype, float32 (default), float16 or bfloat16. float16 saturates
-            above 65504 in magnitude, so long sequences can overflow to inf. On SM90 keep
+        epi_dtype: Epilogue dtype, float32 (default), float16 or bfloat16. float16 rounds
+            each head's score (at its true scale), each weight and the sums to float16: a
+            score from 65520 up is inf even where its weight would bring the term back into
+            range, and weights below 2^-25 become 0. On SM90 keep
             float32: bfloat16 takes about the same time and rounds each head score and weight
             to bfloat16 (then sums in float32 on the tensor cores); float16 is slower (each
             head score is first brought to its true scale in float32).

@@ -347,7 +347,7 @@ def all_kernel_specs():
         ]
     # num_heads % 8 == 4, where an 8-column group holds the heads of two draft slots, at every
     # epilogue and accumulator dtype (test_gpu.py's STRADDLING_HEADS).
-    for num_heads, next_n in [(12, 2), (4, 4), (20, 4), (100, 2)]:
+    for num_heads, next_n in [(12, 2), (4, 4), (20, 4), (100, 2), (36, 4)]:
         configs += [
             fp8_config(64, 128, num_heads, next_n, torch.float32, epi, acc)
             for epi in dtypes

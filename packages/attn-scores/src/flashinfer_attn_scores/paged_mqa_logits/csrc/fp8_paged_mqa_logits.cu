@@ -397,7 +397,7 @@ struct ConsumerMath {
       const __half2 w2 = weights_of_group(w, j);
       // The group's columns belong to one draft slot, or (H % 8 == 4) quads 0-1 to t_lo and
       // quads 2-3 to t_hi. There the other slot gets 0 * 0, not w * 0: a lane's weight belongs
-      // to its own slot, and an infinite or NaN one (a weight past 65504 rounds to inf) would
+      // to its own slot, and an infinite or NaN one (a weight from 65520 up rounds to inf) would
       // make the other slot's sum NaN.
       const int t_lo = (8 * j) / NUM_HEADS, t_hi = (8 * j + 4) / NUM_HEADS;
       const bool in_lo = quad < 2;
