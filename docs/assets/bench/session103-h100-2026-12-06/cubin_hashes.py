@@ -1,13 +1,29 @@
-# Hash the cubin of every fp8 float16-epilogue configuration at H=64 (sys.argv[1]: tree root).
-import hashlib, sys, tempfile
-sys.path[:0] = [f"{sys.argv[1]}/packages/{p}/src" for p in ("attn-scores", "jit", "schedule", "layouts")]
-import flashinfer_attn_scores
-assert flashinfer_attn_scores.__file__.startswith(sys.argv[1]), flashinfer_attn_scores.__file__
-from flashinfer_attn_scores.paged_mqa_logits.fp8_sm90 import all_kernel_specs
-from flashinfer_jit.compiler import compile_kernel
-with tempfile.TemporaryDirectory() as d:
-    for s in all_kernel_specs():
-        if "H=64" in s.label and "epi=float16" in s.label:
-            k = compile_kernel(s, "sm_90a", cache_dir=d)
-            text = hashlib.sha1(k.cubin).hexdigest()[:12]
-            print(s.label, text)
+"""Print the sha1 of every float16-epilogue fp8 cubin at 64 heads, compiled for sm_90a with
+NVRTC from the tree given as the first argument (no GPU needed).
+
+    python cubin_hashes.py /path/to/tree > hashes.txt
+"""
+
+import hashlib
+import importlib
+import sys
+import tempfile
+
+PACKAGES = ("attn-scores", "jit", "schedule", "layouts")
+
+
+def main(root: str) -> None:
+    sys.path[:0] = [f"{root}/packages/{name}/src" for name in PACKAGES]
+    fp8_sm90 = importlib.import_module("flashinfer_attn_scores.paged_mqa_logits.fp8_sm90")
+    compiler = importlib.import_module("flashinfer_jit.compiler")
+    if not fp8_sm90.__file__.startswith(root):
+        raise SystemExit(f"imported {fp8_sm90.__file__}, not the tree at {root}")
+    with tempfile.TemporaryDirectory() as cache:
+        for spec in fp8_sm90.all_kernel_specs():
+            if "H=64" in spec.label and "epi=float16" in spec.label:
+                cubin = compiler.compile_kernel(spec, "sm_90a", cache_dir=cache).cubin
+                print(spec.label, hashlib.sha1(cubin).hexdigest()[:12])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
