@@ -6,6 +6,7 @@ import importlib.metadata
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from flashinfer_jit.cli import main
@@ -201,6 +202,45 @@ def test_cache_info_on_a_file_is_an_error(tmp_path, capsys):
     blocker.write_text("not a cache")
     assert main(["cache-info", "--cache-dir", str(blocker)]) == 1
     assert f"the cache root {blocker} is not a folder" in capsys.readouterr().err
+
+
+def test_cache_info_on_an_unreadable_cache_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    shard = tmp_path / "c" / "v1" / "ab"
+    shard.mkdir(parents=True)
+    real_iterdir = Path.iterdir
+
+    def deny(self):
+        if self == shard:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", deny)
+    assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cache-info: cannot read the cache at {tmp_path / 'c'}: ")
+    assert "Permission denied" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["a_file", "a_dangling_link"])
+def test_cache_info_on_a_schema_folder_that_is_none_is_an_error(tmp_path, capsys, kind):
+    schema = tmp_path / "c" / "v1"
+    schema.parent.mkdir()
+    if kind == "a_file":
+        schema.write_text("not a folder")
+    else:
+        schema.symlink_to(tmp_path / "nowhere")
+    assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 1
+    assert f"the cache's schema folder {schema} is not a folder" in capsys.readouterr().err
+
+
+def test_cache_info_counts_entries_and_bytes(tmp_path, capsys):
+    for shard, entry, size in (("ab", "e1", 10), ("ab", "e2", 5), ("cd", "e3", 1)):
+        folder = tmp_path / "c" / "v1" / shard / entry
+        folder.mkdir(parents=True)
+        (folder / "kernel.cubin").write_bytes(b"x" * size * 100_000)
+    (tmp_path / "c" / "v1" / "tmp").mkdir()  # not a shard
+    assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "entries:    3 (1.6 MB)" in capsys.readouterr().out
 
 
 def test_compile_check_reports_a_folder_source_as_one_failed_spec(spec_module, cache_dir, capsys):

@@ -624,6 +624,48 @@ def test_a_damaged_entry_that_cannot_be_moved_aside_is_not_reported_stored(
     assert "could not be replaced" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "damage", ["functions_not_dicts", "log_a_dict", "compile_seconds_a_str", "cubin_truncated"]
+)
+def test_damaged_fields_that_cannot_be_moved_aside_are_not_reported_stored(
+    source, cache_dir, caplog, monkeypatch, damage
+):
+    """Damage the cubin's size and checksum do not show (the compiler's own manifest fields),
+    in an entry that cannot be moved aside: publishing must not keep it as another process's
+    entry, or compile-check would pass on a cache that recompiles on every run."""
+    from flashinfer_jit import cache as cache_module
+    from flashinfer_jit import compiler as compiler_module
+
+    spec = KernelSpec.make("add_value", source, {"VALUE": 16})
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    if damage == "cubin_truncated":
+        (good.cache_path / CUBIN_FILE).write_bytes(b"truncated")
+    else:
+        DAMAGE[damage](good.cache_path, good.cubin)
+    for module in (cache_module, compiler_module):
+        monkeypatch.setattr(module, "discard_entry", lambda root, digest: None)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert again.cubin == good.cubin and not again.from_cache
+    assert again.cache_path is None
+    assert "could not be replaced" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("name", [CUBIN_FILE, MANIFEST_FILE])
+def test_a_fifo_in_an_entry_is_damage_not_a_hang(source, cache_dir, caplog, name):
+    """A read of a FIFO never returns (nor one of /dev/zero ends): only regular files are read."""
+    spec = KernelSpec.make("add_value", source, {"VALUE": 17})
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    (good.cache_path / name).unlink()
+    os.mkfifo(good.cache_path / name)
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert again.cubin == good.cubin and not again.from_cache
+    assert "not a regular file" in caplog.text
+    assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).from_cache  # replaced
+
+
 def test_a_source_removed_while_it_compiles_is_used_and_not_cached(source, cache_dir, caplog):
     """An upgrade that deletes the sources under a live process: the finished compile is
     used, not cached, and no FileNotFoundError escapes the rehash."""

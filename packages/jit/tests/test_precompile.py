@@ -57,6 +57,17 @@ def test_configurations_the_cache_could_not_store_are_reported(source, tmp_path,
     assert "2 compiled, 2 not stored (the cache could not be written), 0 failed" in str(summary)
 
 
+@pytest.mark.skipif(not os.path.exists("/etc/passwd"), reason="the ~user rule reads passwd")
+def test_a_cache_dir_under_an_unknown_home_compiles_without_the_cache(source):
+    """As for such a FLASHINFER_JIT_CACHE_DIR: compiled, not stored, no traceback."""
+    specs = [KernelSpec.make("fill", source, {"VALUE": v}) for v in range(2)]
+    summary = precompile(
+        specs, arch="sm_90a", max_workers=1, progress=False, cache_dir="~no-such-user-here/c"
+    )
+    assert summary.compiled == 2 and summary.failures == []
+    assert [r.spec for r in summary.not_stored] == specs
+
+
 def test_failures_are_collected_then_raised(source, tmp_path, cache_dir):
     broken = tmp_path / "broken.cu"
     broken.write_text('extern "C" __global__ void fill(float* out) { out[0] = nope_zz; }\n')

@@ -21,9 +21,11 @@ import logging
 import marshal
 import os
 import shutil
+import stat
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +125,8 @@ def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     Raises:
         TypeError: `cache_dir` is not None, a str or a path.
         ValueError: `cache_dir` holds a NUL byte, or is an empty str (which would silently mean the current
-            directory).
+            directory). `Path("")` cannot be told from `Path(".")`: both are the current
+            directory.
         NoCacheFolderError: `cache_dir` starts with `~` or `~user` and that home folder is
             unknown.
     """
@@ -258,8 +261,12 @@ _DAMAGE_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP})
 
 
 def _read_entry_file(folder: Path, name: str) -> bytes:
+    path = folder / name
     try:
-        return (folder / name).read_bytes()
+        # A FIFO would block the read forever and a device (a link to /dev/zero) never end it.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise CorruptEntry(f"{path}: not a regular file")
+        return path.read_bytes()
     except OSError as exc:
         # Without the entry path itself (a file or a loop where a shard folder should be),
         # there is no entry to move aside: the caller sees a missing entry or a read error.
@@ -345,7 +352,13 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any]) -> Path | None:
+def publish_entry(
+    root: Path,
+    digest: str,
+    cubin: bytes,
+    manifest: dict[str, Any],
+    check: Callable[[CacheEntry], object] | None = None,
+) -> Path | None:
     """Atomically publish an entry; if another process published first, keep theirs.
 
     Args:
@@ -353,6 +366,9 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
         digest: Cache key digest.
         cubin: Compiled binary.
         manifest: Manifest fields; `key`, `cubin_size` and `cubin_sha256` are filled in.
+        check: Validates the fields an entry already there holds beyond its cubin's size and
+            checksum (the compiler's own fields), raising CorruptEntry for a damaged one:
+            only an entry that passes is kept as another publisher's.
 
     Returns:
         The entry folder, or None when no valid entry could be put there: three attempts
@@ -391,7 +407,10 @@ def publish_entry(root: Path, digest: str, cubin: bytes, manifest: dict[str, Any
                 # Another entry sits there: a concurrent publisher won (keep theirs, it was
                 # built from identical inputs) or it is damaged (move it aside and retry).
                 try:
-                    if read_entry(root, digest) is not None:
+                    existing = read_entry(root, digest)
+                    if existing is not None:
+                        if check is not None:
+                            check(existing)
                         published = True
                         break
                 except CorruptEntry:

@@ -6,6 +6,8 @@ All commands compile with NVRTC and need no GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -370,15 +372,46 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     except NoCacheFolderError as exc:
         print(f"cache-info: {exc}", file=sys.stderr)
         return 1
-    if root.exists() and not root.is_dir():
-        print(f"cache-info: the cache root {root} is not a folder", file=sys.stderr)
-        return 1
     folder = schema_root(root)
-    entries = [p for p in folder.glob("??/*") if p.is_dir()] if folder.exists() else []
-    size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
+    for path, what in ((root, "the cache root"), (folder, "the cache's schema folder")):
+        # lexists: a dangling or looping link there is no folder either
+        if os.path.lexists(path) and not path.is_dir():
+            print(f"cache-info: {what} {path} is not a folder", file=sys.stderr)
+            return 1
+    try:
+        entries, size = _entries_and_bytes(folder)
+    except OSError as exc:
+        print(f"cache-info: cannot read the cache at {root}: {exc}", file=sys.stderr)
+        return 1
     print(f"cache root: {root}")
-    print(f"entries:    {len(entries)} ({size / 1e6:.1f} MB) in {folder}")
+    print(f"entries:    {entries} ({size / 1e6:.1f} MB) in {folder}")
     return 0
+
+
+def _entries_and_bytes(folder: Path) -> tuple[int, int]:
+    """The entry folders under the schema folder and the bytes of their files. OSError for a
+    folder this process may not read; what another process removes meanwhile is skipped."""
+    entries = size = 0
+    for shard in _listing(folder):
+        if len(shard.name) != 2 or not shard.is_dir():
+            continue
+        for entry in _listing(shard):
+            if not entry.is_dir():
+                continue
+            entries += 1
+            for file in _listing(entry):
+                with contextlib.suppress(FileNotFoundError):
+                    if file.is_file():
+                        size += file.stat().st_size
+    return entries, size
+
+
+def _listing(folder: Path) -> list[Path]:
+    """`folder`'s children; none if it is gone (moved aside or swept meanwhile)."""
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 _CACHE_DIR_HELP = "cache root (default: FLASHINFER_JIT_CACHE_DIR)"

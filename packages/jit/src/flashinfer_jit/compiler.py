@@ -629,7 +629,11 @@ def compile_kernel(
     path: Path | None = None
     if root is not None and _sources_unchanged(spec, arch, key):
         try:
-            path = publish_entry(root, key.digest, cubin, manifest)
+            # An entry already there counts as published only with fields this spec accepts
+            # (one whose damaged fields could not be moved aside is not stored).
+            path = publish_entry(
+                root, key.digest, cubin, manifest, check=lambda entry: _cached_fields(spec, entry)
+            )
         except OSError as exc:
             logger.warning(
                 "flashinfer_jit: cannot write the kernel cache at %s (%s): %s",

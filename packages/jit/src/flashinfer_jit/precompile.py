@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .cache import cache_root
+from .cache import NoCacheFolderError, cache_root
 from .compiler import CompiledKernel, check_arch, compile_kernel, lookup_kernel
 from .errors import KernelCompileError
 from .resources import FunctionResources
@@ -335,6 +335,16 @@ def _check_max_workers(max_workers: int | None) -> None:
         raise ValueError(f"max_workers: expected a positive int or None, got {max_workers}")
 
 
+def _root_for_workers(cache_dir: str | Path) -> str:
+    """The cache root the workers are given: `cache_dir` checked (TypeError / ValueError here,
+    once) and expanded; one under an unknown `~user` stays as given, so that each compile
+    warns and runs without the disk cache, as it does for such a FLASHINFER_JIT_CACHE_DIR."""
+    try:
+        return str(cache_root(cache_dir))
+    except NoCacheFolderError:
+        return os.fspath(cache_dir)
+
+
 def precompile(
     specs: Iterable[KernelSpec],
     device: Any = None,
@@ -380,7 +390,7 @@ def precompile(
     start = time.perf_counter()
     unique = _unique_specs(specs)
     _check_max_workers(max_workers)
-    root = None if cache_dir is None else str(cache_root(cache_dir))
+    root = None if cache_dir is None else _root_for_workers(cache_dir)
     if load:
         from .device import resolve_device_index
 
