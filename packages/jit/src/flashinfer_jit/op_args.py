@@ -151,6 +151,14 @@ def describe(value: object) -> str:
     return f"{type_name(value)} ({shown(value)!r})"
 
 
+def numpy_int_as_int(value: object) -> object:
+    """A numpy (or other `numbers.Integral`) integer as the Python int it holds; any other
+    value (a bool, a tensor, a str) unchanged, for the caller's own checks."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return operator.index(value)
+    return value
+
+
 def check_int(name: str, value: object, expected: str = "an int") -> int:
     """Return `value` as a Python int if it is an integer (numpy integers included).
 
@@ -163,8 +171,9 @@ def check_int(name: str, value: object, expected: str = "an int") -> int:
         return value
     if isinstance(value, torch.SymInt):  # a size read from data under a non-strict export
         return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return operator.index(value)
+    value = numpy_int_as_int(value)
+    if type(value) is int:
+        return value
     raise TypeError(f"{name} must be {expected}, got {describe(value)}{int_hint(value)}")
 
 

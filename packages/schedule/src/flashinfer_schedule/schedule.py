@@ -41,15 +41,13 @@ makes), SM 2 units 0-2 and SM 3 units 3-4 of request 2.
 
 from __future__ import annotations
 
-import numbers
-import operator
-
 import torch
 from flashinfer_jit.op_args import (
     check_int,
     describe,
     inference_out_error,
     int_hint,
+    numpy_int_as_int,
     shown,
     sizes,
     strides,
@@ -173,8 +171,8 @@ def resolve_device(device: object) -> torch.device:
         ValueError: It does not parse as a device, CUDA is not available in this process, or
             the CUDA index is not that of a visible device.
     """
-    if isinstance(device, numbers.Integral) and not isinstance(device, (bool, int)):
-        device = operator.index(device)  # a numpy integer as the index it holds
+    if not isinstance(device, (torch.device, str, int)):
+        device = numpy_int_as_int(device)  # a numpy integer as the index it holds
     if isinstance(device, torch.device):
         resolved = device
     elif isinstance(device, (str, int)) and not isinstance(device, bool):
