@@ -7,9 +7,11 @@ session would, and what a block prints or states in a comment is asserted here t
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,56 @@ def test_migration_example_is_a_rename_and_runs():
     _run(MIGRATION, 0, after, ns)
     mask = valid_mask(ns["seq_lens"], ns["next_n"], ns["max_seq_len"])
     assert torch.equal(ns["logits"][mask], quickstart_logits[mask])
+
+
+def _docstring_example(function: object) -> str:
+    """The indented example block of a public function's docstring (rendered on the API page)."""
+    doc = inspect.getdoc(function)
+    assert doc is not None
+    _, marker, rest = doc.partition("\nExample")
+    assert marker, f"{function.__name__}'s docstring has no Example paragraph"
+    lines = rest.split("\n\n", 1)[1].split("\nArgs:", 1)[0].splitlines()
+    assert lines and all(not line or line.startswith("    ") for line in lines)
+    return textwrap.dedent("\n".join(lines))
+
+
+def test_api_docstring_examples_run_in_order_on_cpu():
+    """The fp8 example, then the fp4 one ("with the paging of the fp8 example"), pasted into one
+    session after what they say comes from elsewhere: `values, scales` from
+    `quantize_fp8_per_token(k)` with k `[B * width, block_size, head_dim]`, q and weights as in
+    the quickstart."""
+    import flashinfer_attn_scores
+    import flashinfer_layouts
+    from flashinfer_attn_scores.paged_mqa_logits.reference import valid_mask
+
+    torch.manual_seed(0)
+    ns: dict[str, object] = {
+        "torch": torch,
+        "flashinfer_attn_scores": flashinfer_attn_scores,
+        "flashinfer_layouts": flashinfer_layouts,
+        "device": "cpu",
+    }
+    fp8_example = _docstring_example(flashinfer_attn_scores.fp8_paged_mqa_logits)
+    fp4_example = _docstring_example(flashinfer_attn_scores.fp4_paged_mqa_logits)
+    # The first two lines of the fp8 example fix the shapes the inputs below need.
+    exec(compile("\n".join(fp8_example.splitlines()[:2]), "fp8 example, head", "exec"), ns)
+    B, next_n, num_heads, head_dim = (ns[name] for name in ("B", "next_n", "num_heads", "head_dim"))
+    width = flashinfer_attn_scores.min_block_table_width(ns["max_seq_len"], ns["block_size"])
+    k = torch.randn(B * width, ns["block_size"], head_dim)
+    ns["values"], ns["scales"] = flashinfer_layouts.quantize_fp8_per_token(k)
+    ns["q"] = torch.randn(B, next_n, num_heads, head_dim).to(torch.float8_e4m3fn)
+    ns["weights"] = torch.randn(B * next_n, num_heads)
+
+    exec(compile(fp8_example, "fp8_paged_mqa_logits docstring example", "exec"), ns)
+    fp8_logits = ns["logits"]
+    assert fp8_logits.shape == (6, 8000) and fp8_logits.dtype == torch.float32  # "# [6, 8000]"
+    assert ns["width"] == 250  # "# 250"
+    mask = valid_mask(ns["seq_lens"], next_n, ns["max_seq_len"])
+    assert torch.isfinite(fp8_logits[mask]).all() and fp8_logits[mask].abs().max() > 0
+
+    exec(compile(fp4_example, "fp4_paged_mqa_logits docstring example", "exec"), ns)
+    fp4_logits = ns["logits"]
+    # "# [B*next_n, max_seq_len] bfloat16"; zero placeholders give zero logits.
+    assert fp4_logits.shape == (B * next_n, ns["max_seq_len"])
+    assert fp4_logits.dtype == torch.bfloat16
+    assert torch.equal(fp4_logits[mask], torch.zeros_like(fp4_logits[mask]))

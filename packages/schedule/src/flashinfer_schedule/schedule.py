@@ -414,9 +414,12 @@ def compute_paged_mqa_logits_schedule(
     The persistent logits kernels launch one CTA per SM; this tensor tells CTA `i` at which
     `(request, KV segment)` its share of the work starts, and row `i + 1` where it stops.
     Pass the result to `fp8_paged_mqa_logits` / `fp4_paged_mqa_logits` as `schedule_meta` to
-    skip the per-call schedule computation. Treat it as opaque: it depends on the contents of
-    `seq_lens`, on `next_n`, on the variant and on the target device's SM count, so recompute
-    it (into the same buffer under CUDA graphs) whenever any of those change. The spec leaves
+    skip the per-call schedule computation. Treat it as opaque: the spec lets it depend on the
+    contents of `seq_lens`, on `next_n`, on the variant and on the target device's SM count, so
+    recompute it (into the same buffer under CUDA graphs) whenever any of those change. (The
+    SM90 policy reads only `seq_lens` and the SM count: every configuration scores all draft
+    slots in one pass, so a schedule built with another `next_n` or variant is the same tensor
+    and the logits calls accept it, validate mode included.) The spec leaves
     a stale schedule undefined (it may hang another kernel); the SM90 kernels of
     `flashinfer-attn-scores` bound every walk by `seq_lens`, but can leave logits wrong or
     unwritten.

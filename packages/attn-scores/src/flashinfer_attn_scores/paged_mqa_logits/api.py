@@ -359,7 +359,7 @@ def fp4_paged_mqa_logits(
 
         q = torch.zeros(B, next_n, 64, 64, dtype=torch.uint8, device=device)
         q_sf = torch.zeros(B, next_n, 64, dtype=torch.int32, device=device)
-        kv_fused = torch.zeros(num_blocks, 32, 1, 68, dtype=torch.uint8, device=device)
+        kv_fused = torch.zeros(B * width, 32, 1, 68, dtype=torch.uint8, device=device)
         logits = flashinfer_attn_scores.fp4_paged_mqa_logits(
             q, q_sf, kv_fused, weights, block_tables, seq_lens, max_seq_len)
         # [B*next_n, max_seq_len] bfloat16
