@@ -641,6 +641,53 @@ def test_a_nan_weight_reaches_exactly_its_row(variant, epi_dtype, next_n):
     assert_rows_close(got, expected, others, tol, magnitude, **per_token)
 
 
+@pytest.mark.parametrize("next_n", [2, 4])
+@pytest.mark.parametrize(
+    ("variant", "epi_dtype"),
+    [
+        ("fp8", torch.float32),
+        ("fp8", torch.float16),
+        ("fp4", torch.float32),
+        ("fp4", torch.float16),
+        ("fp4", torch.bfloat16),
+    ],
+)
+def test_infinite_zero_and_subnormal_weights(variant, epi_dtype, next_n):
+    """An infinite weight (either sign) makes its row non-finite and no other; a row of zero
+    weights is exactly 0; a subnormal weight is a weight like any other (within the tolerance,
+    which the 16-bit epilogues' flush to 0 below 2^-25 stays inside). fp4 folds group scales
+    into the weights and picks each slot's anchor from them, and its bfloat16 epilogue sums all
+    slots' columns on the tensor cores, so a non-finite or zero slot must not move another's."""
+    kind = VARIANTS[variant]
+    case = kind.make_case(64, next_n, seed=70 + next_n, lens=[300, 0, 129])
+    infinite_rows = [next_n - 1, 2 * next_n]  # request 0's newest, request 2's oldest
+    case.weights[infinite_rows[0], 7] = float("inf")
+    case.weights[infinite_rows[1], 40] = -float("inf")
+    zero_row = 2 * next_n + 1
+    case.weights[zero_row] = 0.0
+    case.weights[0, 3] = 1e-42  # subnormal in float32
+    case.weights[0, 11] = -1e-40
+    op, args, reference = kind.op, kind.args(case), kind.reference
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    got = op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=out).cpu()
+    expected = reference(*args).cpu()
+    valid = valid_mask(case.seq_lens.cpu(), next_n, got.shape[1])
+    in_infinite_row = torch.zeros_like(valid)
+    in_infinite_row[infinite_rows] = True
+    assert not torch.isfinite(expected[valid & in_infinite_row]).any()
+    assert not torch.isfinite(got[valid & in_infinite_row]).any()
+    in_zero_row = torch.zeros_like(valid)
+    in_zero_row[zero_row] = True
+    assert (valid & in_zero_row).any()
+    assert (got[valid & in_zero_row] == 0).all()
+    others = valid & ~in_infinite_row
+    assert torch.isfinite(expected[others]).all()
+    magnitude = magnitude_of(reference, args)
+    tol = tolerance(torch.float32, epi_dtype)
+    per_token = kind.per_token(case, torch.float32, epi_dtype)
+    assert_rows_close(got, expected, others, tol, magnitude, **per_token)
+
+
 # (next_n, num_heads) with num_heads % 8 == 4: an 8-column group of the MMA's N columns then
 # holds the last four heads of one draft slot and the first four of the next (N 24, 16, 80,
 # 200 and 144; only the last runs as two MMA halves, with a straddling group in each).

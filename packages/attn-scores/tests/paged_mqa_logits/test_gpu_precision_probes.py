@@ -112,6 +112,32 @@ def test_fp8_float16_epilogue_overflows_where_float32_does_not(next_n):
             assert torch.isposinf(got).all(), f"epi_dtype=float16 (acc {acc}) did not overflow"
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+@pytest.mark.parametrize("next_n", [1, 4])
+def test_fp8_float32_head_sum_overflows_from_2_to_the_127(next_n):
+    """numerics.md's range: the float32 epilogue sums the head terms doubled, w * (x + |x|),
+    and halves once in the final scale, so the raw head sum sum_h w_h relu(x_h) is finite up to
+    just below 2^127 and inf from 2^127, whatever the token scale. q = k = 1 at head_dim 128:
+    each x = 128; 64 heads of weight 2^113 sum to 2^126 (exact), of weight 2^114 to 2^127. The
+    float16 accumulator's epilogue takes the ReLU as a max, undoubled: finite at both."""
+    below = constant_fp8_case(next_n, value=1.0, weight=2.0**113)
+    at = constant_fp8_case(next_n, value=1.0, weight=2.0**114)
+    for case, doubled_sum_finite in ((below, True), (at, False)):
+        expected = fp8_paged_mqa_logits_reference(*case.fp8_args())
+        wide = call_fp8(case, acc_dtype=torch.float32, epi_dtype=torch.float32)
+        narrow = call_fp8(case, acc_dtype=torch.float16, epi_dtype=torch.float32)
+        wide, narrow, expected = masked(case, wide, narrow, expected)
+        in_range = expected.abs() < FLOAT32_MAX
+        assert in_range.any()  # the logits themselves are float32 numbers
+        assert torch.allclose(narrow[in_range].double(), expected[in_range], rtol=2.0**-22, atol=0)
+        if doubled_sum_finite:
+            assert torch.allclose(wide[in_range].double(), expected[in_range], rtol=2.0**-22)
+        else:
+            assert torch.isposinf(wide).all(), "the doubled head sum did not overflow at 2^127"
+
+
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 @pytest.mark.parametrize(
     ("variant", "output_dtype"),
