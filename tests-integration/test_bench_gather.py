@@ -343,3 +343,27 @@ def test_a_programmatic_gather_writes_out_only_after_the_previous_one_finished(k
         run_short()
         torch.cuda.synchronize()
         assert torch.equal(runner.out, short_alone)
+
+
+def test_plots_show_only_passing_cases(tmp_path) -> None:
+    """A case whose timed replays failed their check is timed and derived (the JSON keeps it)
+    but is not plotted; nor is a case without a fraction of copy, or another op's."""
+    _bench()
+    import bench.report as report
+    from bench.models import work_model
+    from bench.shapes import IndexerShape
+    from bench.timing import Timing
+
+    results = []
+    for status, batch in ((report.PASS, 2), (report.FAIL, 4), (report.PASS, 8)):
+        shape = IndexerShape("fp8", batch, 150, 1, 64)
+        result = report.CaseResult(shape, status, work_model(shape, [100] * batch, torch.float32))
+        result.timing = Timing(10.0, 9.0, 11.0, 20, "test")
+        result.derive(copy_bw=4e9)
+        results.append(result)
+    results[2].derived["copy_fraction"] = None
+    assert all(r.derived.get("copy_fraction") for r in results[:2])
+    assert report.plotted_cases(results, "fp8") == [results[0]]
+    assert report.plotted_cases(results, "fp4") == []
+    written = report.write_plots(tmp_path, results, "test")
+    assert [path.name for path in written] == ["fp8_copy_fraction.png"]

@@ -133,6 +133,20 @@ def _row(table: str, prefix: str) -> list[str]:
     raise AssertionError(f"no row starting with {prefix!r} in\n{table}")
 
 
+def _with_every_peer_shape(payload: dict) -> dict:
+    """`payload` with a passing fp8 block-64 case at each of the peer's shapes it lacks or
+    failed, timed at the peer's own time (a speed-up of 1: the geometric mean is unchanged)."""
+    t = _tables()
+    cases = t.index_cases(payload)
+    for (next_n, batch, avg_len), peer_us in t.PEER_FP8_US.items():
+        old = cases.get(("fp8", next_n, batch, avg_len, 64))
+        if old is None or old["status"] != "PASS":
+            payload["results"] = [r for r in payload["results"] if r is not old]
+            record = _record("fp8", next_n, batch, avg_len, 64, peer_us, 0.5, 0.5, batch * avg_len)
+            payload["results"].append(record)
+    return payload
+
+
 def test_op_table_cells_give_time_fractions_status_and_peer(payload) -> None:
     t = _tables()
     table = t.op_table(payload, "fp8")
@@ -259,6 +273,11 @@ def test_peer_speedup_one_replay_swaps_in_single_replay_times_only(payload) -> N
     warm_line = next(line for line in summary.splitlines() if "(pages in L2)" in line)
     assert "(target 1.25x" not in warm_line
     assert "(not the target's reading: pages in L2 overstate)" in warm_line
+    flushed_line = next(line for line in summary.splitlines() if "(after an L2 flush)" in line)
+    # The fixture times 4 of the peer's 21 shapes (one failed): the mean gets no verdict.
+    assert "(target 1.25x" not in flushed_line
+    assert "(no verdict: the target is the mean over all 21 of the peer's shapes" in flushed_line
+    summary = t.summary_lines(_with_every_peer_shape(payload))
     flushed_line = next(line for line in summary.splitlines() if "(after an L2 flush)" in line)
     assert "(target 1.25x: " in flushed_line
     assert "(which flatters them, so this is an upper bound)" in flushed_line
@@ -864,6 +883,7 @@ def test_a_run_off_the_h200_gets_no_verdict_against_the_peer(payload) -> None:
     t = _tables()
     cases = t.index_cases(payload)
     cases[("fp8", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 4.0}  # 0.625x the peer
+    payload = _with_every_peer_shape(payload)
     on_h200 = t.small_batch_table(payload)
     assert "(meets)" in on_h200
     assert "(target 1.25x: " in t.summary_lines(payload)
@@ -884,3 +904,31 @@ def test_a_run_off_the_h200_gets_no_verdict_against_the_peer(payload) -> None:
     assert "No speed-up below" not in t.summary_lines(payload)
     assert "| peer (block 64, H200, PERFORMANCE.md) |" in t.op_table(h100, "fp8")
     assert "| peer (block 64, PERFORMANCE.md) |" in t.op_table(payload, "fp8")
+
+
+def test_no_verdict_against_the_peer_at_other_dtypes(payload) -> None:
+    """The peer was timed, and the targets are read, at the float32 defaults: a run of fp8
+    cases at other dtypes prints its ratios and means without a verdict."""
+    t = _tables()
+    payload = _with_every_peer_shape(payload)
+    t.index_cases(payload)[("fp8", 1, 1, 4096, 64)]["single_replay"] = {"median_us": 4.0}
+    assert "(meets)" in t.small_batch_table(payload)
+    assert t.peer_verdict_blocker(payload) is None
+    # fp4 cases at their own dtypes do not matter: the peer comparison is fp8's.
+    for record in payload["results"]:
+        if record["op"] == "fp4":
+            record["epi_dtype"] = "bfloat16"
+    assert t.peer_verdict_blocker(payload) is None
+    for record in payload["results"]:
+        if record["op"] == "fp8":
+            record["epi_dtype"] = record["acc_dtype"] = "float16"
+    reason = (
+        "the peer was timed at the float32 defaults, this run's fp8 cases at "
+        "epi_dtype float16, acc_dtype float16"
+    )
+    assert t.peer_verdict_blocker(payload) == reason
+    table, summary = t.small_batch_table(payload), t.summary_lines(payload)
+    assert "(meets)" not in table and "(over)" not in table and "| 0.62 |" in table
+    assert t.small_batch_caption(payload).endswith(f" No ratio gets a verdict: {reason}.")
+    flushed = next(line for line in summary.splitlines() if "(after an L2 flush)" in line)
+    assert "(target 1.25x" not in flushed and f"(no verdict: {reason})" in flushed

@@ -212,9 +212,20 @@ def _length_label(length: int) -> str:
     return f"{length // 1024}k" if length % 1024 == 0 else str(length)
 
 
+def plotted_cases(results: list[CaseResult], op: str) -> list[CaseResult]:
+    """The cases of `op` a plot shows: PASS with a fraction of copy. A case whose timed
+    replays failed their check keeps its timing in the JSON, not in a plot."""
+    return [
+        r
+        for r in results
+        if r.shape.op == op and r.status == PASS and r.derived.get("copy_fraction")
+    ]
+
+
 def write_plots(out_dir: Path, results: list[CaseResult], title_note: str) -> list[Path]:
     """One PNG per op: fraction of copy bandwidth against average L, a line per (B, next_n),
-    one panel per block size. Returns the files written (none without timed results)."""
+    one panel per block size, `plotted_cases` only. Returns the files written (none without
+    timed results)."""
     try:
         import matplotlib
 
@@ -226,7 +237,7 @@ def write_plots(out_dir: Path, results: list[CaseResult], title_note: str) -> li
 
     written = []
     for op in sorted({r.shape.op for r in results}):
-        timed = [r for r in results if r.shape.op == op and r.derived.get("copy_fraction")]
+        timed = plotted_cases(results, op)
         if not timed:
             continue
         blocks = sorted({r.shape.block_size for r in timed})

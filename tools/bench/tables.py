@@ -550,6 +550,20 @@ def peer_device_mismatch(payload: Mapping[str, Any]) -> str | None:
     return f"the peer was timed on an NVIDIA {PEER_DEVICE}, this run on {name}"
 
 
+def peer_verdict_blocker(payload: Mapping[str, Any]) -> str | None:
+    """Why no time of the run can be judged against the peer's, or None: another card
+    (`peer_device_mismatch`), or fp8 cases run at other than the float32 defaults, at which the
+    peer was timed and the targets are read."""
+    mismatch = peer_device_mismatch(payload)
+    if mismatch:
+        return mismatch
+    choices = sorted({dtype_choice(r) for r in payload["results"] if r["op"] == "fp8"})
+    if choices and choices != [("float32", "float32")]:
+        ran = " / ".join(f"epi_dtype {epi}, acc_dtype {acc}" for epi, acc in choices)
+        return f"the peer was timed at the float32 defaults, this run's fp8 cases at {ran}"
+    return None
+
+
 def small_batch_caption(payload: Mapping[str, Any]) -> str:
     """How the run took its single replays: up to the twentieth run a window of 32 graphs, one
     per rotation set; since then one graph, each cold replay after an L2 flush."""
@@ -578,9 +592,9 @@ def small_batch_caption(payload: Mapping[str, Any]) -> str:
     )
     if any(single_replay_us(r, "single_replay_warm") for r in payload["results"]):
         caption += " " + WARM_NOTE
-    mismatch = peer_device_mismatch(payload)
-    if mismatch:
-        caption += f" No ratio gets a verdict: {mismatch}."
+    blocker = peer_verdict_blocker(payload)
+    if blocker:
+        caption += f" No ratio gets a verdict: {blocker}."
     return caption
 
 
@@ -661,7 +675,7 @@ def small_batch_table(payload: Mapping[str, Any]) -> str:
     if warm:
         header.append(WARM_RATIO_HEADER)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    comparable = peer_device_mismatch(payload) is None
+    comparable = peer_verdict_blocker(payload) is None
     for op, next_n, batch, avg_len in rows:
         cells = [op, str(next_n), str(batch), length_label(avg_len)]
         for block in blocks:
@@ -756,10 +770,16 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
                 if field == "single_replay"
                 else ""
             )
+            blocker = peer_verdict_blocker(payload)
             if field != "single_replay":
                 reading = f"{mean:.3f}x (not the target's reading: pages in L2 overstate)"
-            elif mismatch:
-                reading = f"{mean:.3f}x (no verdict: {mismatch})"
+            elif blocker:
+                reading = f"{mean:.3f}x (no verdict: {blocker})"
+            elif len(one_replay) < len(PEER_FP8_US):
+                reading = (
+                    f"{mean:.3f}x (no verdict: the target is the mean over all "
+                    f"{len(PEER_FP8_US)} of the peer's shapes, this run has {len(one_replay)})"
+                )
             else:
                 reading = _against_speedup_target(mean)
             items.append(
