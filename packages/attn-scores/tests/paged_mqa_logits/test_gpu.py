@@ -598,17 +598,36 @@ def test_many_short_requests_per_cta(variant, epi_dtype, next_n, batch):
     check_result(got, out, expected, case.seq_lens, next_n, tol, magnitude, **per_token)
 
 
+def _float32_call(kind, case, epi_dtype):
+    """One float32-output call of `case` into a `poisoned_out` buffer: (args, out, the result
+    and the float64 reference on the CPU, the valid mask)."""
+    args = kind.args(case)
+    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
+    got = kind.op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=out).cpu()
+    expected = kind.reference(*args).cpu()
+    return args, out, got, expected, valid_mask(case.seq_lens.cpu(), case.next_n, got.shape[1])
+
+
+def _assert_close_where(kind, case, args, got, expected, mask, epi_dtype):
+    """`got` within the float32 output's tolerance of `expected` on `mask`."""
+    magnitude = magnitude_of(kind.reference, args)
+    per_token = kind.per_token(case, torch.float32, epi_dtype)
+    tol = tolerance(torch.float32, epi_dtype)
+    assert_rows_close(got, expected, mask, tol, magnitude, **per_token)
+
+
+# Each op with each of its epilogue dtypes.
+EVERY_EPILOGUE = [
+    ("fp8", torch.float32),
+    ("fp8", torch.float16),
+    ("fp4", torch.float32),
+    ("fp4", torch.float16),
+    ("fp4", torch.bfloat16),
+]
+
+
 @pytest.mark.parametrize("next_n", [2, 4])
-@pytest.mark.parametrize(
-    ("variant", "epi_dtype"),
-    [
-        ("fp8", torch.float32),
-        ("fp8", torch.float16),
-        ("fp4", torch.float32),
-        ("fp4", torch.float16),
-        ("fp4", torch.bfloat16),
-    ],
-)
+@pytest.mark.parametrize(("variant", "epi_dtype"), EVERY_EPILOGUE)
 def test_a_nan_weight_reaches_exactly_its_row(variant, epi_dtype, next_n):
     """weights[row, h] = NaN makes every valid logit of that row NaN (NaN times relu(score) is
     NaN even where the ReLU gives 0), and leaves every other row as the reference has it:
@@ -620,38 +639,22 @@ def test_a_nan_weight_reaches_exactly_its_row(variant, epi_dtype, next_n):
     poisoned_rows = [0 * next_n + next_n - 1, 2 * next_n + 0]  # request 0's newest, 2's oldest
     for row, head in zip(poisoned_rows, [5, 63]):
         case.weights[row, head] = float("nan")
-    op, args, reference = kind.op, kind.args(case), kind.reference
-    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
-    got = op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=out).cpu()
-    expected = reference(*args).cpu()
-    valid = valid_mask(case.seq_lens.cpu(), next_n, got.shape[1])
+    args, out, got, expected, valid = _float32_call(kind, case, epi_dtype)
     in_poisoned_row = torch.zeros_like(valid)
     in_poisoned_row[poisoned_rows] = True
     assert torch.isnan(expected[valid & in_poisoned_row]).all()
     assert torch.isnan(got[valid & in_poisoned_row]).all()
     # The same call into a finite buffer: those NaN were written by the kernel, not left over.
     finite_out = torch.full_like(out, UNTOUCHED)
-    again = op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=finite_out).cpu()
+    again = kind.op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=finite_out).cpu()
     assert torch.isnan(again[valid & in_poisoned_row]).all()
     others = valid & ~in_poisoned_row
     assert not torch.isnan(expected[others]).any()
-    magnitude = magnitude_of(reference, args)
-    tol = tolerance(torch.float32, epi_dtype)
-    per_token = kind.per_token(case, torch.float32, epi_dtype)
-    assert_rows_close(got, expected, others, tol, magnitude, **per_token)
+    _assert_close_where(kind, case, args, got, expected, others, epi_dtype)
 
 
 @pytest.mark.parametrize("next_n", [2, 4])
-@pytest.mark.parametrize(
-    ("variant", "epi_dtype"),
-    [
-        ("fp8", torch.float32),
-        ("fp8", torch.float16),
-        ("fp4", torch.float32),
-        ("fp4", torch.float16),
-        ("fp4", torch.bfloat16),
-    ],
-)
+@pytest.mark.parametrize(("variant", "epi_dtype"), EVERY_EPILOGUE)
 def test_infinite_zero_and_subnormal_weights(variant, epi_dtype, next_n):
     """An infinite weight (either sign) makes its row non-finite and no other; a row of zero
     weights is exactly 0; a subnormal weight is a weight like any other (within the tolerance,
@@ -667,11 +670,7 @@ def test_infinite_zero_and_subnormal_weights(variant, epi_dtype, next_n):
     case.weights[zero_row] = 0.0
     case.weights[0, 3] = 1e-42  # subnormal in float32
     case.weights[0, 11] = -1e-40
-    op, args, reference = kind.op, kind.args(case), kind.reference
-    out = poisoned_out(case.rows, case.max_seq_len, torch.float32)
-    got = op(*args, output_dtype=torch.float32, epi_dtype=epi_dtype, out=out).cpu()
-    expected = reference(*args).cpu()
-    valid = valid_mask(case.seq_lens.cpu(), next_n, got.shape[1])
+    args, _out, got, expected, valid = _float32_call(kind, case, epi_dtype)
     in_infinite_row = torch.zeros_like(valid)
     in_infinite_row[infinite_rows] = True
     assert not torch.isfinite(expected[valid & in_infinite_row]).any()
@@ -682,10 +681,7 @@ def test_infinite_zero_and_subnormal_weights(variant, epi_dtype, next_n):
     assert (got[valid & in_zero_row] == 0).all()
     others = valid & ~in_infinite_row
     assert torch.isfinite(expected[others]).all()
-    magnitude = magnitude_of(reference, args)
-    tol = tolerance(torch.float32, epi_dtype)
-    per_token = kind.per_token(case, torch.float32, epi_dtype)
-    assert_rows_close(got, expected, others, tol, magnitude, **per_token)
+    _assert_close_where(kind, case, args, got, expected, others, epi_dtype)
 
 
 # (next_n, num_heads) with num_heads % 8 == 4: an 8-column group of the MMA's N columns then
