@@ -179,8 +179,8 @@ def fp8_paged_mqa_logits(
             writes (the first `padded_seq_len(max_seq_len)` columns of its rows) must share
             no byte with any input's elements (`ValueError`, checked on every call, under
             torch.compile by the op when it runs; an input in the unwritten tail of a wider
-            row is fine in eager calls, while PyTorch 2.13's compiler fails on it, see the
-            quickstart). Only the first
+            row is fine in eager calls; under torch.compile give `out` a storage of its own,
+            see the quickstart). Only the first
             `batch_size*next_n` rows are written. Required for CUDA-graph capture; one
             address-stable max-batch buffer can serve every capture.
 
