@@ -178,6 +178,11 @@ def dtype_choice(record: Record) -> tuple[str, str]:
     return (record.get("epi_dtype", "float32"), record.get("acc_dtype", "float32"))
 
 
+def dtype_choices_text(choices: list[tuple[str, str]]) -> str:
+    """`epi_dtype float16, acc_dtype float16 / ...` for `dtype_choice` values."""
+    return " / ".join(f"epi_dtype {epi}, acc_dtype {acc}" for epi, acc in choices)
+
+
 def case_key(record: Record) -> CaseKey:
     return (
         record["op"],
@@ -559,8 +564,10 @@ def peer_verdict_blocker(payload: Mapping[str, Any]) -> str | None:
         return mismatch
     choices = sorted({dtype_choice(r) for r in payload["results"] if r["op"] == "fp8"})
     if choices and choices != [("float32", "float32")]:
-        ran = " / ".join(f"epi_dtype {epi}, acc_dtype {acc}" for epi, acc in choices)
-        return f"the peer was timed at the float32 defaults, this run's fp8 cases at {ran}"
+        return (
+            "the peer was timed at the float32 defaults, this run's fp8 cases at "
+            + dtype_choices_text(choices)
+        )
     return None
 
 
@@ -749,6 +756,7 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
             f"{geomean(at_equal_copy.values()):.3f}x ({MANY_CALLS_NOT_THE_TARGET}) over "
             f"{len(at_equal_copy)} shapes."
         )
+    blocker = peer_verdict_blocker(payload)
     for field, where in (
         ("single_replay_warm", "pages in L2"),
         ("single_replay", "after an L2 flush"),
@@ -770,7 +778,6 @@ def summary_lines(payload: Mapping[str, Any]) -> str:
                 if field == "single_replay"
                 else ""
             )
-            blocker = peer_verdict_blocker(payload)
             if field != "single_replay":
                 reading = f"{mean:.3f}x (not the target's reading: pages in L2 overstate)"
             elif blocker:
@@ -969,9 +976,7 @@ def run_description(payload: Mapping[str, Any]) -> str:
         )
     choices = sorted({dtype_choice(r) for r in payload["results"]})
     if choices and choices != [("float32", "float32")]:
-        text += "; every case ran " + " / ".join(
-            f"epi_dtype {epi}, acc_dtype {acc}" for epi, acc in choices
-        )
+        text += "; every case ran " + dtype_choices_text(choices)
         text += " (not the defaults: the targets are read at the float32 defaults)"
     if not payload.get("complete", True):
         text += " (the run did not finish: `complete` is false)"
