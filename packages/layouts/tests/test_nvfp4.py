@@ -128,13 +128,33 @@ def test_error_bound_and_scale_rule(dtype):
     nearest = (target.unsqueeze(-1) - finite).abs().min(-1).values
     assert torch.allclose((scale - target).abs(), nearest, rtol=0, atol=1e-12)
     assert (scale >= 2.0**-6).all()  # normal scales for this data: the bound below holds
-    # |error| <= max(0.25, |v|/4) * scale / g with v = x * g / scale (half the E2M1 step,
-    # saturation above 6 included since the e4m3 scale is at most 2**-4 below amax/6*g)
+    # |error| <= max(0.25, |v|/4) * scale / g + 2**-22 |x| with v = x * g / scale (half the
+    # E2M1 step, saturation above 6 included since the e4m3 scale is at most 2**-4 below
+    # amax/6*g; the second term for the float32 roundings, as the docstring states)
     deq = fl.nvfp4_dequantize(a_fp4, a_sf, g, swizzled=False, dtype=torch.float64)
     step = (scale / g.double()).repeat_interleave(16, dim=-1)
     v = a.double().abs() / step
-    bound = torch.maximum(torch.full_like(v, 0.25), v / 4) * step
-    assert ((deq - a.double()).abs() <= bound * (1 + 1e-6)).all()
+    bound = torch.maximum(torch.full_like(v, 0.25), v / 4) * step + 2.0**-22 * a.double().abs()
+    assert ((deq - a.double()).abs() <= bound).all()
+
+
+def test_scaled_value_rounded_onto_an_e2m1_midpoint():
+    # Block scale 1.625 (the block's amax is 1.625 * 6 / g), g = float32(0.37). The second
+    # element's v = x * g / 1.625 is 0.2500000069 exactly, just past the E2M1 midpoint 0.25
+    # between codes 0 and 1; x * float32(g / 1.625) rounds to 0.25 itself, which goes to the
+    # even code 0. The error |x| then exceeds max(0.25, |v|/4) * scale / g by about 3e-8,
+    # within the 2**-22 |x| (2.6e-7) the docstring adds.
+    g = torch.tensor(0.37)
+    x = torch.zeros(1, 16)
+    x[0, 0], x[0, 1] = 1.625 * 6 / 0.37, 1.0979729890823364
+    packed, scales = fl.nvfp4_quantize(x, g, swizzled=False)
+    assert float(scales.view(torch.float8_e4m3fn).float()[0, 0]) == 1.625
+    v = float(x[0, 1]) * float(g) / 1.625
+    assert v > 0.25 and int(packed[0, 0]) >> 4 == 0
+    back = fl.nvfp4_dequantize(packed, scales, g, swizzled=False, dtype=torch.float64)
+    error = abs(float(back[0, 1]) - float(x[0, 1]))
+    half_step_bound = max(0.25, v / 4) * 1.625 / float(g)
+    assert half_step_bound < error <= half_step_bound + 2.0**-22 * float(x[0, 1])
 
 
 def test_representable_values_round_trip_exactly():

@@ -320,6 +320,27 @@ def test_blocks_exactly_one_block_apart_are_accepted(write, width):
     assert not torch.equal(storage, before)
 
 
+@pytest.mark.parametrize(("write", "width"), WRITERS)
+def test_inference_pool_is_refused_outside_inference_mode_and_written_inside(write, width):
+    # PyTorch refuses the scatter into an inference tensor outside inference mode with an
+    # error that names no argument; the writer refuses first and names kv_fused. Inside
+    # inference mode the same pool takes the same bytes as an ordinary one.
+    gen = torch.Generator().manual_seed(51)
+    before = random_pool(gen, 3, 32, 1, width)
+    with torch.inference_mode():
+        pool = before.clone()
+    k = torch.randn(3, 128, generator=gen)
+    slots = [0, 33, 95]
+    with pytest.raises(
+        RuntimeError, match=r"^kv_fused is an inference tensor .* outside inference mode"
+    ):
+        write(pool, k, torch.tensor(slots))
+    assert torch.equal(pool, before)
+    with torch.inference_mode():
+        write(pool, k, torch.tensor(slots))
+    assert torch.equal(pool, EXPECTED[write](before, k, slots))
+
+
 def token_expanded(num_tokens: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks of ``num_tokens`` rows that are all one row (stride(1) 0), blocks far enough
     apart (``num_tokens * width`` bytes) not to overlap: only the contiguity check refuses

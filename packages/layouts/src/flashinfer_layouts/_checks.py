@@ -335,6 +335,21 @@ def _refuse_global_scale(name: str, given: object, number: float) -> None:
     )
 
 
+def writable_here(name: str, t: torch.Tensor) -> None:
+    """Refuse to update ``t`` in place when it is an inference tensor (created under
+    ``torch.inference_mode()``) and the call is outside inference mode. PyTorch refuses that
+    update too, but from inside the scatter, in a message that names no argument. Skipped
+    while torch.compile traces (its fake tensors are not the caller's)."""
+    if torch.compiler.is_compiling():
+        return
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"{name} is an inference tensor (created under torch.inference_mode()) and this "
+            f"call is outside inference mode, where PyTorch allows no in-place update of it; "
+            f"make the call inside torch.inference_mode(), or create {name} outside it"
+        )
+
+
 def device_data_checks_enabled(t: torch.Tensor) -> bool:
     """Whether checks that read tensor *contents* should run for ``t``.
 

@@ -375,10 +375,12 @@ def nvfp4_quantize(
     each element becomes ``e2m1(x * (a_global_sf / float(scale)))`` (0 when the scale is 0)
     with the E2M1 rounding of `quantize_mxfp4`: nearest, ties to the even code, saturating
     at 6, sign copied from the input. Dequantisation is ``e2m1 * scale / a_global_sf``; per
-    element ``|error| <= max(0.25, |v| / 4) * scale / a_global_sf`` with
-    ``v = x * a_global_sf / scale`` while the scale is an E4M3 normal (``>= 2**-6``) and not
-    clamped at 448 (``amax(block) / 6 * a_global_sf <= 448``; past that, ``|v|`` exceeds 6
-    and saturates).
+    element ``|error| <= max(0.25, |v| / 4) * scale / a_global_sf + 2**-22 * |x|`` with
+    ``v = x * a_global_sf / scale`` (exact) while the scale is an E4M3 normal (``>= 2**-6``)
+    and not clamped at 448 (``amax(block) / 6 * a_global_sf <= 448``; past that, ``|v|``
+    exceeds 6 and saturates). The second term is the float32 rounding of the factor and of
+    the product: a ``v`` just past an E2M1 rounding midpoint can round onto it and then to the
+    even code on the far side.
 
     Args:
         a: ``[M, K]`` float16, bfloat16, float32 or float64 matrix, ``K`` a multiple of

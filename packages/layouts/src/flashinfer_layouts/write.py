@@ -56,6 +56,7 @@ def _check_pool_layout(kv_fused: torch.Tensor) -> None:
     # expanded pool) would silently overwrite each other. The kernels read the same layout.
     _checks.blocks_contiguous("kv_fused", kv_fused)
     _checks.blocks_disjoint("kv_fused", kv_fused)
+    _checks.writable_here("kv_fused", kv_fused)
 
 
 def _resolve_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -133,6 +134,8 @@ def write_fp8_kv_cache(
         ValueError: a rank, shape or device mismatch, a pool whose blocks are not contiguous
             or overlap, an unknown ``scale_mode``, or (when checked) a slot outside
             ``[-1, num_blocks * block_size)``.
+        RuntimeError: ``kv_fused`` was created under ``torch.inference_mode()`` and the call
+            is outside it (PyTorch allows no in-place update of it there).
     """
     head_dim = fp8_kv_cache_head_dim(kv_fused)
     _check_pool_layout(kv_fused)
@@ -181,6 +184,8 @@ def write_mxfp4_kv_cache(
         ValueError: a rank, shape or device mismatch, a pool whose blocks are not contiguous
             or overlap, ``interleaved`` with ``block_size != 128``, or (when checked) a slot
             outside ``[-1, num_blocks * block_size)``.
+        RuntimeError: ``kv_fused`` was created under ``torch.inference_mode()`` and the call
+            is outside it, as in `write_fp8_kv_cache`.
     """
     head_dim = mxfp4_kv_cache_head_dim(kv_fused)
     _check_pool_layout(kv_fused)
