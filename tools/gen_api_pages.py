@@ -51,6 +51,10 @@ PACKAGES = {
     ),
 }
 
+# Modules whose docstring is shown at the head of their section (a policy or layout the
+# functions' docstrings refer to).
+MODULE_DOCSTRINGS = {"flashinfer_schedule.schedule"}
+
 # Extra modules whose public functions are documented on a package's page.
 EXTRA_MODULES = {
     "flashinfer_attn_scores": ["flashinfer_attn_scores.paged_mqa_logits.reference"],
@@ -154,7 +158,17 @@ def render(package: str) -> str:
             lines += [f"## {title}", "", f"Importable from `{shown_as}`.", ""]
             lines += _directives(shown_as, names)
         else:
-            lines += [f"## {title}", "", *_directives(package, names)]
+            lines += [f"## {title}", ""]
+            if shown_as in MODULE_DOCSTRINGS:
+                lines += [
+                    f"::: {shown_as}",
+                    "    options:",
+                    "      members: false",
+                    "      show_root_heading: false",
+                    "      show_root_toc_entry: false",
+                    "",
+                ]
+            lines += _directives(package, names)
     if constants:
         lines += ["## Constants", "", *_directives(package, constants)]
     if reexports:

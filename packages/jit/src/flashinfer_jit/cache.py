@@ -35,8 +35,9 @@ from .spec import KernelSpec
 
 logger = logging.getLogger("flashinfer_jit")
 
-#: Bumped whenever the key recipe or the entry layout changes.
 CACHE_SCHEMA_VERSION = 1
+"""Version of the cache's key recipe and entry layout, part of every key: bumped whenever
+either changes, so entries written by another layout are never read."""
 
 CUBIN_FILE = "kernel.cubin"
 MANIFEST_FILE = "manifest.json"

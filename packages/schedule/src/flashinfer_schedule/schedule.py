@@ -65,19 +65,20 @@ __all__ = [
     "resolve_device",
 ]
 
-# KV tokens per schedule work unit. The logits kernels' tile (`kTile`, WGMMA's M) is this size
-# too; `flashinfer_attn_scores`' launchers import it from here.
 SCHEDULE_TOKENS_PER_UNIT = 64
+"""KV tokens per schedule work unit. The logits kernels' tile (`kTile`, WGMMA's M) is this
+size too; `flashinfer_attn_scores`' launchers import it from here."""
 
-# Virtual units charged for entering a non-empty request (the policy above). A request switch
-# inside a CTA's run cost the H200's fp8 kernel 0.5-1.0 us of streaming (about 2-4 units at
-# next_n 1); charging 3-4 units measured best (kernel notes, thirty-fourth round).
 SCHEDULE_REQUEST_ENTRY_UNITS = 4
+"""Virtual units charged for entering a non-empty request (the policy in this module's
+docstring, shown under "CTA schedule"). A request switch inside a CTA's run cost the H200's
+fp8 kernel 0.5-1.0 us of streaming (about 2-4 units at next_n 1); charging 3-4 units measured
+best (kernel notes, thirty-fourth round)."""
 
-# SM count assumed for CPU tensors: an H100 SXM / H200 has 132 SMs. CPU tensors run the
-# reference, which ignores the schedule, so this only fixes the shape a CPU `schedule_meta`
-# must have ([133, 2]) unless the caller passes `num_sms`.
 DEFAULT_CPU_NUM_SMS = 132
+"""SM count assumed for CPU tensors: an H100 SXM / H200 has 132 SMs. CPU tensors run the
+reference, which ignores the schedule, so this only fixes the shape a CPU `schedule_meta`
+must have (`[133, 2]`) unless the caller passes `num_sms`."""
 
 SCHEDULE_VARIANTS = ("fp8", "fp4")
 
@@ -454,7 +455,8 @@ def compute_paged_mqa_logits_schedule(
         than SMs, a share that holds only a request's entry charge, or all lengths zero)
         start and stop at the same row, `(batch_size, 0)` when nothing is left. The policy
         (an even split of the units plus `SCHEDULE_REQUEST_ENTRY_UNITS` per request) is in
-        the module docstring; treat the rows as opaque all the same.
+        the docstring of `flashinfer_schedule.schedule`, shown at the head of the API page's
+        "CTA schedule" section; treat the rows as opaque all the same.
 
     Raises:
         TypeError: `seq_lens`/`out` is not a dense tensor of dtype int32, or `variant`/
