@@ -242,6 +242,30 @@ def test_a_numpy_bool_is_no_real_number():
         f32(np.True_)
 
 
+@pytest.mark.parametrize("wrapper", [f32, f64])
+def test_numpy_complex_and_time_values_are_no_real_numbers(wrapper):
+    """numpy's complex scalars convert with float() by dropping the imaginary part (a warning,
+    not an error), and datetime64 / timedelta64 as counts of their unit: all refused."""
+    np = pytest.importorskip("numpy")
+    name = wrapper.__name__
+    for value, type_name in [
+        (np.complex128(1 + 2j), "complex128"),
+        (np.complex64(3 + 4j), "complex64"),
+        (np.datetime64(5, "s"), "datetime64"),
+        (np.timedelta64(5), "timedelta64"),
+    ]:
+        with pytest.raises(TypeError, match=rf"^{name}: expected a real number, got {type_name}"):
+            wrapper(value)
+    assert wrapper(np.float32(2.5)).value == 2.5
+
+
+def test_a_signalling_nan_decimal_is_named():
+    import decimal
+
+    with pytest.raises(ValueError, match=r"^f64: Decimal\('sNaN'\) has no double value"):
+        f64(decimal.Decimal("sNaN"))
+
+
 def test_the_device_error_names_the_argument():
     packer = ArgumentPacker([(0, 8), (8, 8), (16, 4)], CPU, "k")
     tensor = torch.ones(3)

@@ -346,3 +346,37 @@ def test_cache_info_without_a_cache_root_exits_1_naming_the_variable(monkeypatch
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
     assert main(["cache-info"]) == 1
     assert "set FLASHINFER_JIT_CACHE_DIR" in capsys.readouterr().err
+
+
+def test_inspect_names_an_unreadable_source(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "kernel.cu"
+    path.write_text('extern "C" __global__ void k(float* o) { o[0] = 1.f; }\n')
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(path)])
+    assert exit_info.value.code == 2
+    assert f"target: cannot read {path}: Permission denied" in capsys.readouterr().err
+
+
+def test_inspect_into_a_closed_pipe_stops_without_a_traceback(cache_dir):
+    """`inspect ... | head -1`: the reader leaves after one line."""
+    command = [
+        sys.executable,
+        "-m",
+        "flashinfer_jit",
+        "inspect",
+        "flashinfer_jit.selftest:kernel_specs",
+        "--cache-dir",
+        str(cache_dir),
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        first = process.stdout.readline()
+        process.stdout.close()
+        stderr = process.stderr.read().decode()
+    assert first.startswith(b"== ")
+    assert process.returncode == 1
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr

@@ -91,6 +91,47 @@ def test_missing_entry_point_names_the_ones_found(tmp_path, cache_dir):
         compile_kernel(KernelSpec.make("not_extern_c", path), "sm_90a", cache_dir=cache_dir)
 
 
+GUARDED_KERNEL = """
+#if ENABLE
+extern "C" __global__ void guarded(float* out) { out[0] = 1.f; }
+#endif
+"""
+
+
+@pytest.mark.parametrize("other_kernel", [False, True])
+def test_a_kernel_its_defines_switch_off_is_refused_and_not_cached(
+    tmp_path, cache_dir, caplog, other_kernel
+):
+    """A cubin without the kernel's code (here inside a false #if; also a template named
+    without name_expressions) is refused at once: it used to be published, then read back as
+    damaged and recompiled on every call, after four report retries that turned the retries
+    off for the whole process."""
+    import flashinfer_jit.compiler as compiler
+
+    path = tmp_path / "guarded.cu"
+    other = 'extern "C" __global__ void other(float* out) { out[0] = 2.f; }\n'
+    path.write_text(GUARDED_KERNEL + (other if other_kernel else ""))
+    found = r"\['other'\]" if other_kernel else "none"
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        with pytest.raises(ValueError, match=rf"'guarded' .* entry points found: {found}\. .*#if"):
+            compile_kernel(KernelSpec.make("guarded", path), "sm_90a", cache_dir=cache_dir)
+    assert not any(schema_root(cache_dir).glob("??/*"))  # nothing published
+    assert compiler._report_retries_help  # no report retries were spent on it
+    assert "no ptxas resource report" not in caplog.text
+    compiled = compile_kernel(
+        KernelSpec.make("guarded", path, {"ENABLE": 1}), "sm_90a", cache_dir=cache_dir
+    )
+    assert compiled.resources.is_entry and not compiled.from_cache
+
+
+def test_a_template_without_name_expressions_is_refused(tmp_path, cache_dir):
+    path = tmp_path / "template.cu"
+    path.write_text("template <int N> __global__ void fill(float* out) { out[0] = N; }\n")
+    with pytest.raises(ValueError, match=r"entry points found: none.*name_expressions"):
+        compile_kernel(KernelSpec.make("fill<4>", path), "sm_90a", cache_dir=cache_dir)
+    assert not any(schema_root(cache_dir).glob("??/*"))
+
+
 def test_template_name_expression(tmp_path, cache_dir):
     path = tmp_path / "tmpl.cu"
     path.write_text("template <int N> __global__ void fill(int* out) { out[threadIdx.x] = N; }\n")

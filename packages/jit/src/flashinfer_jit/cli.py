@@ -126,7 +126,11 @@ def _spec_from_file(args: argparse.Namespace, path: Path) -> KernelSpec:
         raise UsageError(f"target: no such file: {path}")
     name = args.kernel
     if name is None:
-        found = _EXTERN_C_KERNEL.findall(without_comments(path.read_bytes()))
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"target: cannot read {path}: {exc.strerror or exc}") from None
+        found = _EXTERN_C_KERNEL.findall(without_comments(text))
         if not found:
             raise UsageError(f'{path}: no extern "C" __global__ kernel found; pass --kernel NAME')
         name = found[0].decode()
@@ -517,6 +521,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as other command-line tools do,
+        # and keep Python from reporting the pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UsageError as exc:
         args.parser.error(str(exc))  # exits with status 2
         raise  # unreachable: error() exits

@@ -361,12 +361,16 @@ def _is_entry_point(entry: str, functions: dict[str, FunctionResources]) -> bool
 
 def _check_entry(spec: KernelSpec, entry: str, functions: dict[str, FunctionResources]) -> None:
     if not _is_entry_point(entry, functions):
-        entries = sorted(name for name, f in functions.items() if f.is_entry)
-        raise ValueError(
-            f"kernel {spec.name!r} ({spec.label}) is not an entry point of {spec.source}; "
-            f'entry points found: {entries}. Declare it `extern "C" __global__`, or pass '
-            f"name_expressions for templates."
-        )
+        raise _not_an_entry_point(spec, functions)
+
+
+def _not_an_entry_point(spec: KernelSpec, functions: dict[str, FunctionResources]) -> ValueError:
+    entries = sorted(name for name, f in functions.items() if f.is_entry)
+    return ValueError(
+        f"kernel {spec.name!r} ({spec.label}) is not an entry point of {spec.source}; "
+        f'entry points found: {entries or "none"}. Declare it `extern "C" __global__` (outside '
+        f"any #if its defines switch off), or pass name_expressions for templates."
+    )
 
 
 def _is_str_dict(value: object) -> bool:
@@ -584,6 +588,12 @@ def compile_kernel(
 
     start = time.perf_counter()
     cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text)
+    entry_name = _entry_name(spec, lowered)
+    if not _code_in_cubin(entry_name, cubin):
+        # Checked before the report retries below: a cubin without the kernel's code (the
+        # kernel inside a false `#if`, a template without name_expressions) may have no
+        # report to give, and must not be published.
+        raise _not_an_entry_point(spec, parse_ptxas_report(log))
     functions = parse_ptxas_report(log)
     if not functions and _report_retries_help:
         # With a CUDA driver present, NVRTC answers a repeated compile from an in-process
@@ -605,7 +615,6 @@ def compile_kernel(
         else:
             _stop_report_retries()
     seconds = time.perf_counter() - start
-    entry_name = _entry_name(spec, lowered)
     _check_entry(spec, entry_name, functions)
     _log("compiled %s for %s in %.2f s (%s)", spec.label, arch, seconds, key.digest[:12])
     manifest = {

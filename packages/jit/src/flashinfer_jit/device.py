@@ -39,7 +39,8 @@ def driver() -> Any:
                     (err,) = drv.cuInit(0)
                 except Exception as exc:  # the pathfinder raises when libcuda is absent
                     raise RuntimeError(
-                        f"cannot load the NVIDIA driver (libcuda): {exc}. Kernels need an "
+                        f"cannot load the NVIDIA driver (libcuda): {str(exc).rstrip('.')}. "
+                        f"Kernels need an "
                         f"NVIDIA GPU and driver; compiling (compile_kernel, precompile, "
                         f"inspect, compile-check) works without one."
                     ) from None

@@ -141,10 +141,21 @@ class u64(_Integer):
     format, size, c_type, low, high = "Q", 8, "uint64_t", 0, 2**64 - 1
 
 
+_NOT_REAL_TYPE_NAMES = frozenset(
+    {"bool", "complex64", "complex128", "clongdouble", "complex256", "datetime64", "timedelta64"}
+)
+
+
 def _real(wrapper: str, value: object) -> float:
     _refuse_tensor(wrapper, value)
     # numpy.bool_ is no Python bool but has __float__: refused by its type name, as bool is.
-    if isinstance(value, bool) or type(value).__name__ == "bool" or not hasattr(value, "__float__"):
+    # numpy's complex scalars have __float__ too (dropping the imaginary part), and its
+    # datetime64 / timedelta64 convert as counts of their unit: refused as well.
+    if (
+        isinstance(value, (bool, complex))
+        or type(value).__name__ in _NOT_REAL_TYPE_NAMES
+        or not hasattr(value, "__float__")
+    ):
         raise TypeError(
             f"{wrapper}: expected a real number, got {type(value).__name__} ({value!r})"
         )
@@ -155,6 +166,8 @@ def _real(wrapper: str, value: object) -> float:
         if math.isinf(result) and not value == result:
             raise OverflowError
         return result
+    except ValueError as exc:  # Decimal("sNaN"): a signalling NaN refuses the conversion
+        raise ValueError(f"{wrapper}: {value!r} has no double value ({exc})") from None
     except OverflowError:  # an int beyond the double range, such as 10**400
         text = repr(value)
         text = text if len(text) <= 40 else f"{text[:37]}..."
