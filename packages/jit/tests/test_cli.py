@@ -362,8 +362,18 @@ def test_inspect_names_an_unreadable_source(tmp_path, monkeypatch, capsys):
     assert f"target: cannot read {path}: Permission denied" in capsys.readouterr().err
 
 
-def test_inspect_into_a_closed_pipe_stops_without_a_traceback(cache_dir):
-    """`inspect ... | head -1`: the reader leaves after one line."""
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_inspect_into_a_closed_pipe_stops_without_a_traceback(cache_dir, unbuffered):
+    """`inspect ... | head -1` where the reader has left: the pipe's read end is closed before
+    the command starts, so every write (line-wise unbuffered, or the one flush of a buffered
+    stdout) finds no reader."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
     command = [
         sys.executable,
         "-m",
@@ -373,10 +383,11 @@ def test_inspect_into_a_closed_pipe_stops_without_a_traceback(cache_dir):
         "--cache-dir",
         str(cache_dir),
     ]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
-        first = process.stdout.readline()
-        process.stdout.close()
-        stderr = process.stderr.read().decode()
-    assert first.startswith(b"== ")
-    assert process.returncode == 1
+    try:
+        done = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, env=env)
+    finally:
+        os.close(write_end)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
+    assert "Exception ignored" not in stderr

@@ -174,6 +174,18 @@ def test_amax_mode_quotient_rounded_onto_a_midpoint():
     assert float32_error <= pow2_bound + 2.0**-22 * x
 
 
+def test_float64_input_rounded_onto_a_midpoint_in_pow2_mode():
+    # float64 input is rounded to float32 first: 2**-18 + 2**-44 becomes 2**-18, which over the
+    # pow2 scale 2**-8 is 2**-10, the midpoint between the E4M3 codes 0 and 2**-9; it rounds to
+    # even (0). The error exceeds max(2**-4 |x|, 2**-10 scale) by 2**-44, within 2**-22 |x|.
+    x = torch.tensor([[1.0, 2.0**-18 + 2.0**-44]], dtype=torch.float64)
+    values, scales = fl.quantize_fp8_per_token(x, scale_mode="pow2")
+    assert scales[0].item() == 2.0**-8 and int(values.view(torch.uint8)[0, 1]) == 0
+    error = (e4m3_values(values)[0, 1] * scales[0].double() - x[0, 1]).abs()
+    bound = max(2.0**-4 * x[0, 1], 2.0**-10 * scales[0].double())
+    assert bound < error <= bound + 2.0**-22 * x[0, 1]
+
+
 def test_representable_rows_round_trip_exactly():
     gen = torch.Generator().manual_seed(6)
     value_bytes = torch.randint(0, 0x7E, (8, 32, 64), generator=gen, dtype=torch.uint8)

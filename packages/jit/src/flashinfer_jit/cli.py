@@ -520,7 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # here, not at exit: a reader that left must reach the handler
+        return status
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as other command-line tools do,
         # and keep Python from reporting the pipe again when it flushes stdout at exit.

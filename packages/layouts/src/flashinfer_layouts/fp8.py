@@ -80,12 +80,13 @@ def quantize_fp8_per_token(
     tensors give the same bytes.
 
     ``values.float() * scale[..., None]`` reconstructs ``x`` to within
-    ``max(2**-4 * |x|, 2**-10 * scale)`` per element in ``"pow2"`` mode: E4M3 keeps 3 mantissa
-    bits (half an ulp is ``2**-4`` relative) down to its smallest normal ``2**-6``, below which
-    the subnormal step is ``2**-9`` (half-step ``2**-10``, absolute, in units of the scale).
-    In ``"amax"`` mode add ``2**-22 * |x|``: the quotient and the product are rounded to
-    float32 there, and a quotient just past an E4M3 rounding midpoint can round onto it and
-    then to the even neighbour on the far side.
+    ``max(2**-4 * |x|, 2**-10 * scale)`` per element in ``"pow2"`` mode with float32, float16
+    or bfloat16 input: E4M3 keeps 3 mantissa bits (half an ulp is ``2**-4`` relative) down to
+    its smallest normal ``2**-6``, below which the subnormal step is ``2**-9`` (half-step
+    ``2**-10``, absolute, in units of the scale). In ``"amax"`` mode, and for float64 input in
+    either mode, add ``2**-22 * |x|``: the input, the quotient or the product is rounded to
+    float32 there, and a value just past an E4M3 rounding midpoint can round onto it and then
+    to the even neighbour on the far side.
 
     Args:
         x: ``[..., head_dim]`` float16, bfloat16, float32 or float64 tensor, any device.

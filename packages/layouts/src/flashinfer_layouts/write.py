@@ -135,7 +135,8 @@ def write_fp8_kv_cache(
             or overlap, an unknown ``scale_mode``, or (when checked) a slot outside
             ``[-1, num_blocks * block_size)``.
         RuntimeError: ``kv_fused`` was created under ``torch.inference_mode()`` and the call
-            is outside it (PyTorch allows no in-place update of it there).
+            is outside it (PyTorch allows no in-place update of it there). Not checked while
+            torch.compile traces the call.
     """
     head_dim = fp8_kv_cache_head_dim(kv_fused)
     _check_pool_layout(kv_fused)
