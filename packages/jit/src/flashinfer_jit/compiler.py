@@ -589,12 +589,12 @@ def compile_kernel(
     start = time.perf_counter()
     cubin, log, lowered = _nvrtc_compile(spec, arch, key.source_text)
     entry_name = _entry_name(spec, lowered)
+    functions = parse_ptxas_report(log)
     if not _code_in_cubin(entry_name, cubin):
         # Checked before the report retries below: a cubin without the kernel's code (the
         # kernel inside a false `#if`, a template without name_expressions) may have no
         # report to give, and must not be published.
-        raise _not_an_entry_point(spec, parse_ptxas_report(log))
-    functions = parse_ptxas_report(log)
+        raise _not_an_entry_point(spec, functions)
     if not functions and _report_retries_help:
         # With a CUDA driver present, NVRTC answers a repeated compile from an in-process
         # cache keyed by the PTX and the ptxas options, and returns no ptxas report (an H100

@@ -40,8 +40,7 @@ def driver() -> Any:
                 except Exception as exc:  # the pathfinder raises when libcuda is absent
                     raise RuntimeError(
                         f"cannot load the NVIDIA driver (libcuda): {str(exc).rstrip('.')}. "
-                        f"Kernels need an "
-                        f"NVIDIA GPU and driver; compiling (compile_kernel, precompile, "
+                        f"Kernels need an NVIDIA GPU and driver; compiling (compile_kernel, precompile, "
                         f"inspect, compile-check) works without one."
                     ) from None
                 if err:
