@@ -371,18 +371,71 @@ def test_driver_errors_become_kernel_launch_errors(kernel, fake_driver):
 
 
 @pytest.mark.parametrize(
-    ("grid", "block"),
-    [(0, 32), (1, (32, 0)), (1, (1, 2, 3, 4)), (1.0, 32), (2**32, 32), (1, (32, 2**32))],
+    ("grid", "block", "message"),
+    [
+        (0, 32, "grid: expected a positive int"),
+        (1, (32, 0), r"block: .* got \(32, 0\)"),
+        (1, (1, 2, 3, 4), "block: .* got 4 dimensions"),
+        (1, (), "block: .* got 0 dimensions"),
+        (2**32, 32, "grid: .* got 4294967296"),
+        (1, (32, 2**32), "block: .* got"),
+        (-1, 32, "grid: .* got -1"),
+    ],
 )
-def test_bad_launch_dimensions(kernel, grid, block):
-    with pytest.raises(ValueError, match="positive int"):
+def test_launch_dimensions_out_of_range_are_value_errors(kernel, fake_driver, grid, block, message):
+    with pytest.raises(ValueError, match=message):
         kernel.launch(grid, block, *_args())
+    with pytest.raises(ValueError, match=message):
+        kernel.prepare_launch(grid, block)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
 
 
-@pytest.mark.parametrize("shared_mem", [-1, True, 1.5])
-def test_bad_shared_memory_is_refused_before_the_driver(kernel, fake_driver, shared_mem):
-    with pytest.raises(ValueError, match="shared_mem: expected a non-negative int"):
+@pytest.mark.parametrize(
+    ("grid", "block", "message"),
+    [
+        (1.0, 32, r"grid: expected .* got float \(1\.0\)"),
+        (True, 32, r"grid: expected .* got bool \(True\)"),
+        ("4", 32, "grid: expected .* got str"),
+        (1, (32, 2.0), r"block: expected .* got float \(\(32, 2\.0\)\)"),
+        (1, {32: 1}, "block: expected .* got dict"),
+        (None, 32, "grid: expected .* got NoneType"),
+    ],
+)
+def test_launch_dimensions_of_another_type_are_type_errors(
+    kernel, fake_driver, grid, block, message
+):
+    with pytest.raises(TypeError, match=message):
+        kernel.launch(grid, block, *_args())
+    with pytest.raises(TypeError, match=message):
+        kernel.prepare_launch(grid, block)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+
+
+def test_a_cluster_of_another_type_is_a_type_error(kernel, fake_driver):
+    with pytest.raises(TypeError, match=r"cluster: expected .* got float \(2\.0\)"):
+        kernel.launch(2, 32, *_args(), cluster=2.0)
+    with pytest.raises(ValueError, match=r"cluster: expected .* got 0"):
+        kernel.launch(2, 32, *_args(), cluster=0)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+
+
+@pytest.mark.parametrize(
+    ("shared_mem", "error", "message"),
+    [
+        (-1, ValueError, "shared_mem: expected a non-negative int, got -1"),
+        (True, TypeError, r"shared_mem: expected a non-negative int, got bool \(True\)"),
+        (1.5, TypeError, r"shared_mem: expected a non-negative int, got float \(1\.5\)"),
+        ("1024", TypeError, "shared_mem: expected a non-negative int, got str"),
+    ],
+)
+def test_bad_shared_memory_is_refused_before_the_driver(
+    kernel, fake_driver, shared_mem, error, message
+):
+    with pytest.raises(error, match=message):
         kernel.launch(1, 32, *_args(), shared_mem=shared_mem)
+    with pytest.raises(error, match=message):
+        kernel.prepare_launch(1, 32, shared_mem=shared_mem)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
 
 
 def test_tensor_map_encoded_on_a_thread_without_a_context_retries_in_the_primary_one(

@@ -107,9 +107,14 @@ def _dim3(value: Any, what: str) -> tuple[int, int, int]:
         dims = tuple(value) + (1,) * (3 - len(value))
         if all(type(d) is int and 0 < d < _DIM_END for d in dims):
             return dims  # type: ignore[return-value]
-    raise ValueError(
-        f"{what}: expected a positive int below 2**32 or a tuple of 1-3 such ints, got {value!r}"
-    )
+    expected = "a positive int below 2**32 or a tuple of 1-3 such ints"
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    if isinstance(value, (tuple, list)) and not 1 <= len(value) <= 3:
+        raise ValueError(f"{what}: expected {expected}, got {len(value)} dimensions: {value!r}")
+    for item in items:
+        if type(item) is not int:  # bool, float, numpy integers: the size is not an int
+            raise TypeError(f"{what}: expected {expected}, got {type(item).__name__} ({value!r})")
+    raise ValueError(f"{what}: expected {expected}, got {value!r}")
 
 
 class Kernel:
@@ -221,8 +226,9 @@ class Kernel:
                 touches memory that kernel may write. Kept in CUDA-graph capture.
 
         Raises:
-            TypeError: Wrong number, type or size of arguments.
-            ValueError: Bad grid/block/cluster, a tensor or PyTorch stream on another
+            TypeError: Wrong number, type or size of arguments; a grid, block or
+                `shared_mem` that is not a (tuple of) Python int.
+            ValueError: Bad grid/block/cluster values, a tensor or PyTorch stream on another
                 device, an int stream handle outside [0, 2**64), or `shared_mem` above what
                 the device allows.
             KernelLaunchError: The driver refused the launch.
@@ -291,7 +297,8 @@ class Kernel:
                 read through a foreign address: leave this False unless that guarantee holds.
 
         Raises:
-            ValueError: Bad grid, block, cluster or `shared_mem` (here, not per call).
+            TypeError: A grid, block or `shared_mem` that is not a (tuple of) Python int.
+            ValueError: Bad grid, block, cluster or `shared_mem` values (here, not per call).
         """
         gx, gy, gz = _dim3(grid, "grid")
         bx, by, bz = _dim3(block, "block")
@@ -418,7 +425,12 @@ class Kernel:
         )
 
     def _raise_shared_memory_limit(self, shared_mem: int) -> None:
-        if type(shared_mem) is not int or shared_mem < 0:
+        if type(shared_mem) is not int:
+            raise TypeError(
+                f"shared_mem: expected a non-negative int, got {type(shared_mem).__name__} "
+                f"({shared_mem!r})"
+            )
+        if shared_mem < 0:
             raise ValueError(f"shared_mem: expected a non-negative int, got {shared_mem!r}")
         if shared_mem > self._smem_cap:
             raise ValueError(
