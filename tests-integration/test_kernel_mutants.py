@@ -104,9 +104,15 @@ def test_run_check_kills_the_whole_process_group_on_timeout(tmp_path) -> None:
             assert stat.read().split()[2] == "Z", "the grandchild outlived the timeout"
 
 
-def test_copy_tree_holds_the_packages_and_tools_but_not_the_docs(tmp_path) -> None:
+@pytest.mark.parametrize("git", ["listed", "no git"])
+def test_copy_tree_holds_the_packages_and_tools_but_not_the_docs(
+    tmp_path, monkeypatch, git
+) -> None:
     km = _kernel_mutants()
-    km.copy_tree(tmp_path)
+    if git == "no git":  # a tarball or export of the tree: `git ls-files` fails
+        failed = km.subprocess.CompletedProcess(args=[], returncode=128, stdout=b"", stderr=b"")
+        monkeypatch.setattr(km.subprocess, "run", lambda *args, **kwargs: failed)
+    km.copy_tree(tmp_path)  # into an existing folder, as the callers' temporary folders are
     for mutant in km.MUTANTS[:3]:
         copied = tmp_path / km.CSRC.relative_to(km.ROOT) / mutant.file
         assert copied.read_text() == (km.CSRC / mutant.file).read_text()

@@ -752,7 +752,8 @@ def copy_tree(dest: Path) -> None:
         ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True
     )
     if listed.returncode != 0:
-        shutil.copytree(ROOT, dest, ignore=_ignored_in_copy)
+        # dest exists already (the callers' temporary folders).
+        shutil.copytree(ROOT, dest, ignore=_ignored_in_copy, dirs_exist_ok=True)
         return
     for name in listed.stdout.decode().split("\0"):
         source = ROOT / name
