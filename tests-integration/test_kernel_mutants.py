@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -110,8 +112,9 @@ def test_copy_tree_holds_the_packages_and_tools_but_not_the_docs(
 ) -> None:
     km = _kernel_mutants()
     if git == "no git":  # a tarball or export of the tree: `git ls-files` fails
-        failed = km.subprocess.CompletedProcess(args=[], returncode=128, stdout=b"", stderr=b"")
-        monkeypatch.setattr(km.subprocess, "run", lambda *args, **kwargs: failed)
+        failed = subprocess.CompletedProcess(args=[], returncode=128, stdout=b"", stderr=b"")
+        fake = types.SimpleNamespace(run=lambda *args, **kwargs: failed)
+        monkeypatch.setattr(km, "subprocess", fake)  # the module's name only
     km.copy_tree(tmp_path)  # into an existing folder, as the callers' temporary folders are
     for mutant in km.MUTANTS[:3]:
         copied = tmp_path / km.CSRC.relative_to(km.ROOT) / mutant.file

@@ -417,6 +417,20 @@ def test_a_cluster_of_another_type_is_a_type_error(kernel, fake_driver):
     with pytest.raises(ValueError, match=r"cluster: expected .* got 0"):
         kernel.launch(2, 32, *_args(), cluster=0)
     assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
+    # Also once the configuration of an equal-hashing int cluster is cached (True, 1.0 and
+    # numpy's 1 hash as 1), and for unhashable values, which a key lookup would name badly.
+    kernel.launch(2, 32, *_args(), cluster=1)
+    kernel.prepare_launch(2, 32, cluster=2)
+    launches = len([c for c in fake_driver.calls if c[0].startswith("cuLaunch")])
+    for cluster, name in [(True, "bool"), (1.0, "float"), ((1.0,), "float"), (2.0, "float")]:
+        with pytest.raises(TypeError, match=f"cluster: expected .* got {name}"):
+            kernel.launch(2, 32, *_args(), cluster=cluster)
+        with pytest.raises(TypeError, match=f"cluster: expected .* got {name}"):
+            kernel.prepare_launch(2, 32, cluster=cluster)
+    for cluster in ({2: 1}, {2}):
+        with pytest.raises(TypeError, match=f"cluster: expected .* got {type(cluster).__name__}"):
+            kernel.launch(2, 32, *_args(), cluster=cluster)
+    assert len([c for c in fake_driver.calls if c[0].startswith("cuLaunch")]) == launches
 
 
 @pytest.mark.parametrize(

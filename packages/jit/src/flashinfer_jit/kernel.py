@@ -226,8 +226,8 @@ class Kernel:
                 touches memory that kernel may write. Kept in CUDA-graph capture.
 
         Raises:
-            TypeError: Wrong number, type or size of arguments; a grid, block or
-                `shared_mem` that is not a (tuple of) Python int.
+            TypeError: Wrong number, type or size of arguments; a grid, block, cluster
+                or `shared_mem` that is not a (tuple of) Python int.
             ValueError: Bad grid/block/cluster values, a tensor or PyTorch stream on another
                 device, an int stream handle outside [0, 2**64), or `shared_mem` above what
                 the device allows.
@@ -241,6 +241,9 @@ class Kernel:
         )
         if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
+        if cluster is not None:
+            # Checked before it keys the configurations: True, 1.0 and numpy's 1 hash as 1.
+            cluster = _dim3(cluster, "cluster")
         handle = self._raw_stream(self.device_index) if stream is None else self._handle(stream)
         buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched
         # The legacy/per-thread default streams (handles 0-2) belong to whatever context is
@@ -297,16 +300,16 @@ class Kernel:
                 read through a foreign address: leave this False unless that guarantee holds.
 
         Raises:
-            TypeError: A grid, block or `shared_mem` that is not a (tuple of) Python int.
+            TypeError: A grid, block, cluster or `shared_mem` that is not a (tuple of)
+                Python int.
             ValueError: Bad grid, block, cluster or `shared_mem` values (here, not per call).
         """
         gx, gy, gz = _dim3(grid, "grid")
         bx, by, bz = _dim3(block, "block")
         if type(shared_mem) is not int or shared_mem < 0 or shared_mem > self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
-        if type(cluster) is list:  # part of the configurations' keys
-            cluster = tuple(cluster)
-        if cluster is not None:
+        if cluster is not None:  # part of the configurations' keys: checked first
+            cluster = _dim3(cluster, "cluster")
             self._launch_config((gx, gy, gz, bx, by, bz, shared_mem, cluster, programmatic, 0))
         pack = (self._unchecked_packer() if devices_checked else self._packer).pack
         raw_stream, current_device = self._raw_stream, self._current_device
