@@ -124,6 +124,22 @@ def test_copy_tree_holds_the_packages_and_tools_but_not_the_docs(
     assert not (tmp_path / "docs").exists() and not (tmp_path / ".git").exists()
 
 
+def test_copy_without_git_leaves_out_what_gitignore_names(tmp_path) -> None:
+    km = _kernel_mutants()
+    root = km.ROOT
+    for folder, names, kept in [
+        (
+            root,
+            [".venv", "venv", "dist", "build", "bench-results", ".out", "site", "tools"],
+            {"tools"},
+        ),
+        (root / "packages", ["layouts", "dist"], {"layouts", "dist"}),  # only packages/*/dist
+        (root / "packages" / "jit", ["dist", "src", "x.egg-info", "scratch"], {"src"}),
+        (root / "tools", ["__pycache__", "bench", "build"], {"bench", "build"}),  # /build only
+    ]:
+        assert set(names) - km._ignored_in_copy(str(folder), names) == kept, folder
+
+
 def test_tree_env_puts_the_copy_first_and_drops_the_repository(tmp_path, monkeypatch) -> None:
     km = _kernel_mutants()
     elsewhere = str(tmp_path / "elsewhere")

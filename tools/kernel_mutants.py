@@ -736,12 +736,15 @@ def check_applies(mutant: Mutant) -> None:
 
 
 def _ignored_in_copy(folder: str, names: list[str]) -> set[str]:
-    """copytree's ignore rule where git cannot list the files: caches and build folders
-    anywhere, the docs and site only at the top."""
-    ignored = {n for n in names if n in ("__pycache__", ".pytest_cache", ".ruff_cache")}
-    ignored |= {n for n in names if n.startswith((".nvrtc", ".ab"))}
+    """copytree's ignore rule where git cannot list the files: what .gitignore names (caches,
+    build outputs, virtualenvs, scratch folders) and the docs, as the git branch leaves them."""
+    ignored = {n for n in names if n in ("__pycache__", ".pytest_cache", ".ruff_cache", "scratch")}
+    ignored |= {n for n in names if n.startswith((".nvrtc", ".ab")) or n.endswith(".egg-info")}
     if Path(folder) == ROOT:
-        ignored |= {n for n in names if n in (".git", ".venv", "docs", "site")}
+        top = (".git", ".venv", "venv", "docs", "site", "dist", "build", "bench-results", ".whl")
+        ignored |= {n for n in names if n in top or n == ".out"}
+    elif Path(folder).parent == ROOT / "packages":
+        ignored |= {n for n in names if n == "dist"}
     return ignored
 
 
