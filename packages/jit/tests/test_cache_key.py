@@ -590,6 +590,20 @@ def test_a_relative_or_empty_xdg_cache_home_is_ignored(monkeypatch, tmp_path, xd
     assert default_cache_dir() == tmp_path / "xdg" / "flashinfer-hopper" / "jit"
 
 
+def test_a_relative_cache_dir_is_used_as_given_against_the_working_directory(monkeypatch, tmp_path):
+    """Unlike a relative XDG_CACHE_HOME (ignored, as XDG asks), the project's own variable and
+    argument are used as given (docs/jit.md says so): each compile reads them against its
+    working directory."""
+    from flashinfer_jit.cache import cache_root, default_cache_dir
+
+    monkeypatch.setenv("FLASHINFER_JIT_CACHE_DIR", "rel/cache")
+    assert default_cache_dir() == Path("rel/cache") and not default_cache_dir().is_absolute()
+    assert cache_root(None) == Path("rel/cache")
+    assert cache_root("other") == Path("other")
+    monkeypatch.chdir(tmp_path)
+    assert cache_root(None).resolve() == tmp_path / "rel" / "cache"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the XDG and passwd rules are Linux's")
 @pytest.mark.parametrize("home", ["", "relative/home"])
 def test_an_empty_or_relative_home_falls_back_to_the_passwd_entry(monkeypatch, tmp_path, home):
