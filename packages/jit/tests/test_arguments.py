@@ -363,3 +363,18 @@ def test_per_thread_buffers_of_a_plan_stay_bounded():
     assert not errors
     assert results == {n: [struct.pack("<i", n), struct.pack("<q", -n)] for n in range(threads)}
     assert 1 <= len(buffers) <= limit
+
+
+@pytest.mark.parametrize("check_devices", [True, False])
+def test_a_tensor_without_a_data_pointer_is_named(check_devices):
+    """A sparse tensor has no data pointer: its argument is named (after a packed dense call
+    too, where the cached plan raised torch's unnamed RuntimeError)."""
+    packer = ArgumentPacker([(0, 8), (8, 4)], CPU, "k", check_devices=check_devices)
+    dense = torch.zeros(4)
+    packer.pack((dense, i32(1)))
+    for bad, layout in [
+        (torch.zeros(4).to_sparse(), "torch.sparse_coo"),
+        (torch.zeros(4, 4).to_sparse_csr(), "torch.sparse_csr"),
+    ]:
+        with pytest.raises(TypeError, match=f"argument 0: expected a dense .* got layout {layout}"):
+            packer.pack((bad, i32(1)))

@@ -298,6 +298,23 @@ def test_tensor_map_rejects_unknown_option_names():
         make_tensor_map(0x1000, torch.float32, (16,), (), (16,), swizzle="256B")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"swizzle": ["128B"]}, r"swizzle: expected one of .* got list"),
+        ({"l2_promotion": None}, r"l2_promotion: expected one of .* got NoneType"),
+        ({"oob_fill": 0}, r"oob_fill: expected one of .* got int"),
+        ({"dtype": "float32"}, r"dtype: expected a torch\.dtype or None, got str"),
+    ],
+)
+def test_tensor_map_arguments_of_another_type_are_named_type_errors(kwargs, message):
+    arguments = {"dtype": torch.float32, **kwargs}
+    with pytest.raises(TypeError, match=message):
+        make_tensor_map(
+            0x1000, global_dims=(16,), global_strides_bytes=(), box_dims=(16,), **arguments
+        )
+
+
 @pytest.mark.parametrize("value", [None, np.zeros((64, 64), dtype=np.float32), [[1.0]]])
 def test_tensor_map_for_needs_a_tensor(value):
     with pytest.raises(TypeError, match=r"tensor: expected a CUDA torch\.Tensor, got"):

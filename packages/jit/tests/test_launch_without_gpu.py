@@ -646,3 +646,29 @@ def test_torch_module_publishes_torch_only_after_its_hooks(monkeypatch):
     kernel_module._torch_module()
     monkeypatch.undo()
     assert "hooks" not in seen  # `_torch` was still None while the hooks were being picked
+
+
+@pytest.mark.parametrize(
+    ("block_threads", "shared_mem", "error", "message"),
+    [
+        (128.0, 0, TypeError, r"block_threads: expected a positive int, got float"),
+        (True, 0, TypeError, r"block_threads: expected a positive int, got bool"),
+        (0, 0, ValueError, r"block_threads: expected a positive int, got 0"),
+        (128, "x", TypeError, r"shared_mem: expected a non-negative int, got str"),
+        (128, 1.0, TypeError, r"shared_mem: expected a non-negative int, got float"),
+        (128, -1, ValueError, r"shared_mem: expected a non-negative int, got -1"),
+        (128, 232449, ValueError, r"shared_mem: .* allows at most"),
+    ],
+)
+def test_occupancy_query_arguments_are_checked_before_the_driver(
+    kernel, fake_driver, block_threads, shared_mem, error, message
+):
+    with pytest.raises(error, match=message):
+        kernel.max_active_blocks_per_sm(block_threads, shared_mem)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuOccupancy")]
+
+
+@pytest.mark.parametrize("spec", [{}, "scale_add", None, [SCALE_ADD]])
+def test_load_kernel_names_a_spec_of_another_type(fake_driver, spec):
+    with pytest.raises(TypeError, match=r"spec: expected a KernelSpec, got"):
+        kernel_module.load_kernel(spec, 0)

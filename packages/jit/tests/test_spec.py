@@ -143,3 +143,23 @@ def test_make_names_the_argument_it_cannot_use(kwargs, error, fragment):
 def test_a_name_that_is_no_str_is_a_type_error(name, error):
     with pytest.raises(error, match=r"^KernelSpec.name: expected a non-empty str"):
         KernelSpec.make(name, "/x/k.cu")
+
+
+@pytest.mark.parametrize("defines", [5, "AB", b"AB", 1.5])
+def test_defines_of_another_kind_are_named(defines):
+    with pytest.raises(TypeError, match=r"defines: expected a dict or \(name, value\) pairs, got"):
+        KernelSpec.make("k", "/tmp/k.cu", defines)
+
+
+@pytest.mark.parametrize(
+    ("defines", "error", "message"),
+    [
+        ({"B": True}, TypeError, r"defines\['B'\]: expected str or int, got bool"),
+        ({"1B": 2}, ValueError, r"macro name must be a C identifier, got '1B'"),
+        ({"B": "x\x00"}, ValueError, r"defines\['B'\]: value contains a NUL byte"),
+    ],
+)
+def test_with_defines_checks_as_make_does(defines, error, message):
+    spec = KernelSpec.make("k", "/tmp/k.cu", {"A": 1})
+    with pytest.raises(error, match=message):
+        spec.with_defines(**defines)

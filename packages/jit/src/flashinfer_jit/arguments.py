@@ -132,25 +132,40 @@ class ArgumentPacker:
             pass `address` as `kernelParams` (0 when the kernel has no parameters).
 
         Raises:
-            TypeError: Wrong count, unsupported type, plain Python number, or size mismatch.
+            TypeError: Wrong count, unsupported type, plain Python number, size mismatch, or a
+                sparse tensor (it has no data pointer to pass).
             ValueError: A tensor, or the tensor a `TensorMap` describes, lives on another
                 device (unless built with `check_devices=False`).
         """
         last = self._last
-        if last is not None:
-            packed = last(args)
-            if packed is not None:
-                return packed
-        types = tuple(map(type, args))
-        plan = self._plans.get(types)
-        if plan is None:
-            plan = self._build(types)
-            self._plans[types] = plan
-        self._last = plan
-        packed = plan(args)
+        try:
+            if last is not None:
+                packed = last(args)
+                if packed is not None:
+                    return packed
+            types = tuple(map(type, args))
+            plan = self._plans.get(types)
+            if plan is None:
+                plan = self._build(types)
+                self._plans[types] = plan
+            self._last = plan
+            packed = plan(args)
+        except RuntimeError:  # data_ptr() of a tensor without strided storage: name it
+            self._refuse_layouts(args)
+            raise
         if packed is None:  # pragma: no cover - the plan was built for exactly these types
             raise RuntimeError("argument plan rejected the types it was built for")
         return packed
+
+    def _refuse_layouts(self, args: tuple[Any, ...]) -> None:
+        import torch
+
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+                raise TypeError(
+                    f"kernel {self.label!r} argument {index}: expected a dense (torch.strided) "
+                    f"tensor, got layout {value.layout}"
+                )
 
     def _device_error(self, value: Any, index: int) -> None:
         # Called from generated packers; always raises.

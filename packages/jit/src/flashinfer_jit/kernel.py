@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .arguments import ArgumentPacker
-from .compiler import CompiledKernel, compile_kernel
+from .compiler import CompiledKernel, _check_spec, compile_kernel
 from .device import (
     CUDA_ERROR_INVALID_CONTEXT,
     check,
@@ -89,8 +89,9 @@ def stream_handle(stream: Any) -> int:
     if handle is not None:
         return int(handle)
     raise TypeError(
-        "stream: expected None (current PyTorch stream), a torch.cuda.Stream, an object with "
-        f"__cuda_stream__ or an int handle, got {type(stream).__name__}"
+        "stream: expected a torch.cuda.Stream, an object with __cuda_stream__ or an int "
+        f"handle, got {type(stream).__name__}"
+        + (" (Kernel.launch takes stream=None for the current stream)" if stream is None else "")
     )
 
 
@@ -512,10 +513,23 @@ class Kernel:
 
         Returns:
             Resident blocks per SM.
+
+        Raises:
+            TypeError: `block_threads` or `shared_mem` is not an int.
+            ValueError: `block_threads` is not positive, or `shared_mem` is negative or above
+                what the device allows.
+            RuntimeError: The driver refused the query.
         """
-        drv = driver()
-        if shared_mem > self._smem_limit:
+        if type(block_threads) is not int:
+            raise TypeError(
+                f"block_threads: expected a positive int, got {type(block_threads).__name__} "
+                f"({block_threads!r})"
+            )
+        if block_threads <= 0:
+            raise ValueError(f"block_threads: expected a positive int, got {block_threads}")
+        if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
+        drv = driver()
         with context_of(self.device_index):
             return int(
                 check(
@@ -549,10 +563,15 @@ def load_kernel(
         The loaded kernel.
 
     Raises:
+        TypeError: `spec` is not a KernelSpec, or `device` is of another type.
+        ValueError: `device` is not a CUDA device, its index is negative, or a string does not
+            parse as a device.
         KernelCompileError: NVRTC rejected the source.
         RuntimeError: No driver/GPU (also for `device=None` without a CUDA device), or the
             driver failed to load the cubin.
     """
+    if type(spec) is not KernelSpec:
+        _check_spec(spec)  # a subclass passes; anything else is named here, not in a lookup
     if device is None:
         if _torch is None:
             _torch_module()  # picks `_current_device`, the launch path's query too

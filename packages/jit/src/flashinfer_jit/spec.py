@@ -18,7 +18,15 @@ def _normalise_defines(
 ) -> tuple[tuple[str, DefineValue], ...]:
     if defines is None:
         return ()
-    items = list(defines.items()) if isinstance(defines, Mapping) else list(defines)
+    if isinstance(defines, Mapping):
+        items = list(defines.items())
+    elif isinstance(defines, (str, bytes)) or not hasattr(defines, "__iter__"):
+        raise TypeError(
+            f"defines: expected a dict or (name, value) pairs, got {type(defines).__name__} "
+            f"({defines!r:.60})"
+        )
+    else:
+        items = list(defines)
     seen: dict[str, DefineValue] = {}
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):
@@ -193,10 +201,13 @@ class KernelSpec:
             The normalised, hashable spec.
 
         Raises:
-            TypeError: A define value is not str/int, or a sequence argument is a bare str.
-            ValueError: A macro name is not a C identifier or is given twice with different
-                values, `name` is not among `name_expressions`, or a path is empty or holds
-                a NUL byte.
+            TypeError: `name` or `label` is not a str, `source` or an include folder is not a
+                path, `defines` is neither a dict nor pairs, a define value is not str/int, an
+                option or name expression is not a str, or a sequence argument is a bare str.
+            ValueError: `name` is empty, a macro name is not a C identifier or is given twice
+                with different values, `name` is not among `name_expressions`, a path is empty
+                or holds a NUL byte, or a define value, option or name expression holds a NUL
+                byte.
         """
         return cls(
             name=name,
@@ -216,6 +227,10 @@ class KernelSpec:
 
         Returns:
             A new spec; its label is recomputed from the new defines.
+
+        Raises:
+            TypeError: A value is not str/int (a bool included).
+            ValueError: A name is not a C identifier, or a str value holds a NUL byte.
         """
         merged = dict(self.defines)
         merged.update(defines)

@@ -107,6 +107,8 @@ class TensorMap:
 
 
 def _choice(value: str, table: dict[str, str], what: str) -> str:
+    if type(value) is not str:  # a list would fail the lookup unnamed
+        raise TypeError(f"{what}: expected one of {sorted(table)}, got {type(value).__name__}")
     if value not in table:
         raise ValueError(f"{what}: expected one of {sorted(table)}, got {value!r}")
     return table[value]
@@ -203,6 +205,14 @@ def validate_tensor_map_args(
     return dims, strides, box, elems
 
 
+def _dtype_or_refuse(dtype: Any) -> Any:
+    import torch
+
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch.dtype or None, got {type(dtype).__name__}")
+    return dtype
+
+
 def _data_type_name(dtype: Any) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in _DATA_TYPES:
@@ -245,8 +255,8 @@ def make_tensor_map(
         The descriptor, ready to pass to `Kernel.launch`.
 
     Raises:
-        TypeError: `tensor_or_ptr` is neither a tensor nor an int, or a size list holds
-            non-ints.
+        TypeError: `tensor_or_ptr` is neither a tensor nor an int, `dtype` is not a
+            torch.dtype, a choice (`swizzle`, ...) is not a str, or a size list holds non-ints.
         ValueError: A TMA rule is broken (alignment, stride, box size, swizzle span), the
             dtype is unsupported, the tensor is not on a CUDA device, or the described
             extent runs past the tensor's storage.
@@ -265,13 +275,13 @@ def make_tensor_map(
         address = tensor_or_ptr
         import torch
 
-        element_size = torch.empty((), dtype=dtype).element_size()
+        element_size = torch.empty((), dtype=_dtype_or_refuse(dtype)).element_size()
         available = None
     elif hasattr(tensor_or_ptr, "data_ptr") and hasattr(tensor_or_ptr, "untyped_storage"):
         tensor = tensor_or_ptr
         if not tensor.is_cuda:
             raise ValueError(f"tensor_or_ptr: TMA needs a CUDA tensor, got one on {tensor.device}")
-        dtype = tensor.dtype if dtype is None else dtype
+        dtype = tensor.dtype if dtype is None else _dtype_or_refuse(dtype)
         element_size = tensor.element_size()
         import torch
 
@@ -372,9 +382,10 @@ def tensor_map_for(
         The descriptor.
 
     Raises:
-        TypeError: `tensor` is not a torch.Tensor, or `box_shape` is not a sequence of ints.
-        ValueError: The last dimension is not contiguous, ranks differ, or a TMA rule is
-            broken.
+        TypeError: `tensor` is not a torch.Tensor, `box_shape` is not a sequence of ints, or
+            a choice (`swizzle`, ...) is not a str.
+        ValueError: `tensor` is not on a CUDA device, the last dimension is not contiguous,
+            ranks differ, or a TMA rule is broken.
     """
     import torch
 
