@@ -172,6 +172,11 @@ PRECOMPILE_ERRORS = {
         ValueError,
         "variants entries must be 'fp8' or 'fp4'",
     ),
+    "variant_not_str": (
+        {"variants": ("fp8", 1)},
+        TypeError,
+        r"variants entries must be 'fp8' or 'fp4', got int \(1\)",
+    ),
     "variants_str": ({"variants": "fp8"}, TypeError, "variants must be a non-empty sequence"),
     "variants_empty": ({"variants": ()}, TypeError, "variants must be a non-empty sequence"),
     "fp8_bf16_output": (

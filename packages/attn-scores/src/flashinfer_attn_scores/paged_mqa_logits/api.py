@@ -200,8 +200,11 @@ def fp8_paged_mqa_logits(
             `torch.dtype`, `max_seq_len` is not an integer (a Python or numpy int; a
             bool or a tensor is refused), or a tensor argument (`out` and `schedule_meta`
             included) is a negated view (`is_neg()`, e.g. the `.imag` of a `conj()` view),
-            whose memory holds the negated values: pass `t.resolve_neg()`. Not checked
-            while torch.compile traces.
+            whose memory holds the negated values: pass `t.resolve_neg()`. Checked on every
+            call for `weights` and `out` (public PyTorch makes negated views of float tensors
+            only); the integer and FP8 tensors, which only the private `torch._neg_view`
+            negates, on the first call of an argument signature. Not checked while
+            torch.compile traces.
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent batch_size/next_n/num_heads/head_dim between the tensors,
             `kv_fused.shape[2] != 1` or `kv_fused.shape[3] != head_dim + 4`, `head_dim` not a
@@ -452,8 +455,10 @@ def fp4_paged_mqa_logits(
             `max_seq_len` / `sf_vec_size` is not an integer (a Python or numpy int; a bool
             or a tensor is refused), or a tensor argument (`out` and `schedule_meta`
             included) is a negated view (`is_neg()`, e.g. the `.imag` of a `conj()` view),
-            whose memory holds the negated values: pass `t.resolve_neg()`. Not checked
-            while torch.compile traces.
+            whose memory holds the negated values: pass `t.resolve_neg()`. Checked on every
+            call for `weights` and `out` (public PyTorch makes negated views of float tensors
+            only); the integer tensors, which only the private `torch._neg_view` negates, on
+            the first call of an argument signature. Not checked while torch.compile traces.
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent sizes between the tensors, `num_heads != 64`, `head_dim != 128`,
             `next_n` outside 1..4, `sf_vec_size != 32`, `kv_fused.shape[3] != head_dim/2 + 4`,

@@ -249,6 +249,11 @@ def precompile_paged_mqa_logits(
     if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
         raise TypeError(f"variants must be a non-empty sequence of str, got {variants!r}")
     for variant in variants:
+        if not isinstance(variant, str):
+            raise TypeError(
+                f"variants entries must be 'fp8' or 'fp4', got {type(variant).__name__} "
+                f"({variant!r})"
+            )
         if variant not in ("fp8", "fp4"):
             raise ValueError(f"variants entries must be 'fp8' or 'fp4', got {variant!r}")
     if output_dtypes is not None:
