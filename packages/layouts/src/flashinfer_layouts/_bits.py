@@ -83,7 +83,7 @@ def float32_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     The sign is ignored. A finite normal ``|x|`` is
     ``(1 + fraction / 2**23) * 2**(biased - 127)``; ``biased == 255`` means infinity or NaN.
     """
-    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    bits = x.to(torch.float32).resolve_neg().contiguous().view(torch.int32).to(torch.int64)
     return (bits >> 23) & 0xFF, bits & 0x7FFFFF
 
 
@@ -92,7 +92,7 @@ def float64_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     The sign is ignored; ``biased == 2047`` means infinity or NaN.
     """
-    bits = x.to(torch.float64).contiguous().view(torch.int64)
+    bits = x.to(torch.float64).resolve_neg().contiguous().view(torch.int64)
     return (bits >> 52) & 0x7FF, bits & ((1 << 52) - 1)
 
 
@@ -153,7 +153,7 @@ def float32_to_e4m3_bits(x: torch.Tensor) -> torch.Tensor:
     Returns:
         uint8 tensor of ``x``'s shape; ``.view(torch.float8_e4m3fn)`` reinterprets it.
     """
-    bits = x.to(torch.float32).contiguous().view(torch.int32)
+    bits = x.to(torch.float32).resolve_neg().contiguous().view(torch.int32)
     sign = (bits >> 24) & 0x80  # bit 31 to bit 7 (the shift's fill bits are masked off)
     mag = bits & _FLOAT32_ABS_MASK
     biased = mag >> 23
@@ -222,7 +222,7 @@ def _e4m3_code_words(b: torch.Tensor) -> torch.Tensor:
 
 def float32_to_le_bytes(x: torch.Tensor) -> torch.Tensor:
     """float32 ``[...]`` -> uint8 ``[..., 4]``, least significant byte first."""
-    return int32_to_le_bytes(x.to(torch.float32).contiguous().view(torch.int32))
+    return int32_to_le_bytes(x.to(torch.float32).resolve_neg().contiguous().view(torch.int32))
 
 
 def le_bytes_to_float32(b: torch.Tensor) -> torch.Tensor:
@@ -256,7 +256,7 @@ def sign_bit(x: torch.Tensor) -> torch.Tensor:
     """
     if x.dtype not in _SAME_WIDTH_INT:
         raise TypeError(f"sign_bit takes float32 or float64; got {x.dtype}")
-    return x.contiguous().view(_SAME_WIDTH_INT[x.dtype]) < 0
+    return x.resolve_neg().contiguous().view(_SAME_WIDTH_INT[x.dtype]) < 0
 
 
 def magnitude(x: torch.Tensor) -> torch.Tensor:
@@ -268,7 +268,7 @@ def magnitude(x: torch.Tensor) -> torch.Tensor:
     if x.dtype not in _SAME_WIDTH_INT:
         raise TypeError(f"magnitude takes float32 or float64; got {x.dtype}")
     integer = _SAME_WIDTH_INT[x.dtype]
-    return (x.contiguous().view(integer) & torch.iinfo(integer).max).view(x.dtype)
+    return (x.resolve_neg().contiguous().view(integer) & torch.iinfo(integer).max).view(x.dtype)
 
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
