@@ -240,9 +240,13 @@ def device_info(device: Any = None) -> DeviceInfo:
         The device's properties.
 
     Raises:
-        RuntimeError: No driver is available.
-        ValueError: The index is out of range or the device is not CUDA.
-        TypeError: `device` has an unsupported type.
+        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
+            and PyTorch has no CUDA device.
+        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
+            (checked once the driver has loaded) out of range, or a string does not parse as
+            a device.
+        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
+            or a numpy integer, say).
     """
     return _device_info(resolve_device_index(device))
 
@@ -257,7 +261,13 @@ def device_arch(device: Any = None) -> str:
         The full arch string.
 
     Raises:
-        RuntimeError: No driver is available.
+        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
+            and PyTorch has no CUDA device.
+        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
+            (checked once the driver has loaded) out of range, or a string does not parse as
+            a device.
+        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
+            or a numpy integer, say).
     """
     return device_info(device).arch
 
@@ -272,7 +282,13 @@ def sm_count(device: Any = None) -> int:
         The SM count.
 
     Raises:
-        RuntimeError: No driver is available.
+        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
+            and PyTorch has no CUDA device.
+        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
+            (checked once the driver has loaded) out of range, or a string does not parse as
+            a device.
+        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
+            or a numpy integer, say).
     """
     return device_info(device).sm_count
 
@@ -287,7 +303,13 @@ def max_shared_memory_per_block_optin(device: Any = None) -> int:
         Bytes (232448, i.e. 227 KiB, on SM90).
 
     Raises:
-        RuntimeError: No driver is available.
+        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
+            and PyTorch has no CUDA device.
+        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
+            (checked once the driver has loaded) out of range, or a string does not parse as
+            a device.
+        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
+            or a numpy integer, say).
     """
     return device_info(device).max_shared_memory_per_block_optin
 
@@ -304,7 +326,15 @@ def require_supported_arch(device: Any = None, supported: Iterable[str] = ("sm_9
 
     Raises:
         RuntimeError: The device's arch is not in `supported`; the message names the GPU,
-            its compute capability and the supported architectures.
+            its compute capability and the supported architectures. Also when no driver is
+            available, or `device` names no index (None, `"cuda"`) and PyTorch has no CUDA
+            device.
+        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
+            (checked once the driver has loaded) out of range, or a string does not parse as
+            a device.
+        TypeError: `supported` is a str or bytes (a single arch rather than a sequence of
+            them) or is not iterable (checked before `device`); or `device` is not None, an
+            int, a `torch.device` or a str (a float, a bool or a numpy integer, say).
     """
     if isinstance(supported, (str, bytes)) or not isinstance(supported, Iterable):
         raise TypeError(

@@ -380,9 +380,10 @@ def precompile(
     Raises:
         PrecompileError: Some configurations failed and `raise_on_error` is set.
         TypeError: `specs` is not an iterable of KernelSpec, or `max_workers`,
-            `cache_dir` or `arch` has the wrong type.
-        ValueError: `max_workers` is not positive, `cache_dir` is empty, or `arch` is
-            malformed.
+            `cache_dir`, `arch` or (where it is read) `device` has the wrong type.
+        ValueError: `max_workers` is not positive, `cache_dir` is empty, `arch` is
+            malformed, or (where it is read: `arch` None or `load` set) `device` is not a
+            CUDA device or its index is negative.
         RuntimeError: `arch` is None (or `load` is set) and no GPU is available.
     """
     from tqdm.auto import tqdm

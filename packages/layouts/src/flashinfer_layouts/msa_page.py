@@ -234,8 +234,10 @@ def msa_page_views(
         ``[p, h, t, s]`` order.
 
     Raises:
-        TypeError: ``pages`` is not uint8 or ``scale_dtype`` is unsupported.
-        ValueError: ``pages`` has the wrong shape for ``num_kv_heads`` or ``stride(1) != 1``.
+        TypeError: ``pages`` is not a uint8 tensor, ``num_kv_heads`` is not an int (a bool is
+            refused too), or ``scale_dtype`` is unsupported.
+        ValueError: ``num_kv_heads <= 0``, or ``pages`` has the wrong shape for
+            ``num_kv_heads`` or ``stride(1) != 1``.
     """
     offsets = _check_pages(pages, num_kv_heads)
     if scale_dtype not in (torch.uint8, torch.float8_e4m3fn):
@@ -303,8 +305,11 @@ def unpack_nvfp4_msa_pages(
         ``(k, v)``, each ``[num_pages, num_kv_heads, 128, 128]`` of ``dtype``.
 
     Raises:
-        TypeError: a dtype is wrong.
-        ValueError: ``pages`` has the wrong shape or strides, or a global scale is invalid.
+        TypeError: a dtype is wrong, ``pages`` is not a tensor, ``num_kv_heads`` is not an
+            int (a bool is refused too), or ``k_global_sf`` / ``v_global_sf`` is a bool,
+            neither a real number nor a tensor, or a non-floating tensor.
+        ValueError: ``num_kv_heads <= 0``, ``pages`` has the wrong shape or strides, or a
+            global scale is invalid.
     """
     dtype = _checks.output_float_dtype("dtype", dtype)
     k_data, k_scale, v_data, v_scale = msa_page_views(pages, num_kv_heads)

@@ -227,8 +227,10 @@ def unswizzle_128x4(sf_swizzled: torch.Tensor, rows: int, cols: int) -> torch.Te
         A new ``[rows, cols]`` tensor of ``sf_swizzled``'s dtype.
 
     Raises:
-        TypeError: wrong dtype.
-        ValueError: the buffer's size or shape does not match ``rows``/``cols``.
+        TypeError: ``sf_swizzled`` is not a tensor or has a wrong dtype, or ``rows`` /
+            ``cols`` is not an int (a bool is refused too).
+        ValueError: a negative ``rows`` or ``cols``, or the buffer's size or shape does not
+            match ``rows``/``cols``.
     """
     sf_swizzled = _checks.tensor("sf_swizzled", sf_swizzled)
     _checks.dtype("sf_swizzled", sf_swizzled, _SCALE_DTYPES)
@@ -400,7 +402,9 @@ def nvfp4_quantize(
         ``(i, j)``); with ``swizzled=False`` the linear ``[M, K/sf_vec_size]`` matrix.
 
     Raises:
-        TypeError: wrong dtype of ``a`` or ``a_global_sf``, or non-int ``sf_vec_size``.
+        TypeError: wrong dtype of ``a`` or ``a_global_sf``, non-int ``sf_vec_size``, a
+            ``swizzled`` that is not a bool (``1`` is refused), or an ``a_global_sf`` that is
+            a bool or neither a real number nor a tensor.
         ValueError: ``a`` is not 2-D, ``K`` is not a multiple of ``sf_vec_size``,
             ``sf_vec_size`` is not 16 or 32, or ``a_global_sf`` is not a finite positive
             scalar.
@@ -449,9 +453,12 @@ def nvfp4_dequantize(
         ``[M, K]`` tensor of ``dtype``.
 
     Raises:
-        TypeError: a wrong dtype.
-        ValueError: inconsistent shapes, ``m``/``k`` disagreeing with ``a_fp4``, mixed
-            devices, or an invalid ``a_global_sf``.
+        TypeError: a wrong dtype (``a_fp4``, ``a_sf``, ``dtype``, or a non-floating tensor
+            ``a_global_sf``), ``m``, ``k`` or ``sf_vec_size`` that is not an int (a bool is
+            refused too), a ``swizzled`` that is not a bool, or an ``a_global_sf`` that is a
+            bool or neither a real number nor a tensor.
+        ValueError: ``sf_vec_size`` is not 16 or 32, inconsistent shapes, ``m``/``k``
+            disagreeing with ``a_fp4``, mixed devices, or an invalid ``a_global_sf``.
     """
     a_fp4 = _checks.tensor("a_fp4", a_fp4)
     a_sf = _checks.tensor("a_sf", a_sf)
