@@ -436,3 +436,16 @@ def test_a_tensor_map_one_element_past_the_storage_is_refused(
         r"span 128 bytes but the tensor's storage has 124 bytes from its data pointer$",
     ):
         make_tensor_map(_CudaLooking(view), None, dims, strides, box, swizzle="none")
+
+
+def test_tensor_map_choices_take_str_subclasses_as_their_value():
+    import enum
+
+    from flashinfer_jit import tma
+
+    class Swizzle(str, enum.Enum):
+        B128 = "128B"
+
+    plain = tma._choice("128B", tma._SWIZZLE_ENUM, "swizzle")
+    assert tma._choice(Swizzle.B128, tma._SWIZZLE_ENUM, "swizzle") == plain
+    assert tma._choice(np.str_("128B"), tma._SWIZZLE_ENUM, "swizzle") == plain

@@ -672,3 +672,35 @@ def test_occupancy_query_arguments_are_checked_before_the_driver(
 def test_load_kernel_names_a_spec_of_another_type(fake_driver, spec):
     with pytest.raises(TypeError, match=r"spec: expected a KernelSpec, got"):
         kernel_module.load_kernel(spec, 0)
+
+
+def test_occupancy_query_takes_numpy_integers(kernel, fake_driver, monkeypatch):
+    import numpy as np
+
+    asked = []
+
+    def occupancy(function, block_threads, shared_mem):
+        asked.append((type(block_threads), block_threads, type(shared_mem), shared_mem))
+        return 0, 3
+
+    monkeypatch.setattr(
+        fake_driver, "cuOccupancyMaxActiveBlocksPerMultiprocessor", occupancy, raising=False
+    )
+    assert kernel.max_active_blocks_per_sm(np.int64(128), np.int32(1024)) == 3
+    assert asked == [(int, 128, int, 1024)]
+
+
+def test_load_kernel_takes_a_kernel_spec_subclass(fake_driver, cache_dir, monkeypatch):
+    class LabelledSpec(type(SCALE_ADD)):
+        pass
+
+    info = kernel_module.device_info(0)
+    monkeypatch.setattr(
+        kernel_module, "device_info", lambda index: SimpleNamespace(**vars(info), arch="sm_90a")
+    )
+    spec = LabelledSpec(*SCALE_ADD._identity(), label="sub")
+    try:
+        loaded = kernel_module.load_kernel(spec, 0, cache_dir=cache_dir)
+        assert loaded.spec is spec and loaded.compiled.entry_name == "scale_add"
+    finally:
+        kernel_module._LOADED.pop((spec, 0), None)

@@ -163,3 +163,13 @@ def test_with_defines_checks_as_make_does(defines, error, message):
     spec = KernelSpec.make("k", "/tmp/k.cu", {"A": 1})
     with pytest.raises(error, match=message):
         spec.with_defines(**defines)
+
+
+def test_defines_iterable_through_getitem_only_are_taken():
+    class Pairs:  # the old sequence protocol: iterable without __iter__
+        def __getitem__(self, index):
+            if index >= 1:
+                raise IndexError(index)
+            return ("A", 1)
+
+    assert KernelSpec.make("k", "/tmp/k.cu", Pairs()).defines == (("A", 1),)

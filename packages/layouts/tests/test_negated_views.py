@@ -57,3 +57,25 @@ def _same(a, b) -> None:
 def test_a_negated_view_quantises_like_its_resolved_copy(name, call, shape):
     view = _negated_view(shape, seed=len(name))
     _same(call(view), call(view.resolve_neg()))
+
+
+@pytest.mark.parametrize(
+    "helper",
+    [
+        "float32_fields",
+        "float64_fields",
+        "float32_to_e4m3_bits",
+        "float32_to_le_bytes",
+        "sign_bit",
+        "magnitude",
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_each_bit_helper_reads_a_negated_view_as_its_values(helper, dtype):
+    from flashinfer_layouts import _bits
+
+    memory = torch.tensor([1.5, -2.0, 0.0, -0.0, 448.0, 3.0e-3], dtype=dtype)
+    view = torch._neg_view(memory)
+    assert view.is_neg() and view.is_contiguous()
+    function = getattr(_bits, helper)
+    _same(function(view), function(view.resolve_neg()))

@@ -150,14 +150,14 @@ class ArgumentPacker:
                 self._plans[types] = plan
             self._last = plan
             packed = plan(args)
-        except RuntimeError:  # data_ptr() of a tensor without strided storage: name it
-            self._refuse_layouts(args)
+        except RuntimeError as exc:  # data_ptr() of a tensor without strided storage: name it
+            self._refuse_layouts(args, exc)
             raise
         if packed is None:  # pragma: no cover - the plan was built for exactly these types
             raise RuntimeError("argument plan rejected the types it was built for")
         return packed
 
-    def _refuse_layouts(self, args: tuple[Any, ...]) -> None:
+    def _refuse_layouts(self, args: tuple[Any, ...], cause: RuntimeError) -> None:
         import torch
 
         for index, value in enumerate(args):
@@ -165,7 +165,7 @@ class ArgumentPacker:
                 raise TypeError(
                     f"kernel {self.label!r} argument {index}: expected a dense (torch.strided) "
                     f"tensor, got layout {value.layout}"
-                )
+                ) from cause
 
     def _device_error(self, value: Any, index: int) -> None:
         # Called from generated packers; always raises.

@@ -100,6 +100,13 @@ def stream_handle(stream: Any) -> int:
 _DIM_END = 2**32
 
 
+def _index_or_refuse(value: Any, what: str, expected: str) -> int:
+    """`value` as a Python int: ints and numpy integers (`__index__`), not bools or floats."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what}: expected {expected}, got {type(value).__name__} ({value!r})")
+    return value.__index__()
+
+
 def _dim3(value: Any, what: str) -> tuple[int, int, int]:
     if type(value) is int:
         if 0 < value < _DIM_END:
@@ -242,8 +249,15 @@ class Kernel:
         )
         if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
-        if cluster is not None:
+        if cluster is not None and not (
+            type(cluster) is tuple
+            and len(cluster) == 3
+            and type(cluster[0]) is int
+            and type(cluster[1]) is int
+            and type(cluster[2]) is int
+        ):
             # Checked before it keys the configurations: True, 1.0 and numpy's 1 hash as 1.
+            # (Three ints key them as they are; their range is checked when one is built.)
             cluster = _dim3(cluster, "cluster")
         handle = self._raw_stream(self.device_index) if stream is None else self._handle(stream)
         buffer, params = self._packer.pack(args)  # `buffer` must stay referenced until launched
@@ -515,19 +529,17 @@ class Kernel:
             Resident blocks per SM.
 
         Raises:
-            TypeError: `block_threads` or `shared_mem` is not an int.
+            TypeError: `block_threads` or `shared_mem` is not an int (numpy integers are
+                taken; bools and floats are not).
             ValueError: `block_threads` is not positive, or `shared_mem` is negative or above
                 what the device allows.
             RuntimeError: The driver refused the query.
         """
-        if type(block_threads) is not int:
-            raise TypeError(
-                f"block_threads: expected a positive int, got {type(block_threads).__name__} "
-                f"({block_threads!r})"
-            )
+        block_threads = _index_or_refuse(block_threads, "block_threads", "a positive int")
         if block_threads <= 0:
             raise ValueError(f"block_threads: expected a positive int, got {block_threads}")
-        if type(shared_mem) is not int or not 0 <= shared_mem <= self._smem_limit:
+        shared_mem = _index_or_refuse(shared_mem, "shared_mem", "a non-negative int")
+        if not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
         drv = driver()
         with context_of(self.device_index):

@@ -383,7 +383,7 @@ def precompile(
             `cache_dir`, `arch` or (where it is read) `device` has the wrong type.
         ValueError: `max_workers` is not positive, `cache_dir` is empty, `arch` is
             malformed, or (where it is read: `arch` None or `load` set) `device` is not a
-            CUDA device or its index is negative.
+            CUDA device, its index is negative, or a string does not parse as a device.
         RuntimeError: `arch` is None (or `load` is set) and no GPU is available.
     """
     from tqdm.auto import tqdm

@@ -18,15 +18,16 @@ def _normalise_defines(
 ) -> tuple[tuple[str, DefineValue], ...]:
     if defines is None:
         return ()
+    expected = "defines: expected a dict or (name, value) pairs, got"
     if isinstance(defines, Mapping):
         items = list(defines.items())
-    elif isinstance(defines, (str, bytes)) or not hasattr(defines, "__iter__"):
-        raise TypeError(
-            f"defines: expected a dict or (name, value) pairs, got {type(defines).__name__} "
-            f"({defines!r:.60})"
-        )
+    elif isinstance(defines, (str, bytes)):  # would split into characters
+        raise TypeError(f"{expected} {type(defines).__name__} ({defines!r:.60})")
     else:
-        items = list(defines)
+        try:
+            items = list(defines)
+        except TypeError:  # not iterable
+            raise TypeError(f"{expected} {type(defines).__name__} ({defines!r:.60})") from None
     seen: dict[str, DefineValue] = {}
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):

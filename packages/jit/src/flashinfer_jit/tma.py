@@ -107,7 +107,7 @@ class TensorMap:
 
 
 def _choice(value: str, table: dict[str, str], what: str) -> str:
-    if type(value) is not str:  # a list would fail the lookup unnamed
+    if not isinstance(value, str):  # a list would fail the lookup unnamed; str enums pass
         raise TypeError(f"{what}: expected one of {sorted(table)}, got {type(value).__name__}")
     if value not in table:
         raise ValueError(f"{what}: expected one of {sorted(table)}, got {value!r}")
