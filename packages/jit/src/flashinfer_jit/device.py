@@ -261,13 +261,7 @@ def device_arch(device: Any = None) -> str:
         The full arch string.
 
     Raises:
-        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
-            and PyTorch has no CUDA device.
-        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
-            (checked once the driver has loaded) out of range, or a string does not parse as
-            a device.
-        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
-            or a numpy integer, say).
+        RuntimeError, ValueError, TypeError: As for `device_info`, which resolves `device`.
     """
     return device_info(device).arch
 
@@ -282,13 +276,7 @@ def sm_count(device: Any = None) -> int:
         The SM count.
 
     Raises:
-        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
-            and PyTorch has no CUDA device.
-        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
-            (checked once the driver has loaded) out of range, or a string does not parse as
-            a device.
-        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
-            or a numpy integer, say).
+        RuntimeError, ValueError, TypeError: As for `device_info`, which resolves `device`.
     """
     return device_info(device).sm_count
 
@@ -303,13 +291,7 @@ def max_shared_memory_per_block_optin(device: Any = None) -> int:
         Bytes (232448, i.e. 227 KiB, on SM90).
 
     Raises:
-        RuntimeError: No driver is available, or `device` names no index (None, `"cuda"`)
-            and PyTorch has no CUDA device.
-        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
-            (checked once the driver has loaded) out of range, or a string does not parse as
-            a device.
-        TypeError: `device` is not None, an int, a `torch.device` or a str (a float, a bool
-            or a numpy integer, say).
+        RuntimeError, ValueError, TypeError: As for `device_info`, which resolves `device`.
     """
     return device_info(device).max_shared_memory_per_block_optin
 
@@ -329,12 +311,9 @@ def require_supported_arch(device: Any = None, supported: Iterable[str] = ("sm_9
             its compute capability and the supported architectures. Also when no driver is
             available, or `device` names no index (None, `"cuda"`) and PyTorch has no CUDA
             device.
-        ValueError: The device is not a CUDA device (`"cpu"`, say), the index is negative or
-            (checked once the driver has loaded) out of range, or a string does not parse as
-            a device.
+        ValueError: As for `device_info`, which resolves `device`.
         TypeError: `supported` is a str or bytes (a single arch rather than a sequence of
-            them) or is not iterable (checked before `device`); or `device` is not None, an
-            int, a `torch.device` or a str (a float, a bool or a numpy integer, say).
+            them) or is not iterable (checked before `device`); or as for `device_info`.
     """
     if isinstance(supported, (str, bytes)) or not isinstance(supported, Iterable):
         raise TypeError(
