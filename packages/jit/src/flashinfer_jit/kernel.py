@@ -34,6 +34,7 @@ from .device import (
     resolve_device_index,
 )
 from .errors import KernelLaunchError
+from .scalars import _as_index
 from .spec import KernelSpec
 
 _torch: Any = None
@@ -98,13 +99,6 @@ def stream_handle(stream: Any) -> int:
 # Launch dimensions are unsigned 32-bit in the driver API; the hardware limits below that
 # (grid y/z 65535, 1024 threads per block) are the driver's to report, as launch errors.
 _DIM_END = 2**32
-
-
-def _index_or_refuse(value: Any, what: str, expected: str) -> int:
-    """`value` as a Python int: ints and numpy integers (`__index__`), not bools or floats."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{what}: expected {expected}, got {type(value).__name__} ({value!r})")
-    return value.__index__()
 
 
 def _dim3(value: Any, what: str) -> tuple[int, int, int]:
@@ -535,10 +529,10 @@ class Kernel:
                 what the device allows.
             RuntimeError: The driver refused the query.
         """
-        block_threads = _index_or_refuse(block_threads, "block_threads", "a positive int")
+        block_threads = _as_index(block_threads, "block_threads", "a positive int")
         if block_threads <= 0:
             raise ValueError(f"block_threads: expected a positive int, got {block_threads}")
-        shared_mem = _index_or_refuse(shared_mem, "shared_mem", "a non-negative int")
+        shared_mem = _as_index(shared_mem, "shared_mem", "a non-negative int")
         if not 0 <= shared_mem <= self._smem_limit:
             self._raise_shared_memory_limit(shared_mem)
         drv = driver()

@@ -33,6 +33,14 @@ def _refuse_tensor(wrapper: str, value: object) -> None:
         )
 
 
+def _as_index(value: object, what: str, expected: str) -> int:
+    """`value` as a Python int: ints and objects with `__index__` (numpy integer scalars), not
+    bools (an int subclass) or floats; a TypeError naming `what` otherwise."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what}: expected {expected}, got {type(value).__name__} ({value!r})")
+    return value.__index__()  # type: ignore[attr-defined]
+
+
 class _Scalar:
     """Base of the scalar wrappers: a value, its `struct` format and its size in bytes."""
 
@@ -67,7 +75,7 @@ class _Integer(_Scalar):
 
     def __init__(self, value: int) -> None:
         _refuse_tensor(type(self).__name__, value)
-        # bool is an int; accept objects with __index__ (numpy integer scalars).
+        # `_as_index` inline: wrappers are built per call on some launch paths (the schedule's).
         if isinstance(value, bool) or not hasattr(value, "__index__"):
             raise TypeError(
                 f"{type(self).__name__}: expected an integer, got {type(value).__name__} ({value!r})"

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .scalars import _as_index
+
 _SWIZZLE_BYTES = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
 _SWIZZLE_ENUM = {
     "none": "CU_TENSOR_MAP_SWIZZLE_NONE",
@@ -117,12 +119,7 @@ def _choice(value: str, table: dict[str, str], what: str) -> str:
 def _ints(values: Sequence[int], what: str) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{what}: expected a sequence of ints, got {type(values).__name__}")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
-            raise TypeError(f"{what}: expected ints, got {type(v).__name__} ({v!r})")
-        out.append(v.__index__())
-    return tuple(out)
+    return tuple(_as_index(v, what, "ints") for v in values)
 
 
 def validate_tensor_map_args(
