@@ -31,7 +31,7 @@ from flashinfer_schedule import padded_seq_len
 
 from .. import _validation as v
 from . import dispatch, fp8_sm90, launcher
-from .reference import fp4_paged_mqa_logits_reference, fp8_paged_mqa_logits_reference
+from .reference import fp4_logits_by_request, fp8_logits_by_request
 
 __all__ = ["NAMESPACE", "fp4_paged_mqa_logits_into", "fp8_paged_mqa_logits_into"]
 
@@ -39,19 +39,18 @@ NAMESPACE = "flashinfer_attn_scores"
 
 
 def _write_computed_region(
-    out_storage: torch.Tensor, expected: torch.Tensor, seq_lens: torch.Tensor, next_n: int
+    out_storage: torch.Tensor, by_request: list[tuple[int, torch.Tensor]], next_n: int
 ) -> None:
-    """Store the reference in every slot at positions p < seq_lens[b].
+    """Store each request's `[next_n, seq_lens[b]]` float64 logits in its rows, rounded once.
 
     Everything else, including the rows of empty requests, is left untouched. (The kernel
     also writes the rest of each request's last 64-position unit, which the contract leaves
-    unspecified, and leaves everything past it untouched.)
+    unspecified, and leaves everything past it untouched.) Nothing `[rows, max_seq_len]`-sized
+    is built, so a wide `max_seq_len` over short requests costs no more memory than `out`.
     """
-    rows, max_seq_len = expected.shape
-    logits = out_storage[:rows, :max_seq_len]
-    row_lens = seq_lens.to(torch.int64).repeat_interleave(next_n)
-    computed = torch.arange(max_seq_len)[None, :] < row_lens[:, None]
-    logits[computed] = round_once(expected[computed], out_storage.dtype)
+    for b, logits in by_request:
+        rows = out_storage[b * next_n : (b + 1) * next_n, : logits.shape[1]]
+        rows.copy_(round_once(logits, out_storage.dtype))
 
 
 def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -160,10 +159,8 @@ def fp8_paged_mqa_logits_into(
     _check_fp8_call(fp8_inputs, out_storage, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
-    expected = fp8_paged_mqa_logits_reference(
-        q, kv_fused, weights, block_tables, seq_lens, max_seq_len
-    )
-    _write_computed_region(out_storage, expected, seq_lens, q.shape[1])
+    by_request = fp8_logits_by_request(q, kv_fused, weights, block_tables, seq_lens, max_seq_len)
+    _write_computed_region(out_storage, by_request, q.shape[1])
 
 
 @fp8_paged_mqa_logits_into.register_kernel("cuda")
@@ -247,7 +244,7 @@ def fp4_paged_mqa_logits_into(
     _check_storage("fp4", fp4_inputs, out_storage, max_seq_len, output_dtype)
     if q.shape[0] == 0:
         return
-    expected = fp4_paged_mqa_logits_reference(
+    by_request = fp4_logits_by_request(
         q,
         q_sf,
         kv_fused,
@@ -257,7 +254,7 @@ def fp4_paged_mqa_logits_into(
         max_seq_len,
         is_kv_sf_interleaved=is_kv_sf_interleaved,
     )
-    _write_computed_region(out_storage, expected, seq_lens, q.shape[1])
+    _write_computed_region(out_storage, by_request, q.shape[1])
 
 
 @fp4_paged_mqa_logits_into.register_kernel("cuda")

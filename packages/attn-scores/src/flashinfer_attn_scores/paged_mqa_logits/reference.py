@@ -92,7 +92,7 @@ def _weighted_relu_scores(q_b: torch.Tensor, k: torch.Tensor, w_b: torch.Tensor)
     return torch.cat(pieces, dim=1)
 
 
-def _paged_reference(
+def _logits_by_request(
     q64: torch.Tensor,
     weights: torch.Tensor,
     block_tables: torch.Tensor,
@@ -101,22 +101,41 @@ def _paged_reference(
     num_blocks: int,
     block_size: int,
     keys_of_blocks,
-) -> torch.Tensor:
-    """Shared loop: `keys_of_blocks(ids)` returns `([n*bs, D] keys, [n*bs] scales or None)`."""
+) -> list[tuple[int, torch.Tensor]]:
+    """`(b, [next_n, seq_lens[b]] float64 logits)` for every non-empty request `b`.
+
+    `keys_of_blocks(ids)` returns `([n*bs, D] keys, [n*bs] scales or None)`. Every request is
+    checked before any is computed, so a violated precondition raises before any result.
+    """
     batch_size, next_n, num_heads = q64.shape[:3]
-    out = torch.full(
-        (batch_size * next_n, max_seq_len), float("nan"), dtype=torch.float64, device=q64.device
-    )
+    lengths = seq_lens.tolist()
+    block_ids = [
+        _check_request(b, length, max_seq_len, block_tables[b], num_blocks, block_size)
+        for b, length in enumerate(lengths)
+    ]
     w64 = weights.to(torch.float64).reshape(batch_size, next_n, num_heads)
-    for b, length in enumerate(seq_lens.tolist()):
-        ids = _check_request(b, length, max_seq_len, block_tables[b], num_blocks, block_size)
+    results = []
+    for b, (length, ids) in enumerate(zip(lengths, block_ids, strict=True)):
         if length == 0:
             continue
         keys, scales = keys_of_blocks(ids)
         logits = _weighted_relu_scores(q64[b], keys[:length], w64[b])
         if scales is not None:
             logits = logits * scales[:length]  # per-token scale, after the head sum
-        out[b * next_n : (b + 1) * next_n, :length] = logits
+        results.append((b, logits))
+    return results
+
+
+def _as_matrix(
+    by_request: list[tuple[int, torch.Tensor]], q: torch.Tensor, max_seq_len: int
+) -> torch.Tensor:
+    """The per-request logits placed in a NaN-filled `[batch_size*next_n, max_seq_len]`."""
+    next_n = q.shape[1]
+    out = torch.full(
+        (q.shape[0] * next_n, max_seq_len), float("nan"), dtype=torch.float64, device=q.device
+    )
+    for b, logits in by_request:
+        out[b * next_n : (b + 1) * next_n, : logits.shape[1]] = logits
     return out
 
 
@@ -151,6 +170,20 @@ def fp8_paged_mqa_logits_reference(
         ValueError: A length is outside `[0, max_seq_len]`, the table is too narrow for a
             length, or a block id that is read is outside `kv_fused`.
     """
+    by_request = fp8_logits_by_request(q, kv_fused, weights, block_tables, seq_lens, max_seq_len)
+    return _as_matrix(by_request, q, max_seq_len)
+
+
+def fp8_logits_by_request(
+    q: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+) -> list[tuple[int, torch.Tensor]]:
+    """`fp8_paged_mqa_logits_reference` request by request: `(b, [next_n, seq_lens[b]])`
+    float64 for each non-empty request, without the `[rows, max_seq_len]` matrix."""
     num_blocks, block_size = kv_fused.shape[:2]
     head_dim = q.shape[-1]
 
@@ -158,7 +191,7 @@ def fp8_paged_mqa_logits_reference(
         values, scales = unpack_fp8_kv_cache(kv_fused[ids])
         return values.to(torch.float64).reshape(-1, head_dim), scales.to(torch.float64).reshape(-1)
 
-    return _paged_reference(
+    return _logits_by_request(
         q.to(torch.float64),
         weights,
         block_tables,
@@ -208,6 +241,32 @@ def fp4_paged_mqa_logits_reference(
         ValueError: A length is outside `[0, max_seq_len]`, the table is too narrow for a
             length, or a block id that is read is outside `kv_fused`.
     """
+    by_request = fp4_logits_by_request(
+        q,
+        q_sf,
+        kv_fused,
+        weights,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        is_kv_sf_interleaved=is_kv_sf_interleaved,
+    )
+    return _as_matrix(by_request, q, max_seq_len)
+
+
+def fp4_logits_by_request(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_fused: torch.Tensor,
+    weights: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    *,
+    is_kv_sf_interleaved: bool = False,
+) -> list[tuple[int, torch.Tensor]]:
+    """`fp4_paged_mqa_logits_reference` request by request: `(b, [next_n, seq_lens[b]])`
+    float64 for each non-empty request, without the `[rows, max_seq_len]` matrix."""
     num_blocks, block_size = kv_fused.shape[:2]
     head_dim = 2 * q.shape[-1]
 
@@ -217,7 +276,7 @@ def fp4_paged_mqa_logits_reference(
         )
         return keys.reshape(-1, head_dim), None
 
-    return _paged_reference(
+    return _logits_by_request(
         dequantize_mxfp4_q(q, q_sf, dtype=torch.float64),
         weights,
         block_tables,
