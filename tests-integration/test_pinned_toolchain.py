@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-
 # Runs in a fresh interpreter, pinned (or not) by the sitecustomize.py on its PYTHONPATH.
 PROBE = """
 from flashinfer_jit.compiler import compile_kernel
@@ -25,7 +23,8 @@ for spec in (SCALE_ADD, EMPTY):
 
 def _probe(root: Path, pinned: bool) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(TOOLS), env.get("PYTHONPATH", "")])
+    # The documented setup: the pin folder on the path, not the checkout's tools/.
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     env["FLASHINFER_JIT_CACHE_DIR"] = str(root / "cache")
     env.pop("FLASHINFER_JIT_PINNED_TOOLCHAIN", None)
     if pinned:

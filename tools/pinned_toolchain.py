@@ -14,7 +14,8 @@ configurations of the given random-case seeds (`tools/random_cases.py`'s draws) 
 
     FLASHINFER_JIT_CACHE_DIR=DIR/cache FLASHINFER_JIT_PINNED_TOOLCHAIN=DIR/toolchain.json
 
-the `sitecustomize.py` written beside them calls `pin()`: every cache key then carries the
+the `sitecustomize.py` written beside them (with a copy of this module, which it imports)
+calls `pin()`: every cache key then carries the
 recorded fingerprint, so the carried cubins are the ones loaded, and a configuration missing
 from the cache raises instead of being compiled by the local NVRTC under the recorded name.
 That `sitecustomize.py` hides the interpreter's own (the device image has one, from its Linux
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -126,11 +128,13 @@ def build(args: argparse.Namespace) -> int:
 
 
 def write_pin_files(root: Path) -> None:
-    """Record this machine's toolchain fingerprint and the `sitecustomize.py` that pins it."""
+    """Record this machine's toolchain fingerprint and the `sitecustomize.py` that pins it,
+    with a copy of this module for it to import, so `root` alone on `PYTHONPATH` pins."""
     from flashinfer_jit.toolchain import toolchain_fingerprint
 
     (root / "toolchain.json").write_text(json.dumps([list(x) for x in toolchain_fingerprint()]))
     (root / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    shutil.copyfile(__file__, root / "pinned_toolchain.py")
 
 
 def main() -> int:
