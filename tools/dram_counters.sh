@@ -13,6 +13,7 @@
 set -u
 OUT=${OUT:-/tmp/dram-counters}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: source_env.sh changes to the repository root
 source "$(dirname "$0")/source_env.sh"
 ncu --query-metrics 2>&1 | grep -E "^dram" > "$OUT/metrics-available.txt"
 echo "DRAM metric names offered: $(wc -l < "$OUT/metrics-available.txt")"

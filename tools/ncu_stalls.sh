@@ -17,6 +17,7 @@
 set -u
 OUT=${OUT:-/tmp/ncu-stalls}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: source_env.sh changes to the repository root
 source "$(dirname "$0")/source_env.sh"
 IFS=';' read -ra cases <<< "${CASES:-fp8 1,64,64,4096}"
 for case in "${cases[@]}"; do
