@@ -37,6 +37,8 @@ file, then the requirements its metadata lists (``triton==3.6.0`` among them). U
     python tools/inductor_cuda_code.py                  # every case: generate + interpret
     python tools/inductor_cuda_code.py mxfp4 --ptx      # one case, also compile for sm_90
     python tools/inductor_cuda_code.py fp8_pow2_dequant --inline --ptx
+
+Exit status 1 when a case fails to generate or to run, or its bytes differ from eager's.
 """
 
 from __future__ import annotations
@@ -335,7 +337,7 @@ def last_line(text: str) -> str:
     return (text.strip().splitlines() or ["(no output)"])[-1]
 
 
-def main() -> None:
+def main() -> int | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help="tricky case names (default: all traceable)")
     parser.add_argument("--ptx", action="store_true", help="also compile the kernels for sm_90")
@@ -380,7 +382,10 @@ def main() -> None:
     print("\ncase                      interpreted CUDA code vs eager CPU")
     for name, result in results.items():
         print(f"{name:25s} {result}")
+    # Exit 1 when a case failed to generate or to run, or its bytes differ from eager's.
+    passed = ("same bytes", "generated (not interpreted with --inline)")
+    return 0 if all(result in passed for result in results.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
