@@ -18,6 +18,7 @@ import sys
 import time
 
 from pdl_overlap_probe import KERNELS, what_early_read_saw
+from script_start import script_start
 
 SCENARIOS = {
     "both cold": (),
@@ -105,6 +106,7 @@ def main() -> int:
     if len(sys.argv) == 3:  # scenario, mode (the mode is in the environment)
         print(run_scenario(sys.argv[1]), flush=True)
         return 0
+    script_start(__doc__, "first_launch_probe", needs_gpu=True)
     for mode in MODES:
         env = dict(os.environ)
         if mode == "eager":

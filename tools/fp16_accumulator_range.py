@@ -26,11 +26,13 @@ from flashinfer_attn_scores.paged_mqa_logits.reference import (  # noqa: E402
     fp8_paged_mqa_logits_reference,
     valid_mask,
 )
+from script_start import script_start  # noqa: E402
 
 HEAD_DIM, BLOCK_SIZE = 128, 64
 
 
 def main() -> None:
+    script_start(__doc__, "fp16_accumulator_range", needs_gpu=True)
     case = make_fp8_case(
         [256, 100], next_n=1, num_heads=64, head_dim=HEAD_DIM, block_size=BLOCK_SIZE, seed=3
     )

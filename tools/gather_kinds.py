@@ -20,6 +20,7 @@ from bench.data import build_case
 from bench.gather import KINDS
 from bench.shapes import IndexerShape
 from bench.timing import copy_bandwidth
+from script_start import script_start
 
 # (op, B, L, block size)
 CASES = [
@@ -33,6 +34,7 @@ CASES = [
 
 
 def main() -> None:
+    script_start(__doc__, "gather_kinds", needs_gpu=True)
     device = torch.device("cuda")
     copy = copy_bandwidth(device, 1 << 30)
     print(f"copy {copy / 1e9:.0f} GB/s (read + written); per kernel: us per call, of copy")

@@ -6,7 +6,7 @@
 #   bash tools/gpu_session.sh [extra pytest args...]   # with SKIP_TESTS=shards: added to every
 #     shard; a -k there replaces shards 0 and 1's own -k (pytest keeps the last), and a shard it
 #     leaves with no test (pytest's exit 5) counts as passed
-#   SKIP_TESTS=shards SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh   # whole suite, 4 processes
+#   SKIP_TESTS=shards SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh   # whole suite, 4 shards + the timing shard
 #   SANITIZE=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   SANITIZE=1 SANITIZE_RANDOM="20 12 4861000" RANDOM_BATCHES=large SANITIZE_CONTROLS=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   PDL_AB=1 SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
@@ -17,17 +17,19 @@
 #   RANDOM_CASES="3000 2000 3000" SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 #   READ_RATE="paths hop writes write-volume epochs" EXPERIMENTS=load-path SKIP_TESTS=1 SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 bash tools/gpu_session.sh
 # Knobs: KNOB_DEFAULTS ("RELU_FMA=1": kernel #define defaults for this session), EXPERIMENTS
-# ("large fp4 consumers data": variant tables of tools/fp8_kernel_check.py), PDL_AB (1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
-# against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768 float16": ncu launches, an optional epilogue dtype last), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
+# ("large fp4 consumers data": variant tables of tools/fp8_kernel_check.py), PDL_AB (0; 1: host time of one eager call and the small-batch variants, FLASHINFER_PDL=0
+# against 1, interleaved twice), PROFILE_SPECS ("fp4 1,64,128,32768;fp8 2,64,128,32768": ncu launches, each with an optional epilogue dtype last, e.g. "fp8 2,64,128,32768 float16"), BENCH_OPS (fp8), BENCH_ARGS (extra tools/bench arguments, e.g. --no-gather or
 # --host-time-only), BENCH_TIMEOUT (300 s), SANITIZE_TOOLS ("memcheck racecheck synccheck"),
-# SANITIZE_NOCACHE (1: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
+# SANITIZE_NOCACHE (1, the default: a second memcheck without PyTorch's caching allocator), SANITIZE_TIMEOUT
 # (110 s per tool run; five runs then fit one 600 s device call even if each one times out),
 # SANITIZE_CASE_ARGS (tools/sanitize_cases.py arguments for every run, e.g. "--only structures"),
 # SANITIZE_RANDOM ("fp8 fp4 first-seed": random_cases.py calls instead, drawn with the RANDOM_*
 # knobs), SANITIZE_KERNELS (paged_mqa_logits: the --kernel-name kns= filter; empty for none),
-# SANITIZE_CONTROLS (1: also tools/sanitizer_controls.py, planted bugs each tool must report;
+# SANITIZE_CONTROLS (0; 1: also tools/sanitizer_controls.py, planted bugs each tool must report;
 # SANITIZE_CONTROLS_TIMEOUT 400 s),
-# SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer).
+# SANITIZE_PLAIN_TIMEOUT (100 s: the run without a sanitizer). Step timeouts: SHARD_TIMEOUT (420 s
+# per shard), SHARD4_TIMEOUT (120 s, the timing shard), PYTEST_TIMEOUT (540 s, the suite in one
+# process), CHECK_TIMEOUT (300 s), EXPERIMENTS_TIMEOUT (240 s).
 # Logs go to $OUT (the device tool's output folder) or /tmp/gpu-session; where that would be
 # more than the 8 files the device tool returns, they are packed into $OUT/logs.tar.gz at the
 # end. The GPU's clocks, power and throttle reasons go to $OUT/gpu-state.csv at the start and

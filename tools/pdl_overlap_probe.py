@@ -18,6 +18,7 @@ from pathlib import Path
 
 import flashinfer_jit as jit
 import torch
+from script_start import script_start
 
 KERNELS = Path(__file__).resolve().parents[1] / (
     "packages/attn-scores/tests/paged_mqa_logits/pdl_test_kernels.cu"
@@ -34,6 +35,7 @@ def what_early_read_saw(seen: torch.Tensor, src: torch.Tensor) -> str:
 
 
 def main() -> int:
+    script_start(__doc__, "pdl_overlap_probe", needs_gpu=True)
     late = jit.load_kernel(jit.KernelSpec.make("late_copy", KERNELS), 0)
     early = jit.load_kernel(jit.KernelSpec.make("early_read", KERNELS), 0)
     src = torch.arange(1, 4097, dtype=torch.int32, device="cuda")

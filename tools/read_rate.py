@@ -15,6 +15,8 @@ the FP8 producers issue. Variant sets:
 - `writes`: how the stores are issued (plain, streaming, L2 evict_last, bulk copies of 64 B to
   16 KB, float16, or into an L2-resident ring).
 - `write-volume`: stores from every n-th page only, and other output address orders.
+- `epochs`: output stores staged in shared memory and written by every SM at the same
+  instants (time epochs), against plain and no stores.
 
 Each row is the median of timed calls (CUDA events; calls rotate over four random page lists
 of 1.1 GB from an 8 GiB pool, so no page comes from L2), as the GB/s read and as a fraction of

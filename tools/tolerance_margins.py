@@ -1,6 +1,6 @@
 """How much of each dtype's test tolerance the kernels use (SM90 GPU only).
 
-    python tools/tolerance_margins.py [--seeds 0,1,2,3] [--lengths 1,127,0,128,129,0,256,257,1000]
+    python tools/tolerance_margins.py [--seeds 0,1,2,3] [--lengths 1,127,0,128,129,0,256,257,1000,1300]
 
 The GPU tests accept |kernel - float64 reference| up to `tolerance(output, epi, acc)` of the
 largest |weights|-reference term in the row (test_gpu.TOLERANCES). This runs the suite's own
