@@ -279,6 +279,8 @@ def test_an_empty_ptxas_option_fails_the_spec_not_the_process(spec_module, cache
         (["inspect", "{dir}/good.cu", "--arch", "sm_9"], "argument --arch: arch: expected a full"),
         (["compile-check", "--arch", "sm_99a"], "'sm_99a' is not a target of this NVRTC"),
         (["compile-check", "--arch", "sm_90f"], "argument --arch: arch: expected a full SM"),
+        (["compile-check", "--arch", "sm_89a"], "an 'a' suffix from sm_90 on"),
+        (["inspect", "{dir}/good.cu", "--arch", "sm_80a"], "an 'a' suffix from sm_90 on"),
         (["compile-check", "--arch", "sm_090a"], "argument --arch: arch: expected a full SM"),
         (["inspect", "jit_cli_specs:raises"], "RuntimeError: registry exploded"),
         (

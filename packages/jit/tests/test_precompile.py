@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from flashinfer_jit import KernelSpec, compile_kernel, lookup_kernel
+from flashinfer_jit.compiler import check_arch
 from flashinfer_jit.precompile import PrecompileError, precompile
 
 # The module; `flashinfer_jit.precompile` as an attribute is the function of that name.
@@ -187,6 +188,7 @@ def test_precompile_error_survives_pickling(tmp_path, cache_dir):
         ({"cache_dir": ""}, ValueError, "cache_dir: expected a folder"),
         ({"arch": "sm_9"}, ValueError, "arch: expected a full SM target such as 'sm_90a'"),
         ({"arch": "sm_90f"}, ValueError, "arch: expected a full SM target such as 'sm_90a'"),
+        ({"arch": "sm_89a"}, ValueError, "an 'a' suffix from sm_90 on, 'f' from sm_100 on"),
         ({"arch": 90}, TypeError, "arch: expected a str such as 'sm_90a', got int"),
     ],
 )
@@ -237,3 +239,10 @@ def test_an_interrupt_stops_the_compiles_it_has_not_reached(source, cache_dir):
     time.sleep(3)  # ample for a pool still running to compile more of the eight
     cached = [lookup_kernel(spec, "sm_90a", cache_dir=cache_dir) is not None for spec in specs]
     assert started == [0] and cached[0] and sum(cached) <= 2, cached
+
+
+@pytest.mark.parametrize(
+    "arch", ["sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_120a"]
+)
+def test_every_target_form_nvrtc_names_is_accepted(arch):
+    check_arch(arch)  # no error

@@ -33,9 +33,9 @@ from .toolchain import PACKAGE_INCLUDE_DIR, cuda_header_dirs
 
 logger = logging.getLogger("flashinfer_jit")
 
-# sm_<major><minor> without a leading zero; "a" (architecture-specific) on any, "f" (family)
-# only from sm_100, the first SM with family targets.
-_ARCH = re.compile(r"sm_(?:[1-9][0-9]a?|[1-9][0-9]{2}[af]?)")
+# sm_<major><minor> without a leading zero; "a" (architecture-specific) from sm_90, the first
+# SM with such targets, and "f" (family) from sm_100, the first with family targets.
+_ARCH = re.compile(r"sm_(?:[1-9][0-9]|9[0-9]a|[1-9][0-9]{2}[af]?)")
 
 # The first import of cuda.core is not thread-safe (cuda-core 1.2 picks its cu12/cu13 build in
 # its package __init__; a second thread importing meanwhile can see the half-initialised module
@@ -304,7 +304,10 @@ def check_arch(arch: str) -> None:
     if not isinstance(arch, str):
         raise TypeError(f"arch: expected a str such as 'sm_90a', got {type(arch).__name__}")
     if not _ARCH.fullmatch(arch):
-        raise ValueError(f"arch: expected a full SM target such as 'sm_90a', got {arch!r}")
+        raise ValueError(
+            f"arch: expected a full SM target such as 'sm_90a' (an 'a' suffix from sm_90 on, "
+            f"'f' from sm_100 on), got {arch!r}"
+        )
 
 
 def _check_spec(spec: KernelSpec) -> None:
