@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import subprocess
 import sys
@@ -393,3 +394,30 @@ def test_inspect_into_a_closed_pipe_stops_without_a_traceback(cache_dir, unbuffe
     assert done.returncode == 1, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
     assert "Exception ignored" not in stderr
+
+
+def test_an_interrupted_compile_check_is_one_line_and_status_130(
+    spec_module, cache_dir, capsys, monkeypatch
+):
+    import tqdm.auto
+
+    # The module, not the function of the same name that the package exports.
+    precompile_module = importlib.import_module("flashinfer_jit.precompile")
+
+    closed = []
+
+    class RecordingBar(tqdm.auto.tqdm):
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", RecordingBar)
+    monkeypatch.setattr(precompile_module, "compile_one", interrupted)
+    assert main(_check("jit_cli_specs:good", cache_dir, "-j", "1")) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "interrupted"
+    assert "Traceback" not in err
+    assert closed, "the progress bar was left open"

@@ -531,3 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         args.parser.error(str(exc))  # exits with status 2
         raise  # unreachable: error() exits
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, no traceback, the shell's status for SIGINT. Every cache entry is
+        # published whole or not at all, so what was compiled before it stays usable.
+        print("\ninterrupted", file=sys.stderr)
+        return 130

@@ -413,28 +413,30 @@ def precompile(
         if not result.ok:
             bar.set_postfix_str(f"failed: {result.spec.label}", refresh=False)
 
-    misses: list[tuple[int, KernelSpec]] = []
-    for index, spec in enumerate(unique):
-        try:
-            hit = lookup_kernel(spec, arch, cache_dir=root)
-        except (ValueError, OSError) as exc:
-            record(index, _failed(spec, arch, str(exc)))
-            continue
-        if hit is not None:
-            record(index, _result_from(hit))
-        else:
-            misses.append((index, spec))
+    try:  # the bar is closed also when the caller is interrupted (Ctrl-C)
+        misses: list[tuple[int, KernelSpec]] = []
+        for index, spec in enumerate(unique):
+            try:
+                hit = lookup_kernel(spec, arch, cache_dir=root)
+            except (ValueError, OSError) as exc:
+                record(index, _failed(spec, arch, str(exc)))
+                continue
+            if hit is not None:
+                record(index, _result_from(hit))
+            else:
+                misses.append((index, spec))
 
-    workers = min(max_workers or os.cpu_count() or 1, len(misses))
-    if workers <= 1:
-        for index, spec in misses:
-            record(index, compile_one(spec, arch, root))
-    else:
-        _run_pool(misses, arch, root, workers, record)
-        for index, spec in misses:
-            if results[index] is None:
-                record(index, _failed(spec, arch, "no worker ran it"))
-    bar.close()
+        workers = min(max_workers or os.cpu_count() or 1, len(misses))
+        if workers <= 1:
+            for index, spec in misses:
+                record(index, compile_one(spec, arch, root))
+        else:
+            _run_pool(misses, arch, root, workers, record)
+            for index, spec in misses:
+                if results[index] is None:
+                    record(index, _failed(spec, arch, "no worker ran it"))
+    finally:
+        bar.close()
 
     summary = PrecompileSummary(arch, tuple(r for r in results if r is not None), 0.0)
     if load:
