@@ -235,13 +235,38 @@ def test_cache_info_on_a_schema_folder_that_is_none_is_an_error(tmp_path, capsys
 
 
 def test_cache_info_counts_entries_and_bytes(tmp_path, capsys):
-    for shard, entry, size in (("ab", "e1", 10), ("ab", "e2", 5), ("cd", "e3", 1)):
-        folder = tmp_path / "c" / "v1" / shard / entry
+    schema = tmp_path / "c" / "v1"
+    for shard, entry, size in (("ab", "ab1", 10), ("ab", "ab2", 5), ("cd", "cd3", 1)):
+        folder = schema / shard / entry
         folder.mkdir(parents=True)
         (folder / "kernel.cubin").write_bytes(b"x" * size * 100_000)
-    (tmp_path / "c" / "v1" / "tmp").mkdir()  # not a shard
+        (folder / "manifest.json").write_text("{}")
+    (schema / "tmp").mkdir()  # not a shard
     assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 0
-    assert "entries:    3 (1.6 MB)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "entries:    3 (1.6 MB)" in out and "on disk" not in out
+
+    # Not entries: an empty folder, one without a manifest, one in the wrong shard; and an
+    # unfinished publication in tmp/. Counted on disk, not as entries.
+    (schema / "ab" / "ab_empty").mkdir()
+    (schema / "ab" / "ab_nomanifest").mkdir()
+    (schema / "ab" / "ab_nomanifest" / "kernel.cubin").write_bytes(b"y" * 1000)
+    (schema / "cd" / "ef_wrongshard").mkdir()
+    (schema / "cd" / "ef_wrongshard" / "manifest.json").write_text("{}")
+    (schema / "tmp" / "part").write_bytes(b"z" * 300_000)
+    assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "entries:    3 (1.6 MB)" in out
+    assert "on disk:    1.9 MB in all, 0.3 MB outside the entries" in out
+
+
+def test_cache_info_shows_a_small_cache_in_kilobytes(tmp_path, capsys):
+    folder = tmp_path / "c" / "v1" / "ab" / "ab1"
+    folder.mkdir(parents=True)
+    (folder / "kernel.cubin").write_bytes(b"x" * 41_592)
+    (folder / "manifest.json").write_text("{}")
+    assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "entries:    1 (41.6 kB)" in capsys.readouterr().out
 
 
 def test_compile_check_reports_a_folder_source_as_one_failed_spec(spec_module, cache_dir, capsys):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from .cache import MANIFEST_FILE
 from .compiler import CompiledKernel, check_arch, compile_kernel
 from .errors import KernelCompileError
 from .precompile import PrecompileSummary, precompile
@@ -383,31 +384,54 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
             print(f"cache-info: {what} {path} is not a folder", file=sys.stderr)
             return 1
     try:
-        entries, size = _entries_and_bytes(folder)
+        entries, size, total = _entries_and_bytes(folder)
     except OSError as exc:
         print(f"cache-info: cannot read the cache at {root}: {exc}", file=sys.stderr)
         return 1
     print(f"cache root: {root}")
-    print(f"entries:    {entries} ({size / 1e6:.1f} MB) in {folder}")
+    print(f"entries:    {entries} ({_size(size)}) in {folder}")
+    if total != size:  # unfinished publications in tmp/, folders that are no entry
+        print(f"on disk:    {_size(total)} in all, {_size(total - size)} outside the entries")
     return 0
 
 
-def _entries_and_bytes(folder: Path) -> tuple[int, int]:
-    """The entry folders under the schema folder and the bytes of their files. OSError for a
-    folder this process may not read; what another process removes meanwhile is skipped."""
-    entries = size = 0
-    for shard in _listing(folder):
-        if len(shard.name) != 2 or not shard.is_dir():
-            continue
-        for entry in _listing(shard):
-            if not entry.is_dir():
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+def _entries_and_bytes(folder: Path) -> tuple[int, int, int]:
+    """The entries under the schema folder (a `<key[:2]>/<key>` folder with a manifest), the
+    bytes of their files, and the bytes of every file under the folder. OSError for a folder
+    this process may not read; what another process removes meanwhile is skipped."""
+    entries = size = total = 0
+    for path in _walk(folder):
+        with contextlib.suppress(FileNotFoundError):
+            if not path.is_file():
                 continue
-            entries += 1
-            for file in _listing(entry):
-                with contextlib.suppress(FileNotFoundError):
-                    if file.is_file():
-                        size += file.stat().st_size
-    return entries, size
+            file_size = path.stat().st_size
+            total += file_size
+            entry = path.parent
+            shard = entry.parent
+            if shard.parent == folder and entry.name[:2] == shard.name and _is_entry(entry):
+                size += file_size
+    for shard in _listing(folder):
+        if len(shard.name) == 2 and shard.is_dir():
+            entries += sum(1 for e in _listing(shard) if e.name[:2] == shard.name and _is_entry(e))
+    return entries, size, total
+
+
+def _is_entry(folder: Path) -> bool:
+    return folder.is_dir() and (folder / MANIFEST_FILE).is_file()
+
+
+def _walk(folder: Path) -> list[Path]:
+    """Every path under `folder` (links not followed); none if it is gone."""
+    found = []
+    for child in _listing(folder):
+        found.append(child)
+        if child.is_dir() and not child.is_symlink():
+            found.extend(_walk(child))
+    return found
 
 
 def _listing(folder: Path) -> list[Path]:
