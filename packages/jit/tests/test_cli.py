@@ -446,3 +446,11 @@ def test_an_interrupted_compile_check_is_one_line_and_status_130(
     assert err.strip().splitlines()[-1] == "interrupted"
     assert "Traceback" not in err
     assert closed, "the progress bar was left open"
+
+
+def test_compile_check_counts_a_target_given_twice_once(spec_module, cache_dir, capsys):
+    target = "jit_cli_specs:good"
+    arguments = _check(target, cache_dir, "-j", "1")
+    assert main([*arguments, "--specs", target]) == 0
+    out = capsys.readouterr().out
+    assert "compile-check: 3 configuration(s) from 2 source(s)" in out

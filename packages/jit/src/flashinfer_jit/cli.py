@@ -343,7 +343,8 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
                 sources.append(SpecSource(target, (), f"{type(exc).__name__}: {exc}"))
     else:
         sources = discover_registered_specs(args.group)
-    specs = [spec for source in sources for spec in source.specs]
+    # Once each: a spec two sources (or one target given twice) register is compiled once.
+    specs = list(dict.fromkeys(spec for source in sources for spec in source.specs))
     loaded = sum(1 for s in sources if not s.error)
     if not specs and not any(s.error for s in sources):
         where = "the given targets" if args.specs else f"entry-point group {args.group!r}"
