@@ -769,3 +769,16 @@ def test_an_nvrtc_that_never_reports_is_retried_once_per_process(source, tmp_pat
     assert first.functions == {} and second.functions == {}
     assert second.cubin[:4] == ELF_MAGIC
     assert caplog.text.count("no ptxas resource report") == 1
+
+
+def test_a_manifest_without_the_lowered_name_is_blamed_not_nvrtc(tmp_path, cache_dir, caplog):
+    path = tmp_path / "tmpl.cu"
+    path.write_text("template <int N> __global__ void fill(int* out) { out[threadIdx.x] = N; }\n")
+    spec = KernelSpec.make("fill<9>", path, name_expressions=["fill<9>"])
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    _edit_manifest(good.cache_path, lambda manifest: manifest.update(lowered_names={}))
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        again = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    assert not again.from_cache and again.entry_name == good.entry_name
+    assert "the manifest gave no lowered name for 'fill<9>'" in caplog.text
+    assert "NVRTC" not in caplog.text

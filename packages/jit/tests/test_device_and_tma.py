@@ -449,3 +449,18 @@ def test_tensor_map_choices_take_str_subclasses_as_their_value():
     plain = tma._choice("128B", tma._SWIZZLE_ENUM, "swizzle")
     assert tma._choice(Swizzle.B128, tma._SWIZZLE_ENUM, "swizzle") == plain
     assert tma._choice(np.str_("128B"), tma._SWIZZLE_ENUM, "swizzle") == plain
+
+
+def test_tensor_map_for_refuses_a_0d_tensor_by_its_rank():
+    with pytest.raises(ValueError, match=r"^tensor: TMA describes tensors of 1 to 5 dimensions"):
+        tensor_map_for(torch.tensor(1.0), ())
+
+
+def test_a_numpy_integer_address_is_an_address(monkeypatch):
+    import numpy as np
+
+    calls = []
+    monkeypatch.setattr(tma_module, "validate_tensor_map_args", lambda *a: calls.append(a) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # stops once the address is taken as one
+        make_tensor_map(np.int64(0x1000), torch.float32, (16,), (), (16,), swizzle="none")
+    assert calls[0][0] == 0x1000 and type(calls[0][0]) is int

@@ -704,3 +704,14 @@ def test_load_kernel_takes_a_kernel_spec_subclass(fake_driver, cache_dir, monkey
         assert loaded.spec is spec and loaded.compiled.entry_name == "scale_add"
     finally:
         kernel_module._LOADED.pop((spec, 0), None)
+
+
+def test_a_numpy_integer_stream_handle_is_an_int_handle():
+    import numpy as np
+
+    assert kernel_module.stream_handle(np.int64(0xD00D)) == 0xD00D
+    assert kernel_module.stream_handle(np.uint64(2**64 - 1)) == 2**64 - 1
+    with pytest.raises(ValueError, match=r"^stream: an int handle must be in \[0, 2\*\*64\)"):
+        kernel_module.stream_handle(np.int64(-1))
+    with pytest.raises(TypeError, match=r"^stream: expected a torch\.cuda\.Stream"):
+        kernel_module.stream_handle(np.True_)

@@ -344,14 +344,15 @@ def _nvrtc_compile(
     return bytes(object_code.code), log.getvalue().replace("\x00", "").strip(), lowered
 
 
-def _entry_name(spec: KernelSpec, lowered: dict[str, str], name: str | None = None) -> str:
-    """The symbol of `name` (default `spec.name`): lowered for a name expression."""
+def _entry_name(
+    spec: KernelSpec, lowered: dict[str, str], name: str | None = None, source: str = "NVRTC"
+) -> str:
+    """The symbol of `name` (default `spec.name`): lowered for a name expression. `source`
+    says where `lowered` came from, for the error."""
     name = spec.name if name is None else name
     if spec.name_expressions:
         if name not in lowered:
-            raise RuntimeError(
-                f"NVRTC returned no lowered name for {name!r}; got {sorted(lowered)}"
-            )
+            raise RuntimeError(f"{source} gave no lowered name for {name!r}; got {sorted(lowered)}")
         return lowered[name]
     return name
 
@@ -423,8 +424,8 @@ def _cached_fields(
     _check_field_types(manifest)
     lowered, log, publisher = manifest["lowered_names"], manifest["log"], _publisher_name(manifest)
     try:  # every name expression is lowered when compiling
-        published_entry = _entry_name(spec, lowered, publisher)  # type: ignore[arg-type]
-        entry_name = _entry_name(spec, lowered)
+        published_entry = _entry_name(spec, lowered, publisher, "the manifest")  # type: ignore[arg-type]
+        entry_name = _entry_name(spec, lowered, source="the manifest")
     except RuntimeError as exc:
         raise CorruptEntry(str(exc)) from None
     # The symbol is in the cubin's ELF string table; this holds without a ptxas report too.

@@ -69,7 +69,7 @@ def stream_handle(stream: Any) -> int:
     Args:
         stream: An object implementing the `__cuda_stream__` protocol (cuda.core streams,
             recent PyTorch streams), a `torch.cuda.Stream`/`ExternalStream` (`.cuda_stream`),
-            or an int handle.
+            or an int handle (a numpy integer too).
 
     Returns:
         The handle as an int (0 is the legacy default stream).
@@ -89,6 +89,8 @@ def stream_handle(stream: Any) -> int:
     handle = getattr(stream, "cuda_stream", None)
     if handle is not None:
         return int(handle)
+    if hasattr(stream, "__index__") and not isinstance(stream, bool):  # a numpy integer handle
+        return stream_handle(stream.__index__())
     raise TypeError(
         "stream: expected a torch.cuda.Stream, an object with __cuda_stream__ or an int "
         f"handle, got {type(stream).__name__}"

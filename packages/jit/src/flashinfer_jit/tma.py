@@ -234,7 +234,8 @@ def make_tensor_map(
 
     Args:
         tensor_or_ptr: A CUDA `torch.Tensor` (its `data_ptr()` is the base address, and the
-            described extent is checked against its storage) or an int device address.
+            described extent is checked against its storage) or an int device address (a
+            numpy integer too).
         dtype: torch dtype of the elements (`None` to take the tensor's). 8-bit float and
             packed fp4 types are described as bytes.
         global_dims: Dimensions, innermost (contiguous) first; 1 to 5 of them.
@@ -266,6 +267,12 @@ def make_tensor_map(
     oob_enum = _choice(oob_fill, _OOB_ENUM, "oob_fill")
     interleave_enum = _choice(interleave, _INTERLEAVE_ENUM, "interleave")
     keepalive = None
+    if (
+        not isinstance(tensor_or_ptr, int)
+        and not hasattr(tensor_or_ptr, "data_ptr")  # a one-element tensor has __index__ too
+        and hasattr(tensor_or_ptr, "__index__")
+    ):
+        tensor_or_ptr = tensor_or_ptr.__index__()  # a numpy integer address
     if isinstance(tensor_or_ptr, int) and not isinstance(tensor_or_ptr, bool):
         if dtype is None:
             raise ValueError("dtype: required when tensor_or_ptr is an address")
@@ -388,6 +395,8 @@ def tensor_map_for(
 
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor: expected a CUDA torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        raise ValueError("tensor: TMA describes tensors of 1 to 5 dimensions, got a 0-d tensor")
     box = _ints(box_shape, "box_shape")
     if tensor.dim() != len(box):
         raise ValueError(
