@@ -178,7 +178,10 @@ PRECOMPILE_ERRORS = {
         r"variants entries must be 'fp8' or 'fp4', got int \(1\)",
     ),
     "variants_str": ({"variants": "fp8"}, TypeError, "variants must be a non-empty sequence"),
-    "variants_empty": ({"variants": ()}, TypeError, "variants must be a non-empty sequence"),
+    "variants_empty": ({"variants": ()}, ValueError, "variants must be a non-empty sequence"),
+    "block_sizes_empty": ({"block_sizes": ()}, ValueError, "block_sizes must be a non-empty"),
+    "block_sizes_int": ({"block_sizes": 64}, TypeError, "block_sizes must be a non-empty"),
+    "output_dtypes_empty": ({"output_dtypes": []}, ValueError, "output_dtypes must be a non-"),
     "fp8_bf16_output": (
         {"variants": ("fp8",), "output_dtypes": (torch.bfloat16,)},
         ValueError,

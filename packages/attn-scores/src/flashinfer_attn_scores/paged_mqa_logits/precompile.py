@@ -55,8 +55,10 @@ _DEFAULT_OUTPUT_DTYPES = {
 
 
 def _check_int_tuple(name: str, values: object, allowed: Callable[[int], str | None]) -> tuple:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a non-empty sequence of ints, got {values!r}")
+    if not values:
+        raise ValueError(f"{name} must be a non-empty sequence of ints, got {values!r}")
     checked = tuple(v.check_int(f"{name} entry", value) for value in values)
     for value in checked:
         problem = allowed(value)
@@ -66,8 +68,10 @@ def _check_int_tuple(name: str, values: object, allowed: Callable[[int], str | N
 
 
 def _check_dtype_tuple(name: str, values: object) -> tuple:
-    if isinstance(values, torch.dtype) or not isinstance(values, Sequence) or not values:
+    if isinstance(values, torch.dtype) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a non-empty sequence of torch.dtype, got {values!r}")
+    if not values:
+        raise ValueError(f"{name} must be a non-empty sequence of torch.dtype, got {values!r}")
     for value in values:
         if not isinstance(value, torch.dtype):
             raise TypeError(f"{name} entries must be torch.dtype, got {value!r}")
@@ -235,7 +239,8 @@ def precompile_paged_mqa_logits(
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: A requested configuration violates the ops' restrictions, or `device`
+        ValueError: A list of choices is empty, a requested configuration violates the ops'
+            restrictions, or `device`
             does not name a CPU or visible CUDA device (`flashinfer_schedule.resolve_device`).
         RuntimeError: The target is a GPU other than SM90, or a CUDA target is asked for
             inside a torch.compile trace (a start-up step, not part of a graph).
@@ -246,8 +251,10 @@ def precompile_paged_mqa_logits(
     if target.type not in v.SUPPORTED_DEVICE_TYPES:
         raise ValueError(f"device must be a CUDA or CPU device, got {target}")
 
-    if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
+    if isinstance(variants, str) or not isinstance(variants, Sequence):
         raise TypeError(f"variants must be a non-empty sequence of str, got {variants!r}")
+    if not variants:
+        raise ValueError(f"variants must be a non-empty sequence of str, got {variants!r}")
     for variant in variants:
         if not isinstance(variant, str):
             raise TypeError(
