@@ -310,6 +310,7 @@ def test_compile_check_reports_a_target_it_cannot_load(
         (["inspect", "{dir}/add_one.cu", "-D", "="], "-D expects NAME or NAME=VALUE, got '='"),
         (["inspect", "{dir}/missing.cu"], "target: no such file: {dir}/missing.cu"),
         (["inspect", "{dir}/missing.cuh"], "target: no such file: {dir}/missing.cuh"),
+        (["inspect", "{dir}/folder.cu"], "target: is a folder, not a file: {dir}/folder.cu"),
         (
             ["inspect", "{dir}/no_extern_c.cu"],
             '{dir}/no_extern_c.cu: no extern "C" __global__ kernel found; pass --kernel NAME',
@@ -336,6 +337,7 @@ def test_compile_check_reports_a_target_it_cannot_load(
         "define_only_equals",
         "missing_cu",
         "missing_cuh",
+        "folder_named_cu",
         "no_extern_c_kernel",
         "kernel_commented_out",
         "define_for_module_target",
@@ -347,6 +349,7 @@ def test_a_malformed_inspect_command_line_is_one_error_line_and_status_2(
     spec_module, capsys, arguments, fragment
 ):
     (spec_module / "no_extern_c.cu").write_text("__global__ void k(float* x) {}\n")
+    (spec_module / "folder.cu").mkdir()
     (spec_module / "commented_out.cu").write_text(
         '// extern "C" __global__ void k(float* x) {}\n'
         '/* extern "C" __global__ void j(float* x) {} */\n'

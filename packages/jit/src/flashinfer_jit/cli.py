@@ -124,7 +124,8 @@ def _parse_defines(items: Sequence[str]) -> dict[str, str | int]:
 
 def _spec_from_file(args: argparse.Namespace, path: Path) -> KernelSpec:
     if not path.is_file():
-        raise UsageError(f"target: no such file: {path}")
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise UsageError(f"target: {what}: {path}")
     name = args.kernel
     if name is None:
         try:
