@@ -715,3 +715,12 @@ def test_a_numpy_integer_stream_handle_is_an_int_handle():
         kernel_module.stream_handle(np.int64(-1))
     with pytest.raises(TypeError, match=r"^stream: expected a torch\.cuda\.Stream"):
         kernel_module.stream_handle(np.True_)
+
+
+@pytest.mark.parametrize(
+    "tensor", [torch.tensor(7), torch.tensor([9]), torch.tensor(True)], ids=["0d", "1el", "bool"]
+)
+def test_a_tensor_is_not_a_stream_handle(kernel, fake_driver, tensor):
+    with pytest.raises(TypeError, match=r"^stream: expected a torch\.cuda\.Stream.*got Tensor"):
+        kernel.launch(1, 32, *_args(), stream=tensor)
+    assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunchKernel")]

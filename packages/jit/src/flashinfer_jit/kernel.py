@@ -34,7 +34,7 @@ from .device import (
     resolve_device_index,
 )
 from .errors import KernelLaunchError
-from .scalars import _as_index
+from .scalars import _as_index, _integer_scalar
 from .spec import KernelSpec
 
 _torch: Any = None
@@ -89,8 +89,9 @@ def stream_handle(stream: Any) -> int:
     handle = getattr(stream, "cuda_stream", None)
     if handle is not None:
         return int(handle)
-    if hasattr(stream, "__index__") and not isinstance(stream, bool):  # a numpy integer handle
-        return stream_handle(stream.__index__())
+    numpy_handle = _integer_scalar(stream)
+    if numpy_handle is not None:
+        return stream_handle(numpy_handle)
     raise TypeError(
         "stream: expected a torch.cuda.Stream, an object with __cuda_stream__ or an int "
         f"handle, got {type(stream).__name__}"

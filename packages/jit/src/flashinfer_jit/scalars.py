@@ -33,6 +33,17 @@ def _refuse_tensor(wrapper: str, value: object) -> None:
         )
 
 
+def _integer_scalar(value: object) -> int | None:
+    """`value` as a Python int when it is an integer scalar other than an int (a numpy
+    integer), else None. Not a bool, and not a tensor: a one-element tensor has `__index__`
+    too, and reading a CUDA one is a device synchronisation."""
+    if isinstance(value, (bool, int)) or not hasattr(value, "__index__"):
+        return None
+    if hasattr(value, "data_ptr"):  # torch.Tensor, without importing torch here
+        return None
+    return value.__index__()  # type: ignore[attr-defined]
+
+
 def _as_index(value: object, what: str, expected: str) -> int:
     """`value` as a Python int: ints and objects with `__index__` (numpy integer scalars), not
     bools (an int subclass) or floats; a TypeError naming `what` otherwise."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .scalars import _as_index
+from .scalars import _as_index, _integer_scalar
 
 _SWIZZLE_BYTES = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
 _SWIZZLE_ENUM = {
@@ -267,12 +267,9 @@ def make_tensor_map(
     oob_enum = _choice(oob_fill, _OOB_ENUM, "oob_fill")
     interleave_enum = _choice(interleave, _INTERLEAVE_ENUM, "interleave")
     keepalive = None
-    if (
-        not isinstance(tensor_or_ptr, int)
-        and not hasattr(tensor_or_ptr, "data_ptr")  # a one-element tensor has __index__ too
-        and hasattr(tensor_or_ptr, "__index__")
-    ):
-        tensor_or_ptr = tensor_or_ptr.__index__()  # a numpy integer address
+    numpy_address = _integer_scalar(tensor_or_ptr)
+    if numpy_address is not None:
+        tensor_or_ptr = numpy_address
     if isinstance(tensor_or_ptr, int) and not isinstance(tensor_or_ptr, bool):
         if dtype is None:
             raise ValueError("dtype: required when tensor_or_ptr is an address")
