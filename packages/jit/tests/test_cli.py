@@ -429,9 +429,14 @@ def test_an_interrupted_compile_check_is_one_line_and_status_130(
     # The module, not the function of the same name that the package exports.
     precompile_module = importlib.import_module("flashinfer_jit.precompile")
 
-    closed = []
+    bars, closed = [], []
 
     class RecordingBar(tqdm.auto.tqdm):
+        # Kept alive in `bars`, so only precompile, not the collector's __del__, can close it.
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
         def close(self):
             closed.append(True)
             super().close()
