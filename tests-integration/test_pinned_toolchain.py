@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
 # Runs in a fresh interpreter, pinned (or not) by the sitecustomize.py on its PYTHONPATH.
 PROBE = """
 from flashinfer_jit.compiler import compile_kernel
@@ -23,8 +25,11 @@ for spec in (SCALE_ADD, EMPTY):
 
 def _probe(root: Path, pinned: bool) -> dict[str, str]:
     env = dict(os.environ)
-    # The documented setup: the pin folder on the path, not the checkout's tools/.
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    # The documented setup: the pin folder on the path, not the checkout's tools/ (dropped
+    # from an inherited PYTHONPATH, which would otherwise make the pin importable anyway).
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    kept = [p for p in inherited if Path(p).resolve() != TOOLS]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *kept])
     env["FLASHINFER_JIT_CACHE_DIR"] = str(root / "cache")
     env.pop("FLASHINFER_JIT_PINNED_TOOLCHAIN", None)
     if pinned:
