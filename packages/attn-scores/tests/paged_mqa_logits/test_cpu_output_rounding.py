@@ -106,3 +106,24 @@ def test_cpu_op_output_is_the_reference_rounded_once(output_dtype):
     # expectation (float64 sums in another order, so equal to a few float64 ulps).
     assert_rows_close(reference, case.expected(), mask, 1e-12)
     assert_rows_close(got, case.expected(), mask, UNIT_ROUNDOFF[output_dtype])
+
+
+@pytest.mark.parametrize("output_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_cpu_op_writes_one_nan_pattern(output_dtype):
+    """NaN logits (here from a negative-NaN weight and an infinite one times a zero score)
+    are written as the dtype's default NaN, whatever sign and payload produced them."""
+    from attn_scores_cases import make_fp4_case
+    from flashinfer_attn_scores import fp4_paged_mqa_logits
+
+    case = make_fp4_case([90, 40], next_n=2, seed=5)
+    weights = case.weights.clone()
+    weights[0, 0] = -torch.tensor(float("nan"))
+    weights[3, :] = float("inf")
+    args = case.fp4_args()
+    got = fp4_paged_mqa_logits(*args[:3], weights, *args[4:], output_dtype=output_dtype)
+    written = torch.arange(got.shape[1]) < torch.tensor([90, 90, 40, 40])[:, None]
+    nan = got.isnan() & written  # the rest of `got` is whatever the allocation held
+    assert nan[0, :90].all() and nan[3, :40].any()  # the rows the NaNs reach
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+    default = torch.tensor(float("nan"), dtype=output_dtype).view(bits[output_dtype])
+    assert (got[nan].view(bits[output_dtype]) == default).all()

@@ -25,13 +25,15 @@ it writes share no memory with an input and are no inference tensor outside infe
 calls).
 """
 
+from collections.abc import Iterator
+
 import torch
 from flashinfer_jit.op_args import sizes, strides
 from flashinfer_schedule import padded_seq_len
 
 from .. import _validation as v
 from . import dispatch, fp8_sm90, launcher
-from .reference import fp4_logits_by_request, fp8_logits_by_request
+from .reference import fp4_logits_by_request, fp8_logits_by_request, request_rows
 
 __all__ = ["NAMESPACE", "fp4_paged_mqa_logits_into", "fp8_paged_mqa_logits_into"]
 
@@ -39,18 +41,19 @@ NAMESPACE = "flashinfer_attn_scores"
 
 
 def _write_computed_region(
-    out_storage: torch.Tensor, by_request: list[tuple[int, torch.Tensor]], next_n: int
+    out_storage: torch.Tensor, by_request: Iterator[tuple[int, torch.Tensor]], next_n: int
 ) -> None:
     """Store each request's `[next_n, seq_lens[b]]` float64 logits in its rows, rounded once.
 
     Everything else, including the rows of empty requests, is left untouched. (The kernel
     also writes the rest of each request's last 64-position unit, which the contract leaves
-    unspecified, and leaves everything past it untouched.) Nothing `[rows, max_seq_len]`-sized
-    is built, so a wide `max_seq_len` over short requests costs no more memory than `out`.
+    unspecified, and leaves everything past it untouched.) One request is held at a time, so
+    a wide `max_seq_len` over short requests costs no more memory than `out`.
     """
     for b, logits in by_request:
-        rows = out_storage[b * next_n : (b + 1) * next_n, : logits.shape[1]]
-        rows.copy_(round_once(logits, out_storage.dtype))
+        rounded = round_once(logits, out_storage.dtype)
+        rounded[rounded.isnan()] = float("nan")  # one NaN pattern, whatever produced it
+        request_rows(out_storage, b, next_n, logits.shape[1]).copy_(rounded)
 
 
 def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

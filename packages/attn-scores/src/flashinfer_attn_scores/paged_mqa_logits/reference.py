@@ -18,6 +18,8 @@ requests (the work inside a request is vectorised) and read `seq_lens` on the ho
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from flashinfer_layouts import (
     dequantize_mxfp4_kv_cache,
@@ -101,11 +103,13 @@ def _logits_by_request(
     num_blocks: int,
     block_size: int,
     keys_of_blocks,
-) -> list[tuple[int, torch.Tensor]]:
-    """`(b, [next_n, seq_lens[b]] float64 logits)` for every non-empty request `b`.
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """`(b, [next_n, seq_lens[b]] float64 logits)` for every non-empty request `b`, one at a
+    time: a request's keys and logits are built when the iterator reaches it.
 
     `keys_of_blocks(ids)` returns `([n*bs, D] keys, [n*bs] scales or None)`. Every request is
-    checked before any is computed, so a violated precondition raises before any result.
+    checked here, before the iterator is returned, so a violated precondition raises before
+    any result.
     """
     batch_size, next_n, num_heads = q64.shape[:3]
     lengths = seq_lens.tolist()
@@ -114,20 +118,28 @@ def _logits_by_request(
         for b, length in enumerate(lengths)
     ]
     w64 = weights.to(torch.float64).reshape(batch_size, next_n, num_heads)
-    results = []
-    for b, (length, ids) in enumerate(zip(lengths, block_ids, strict=True)):
-        if length == 0:
-            continue
-        keys, scales = keys_of_blocks(ids)
-        logits = _weighted_relu_scores(q64[b], keys[:length], w64[b])
-        if scales is not None:
-            logits = logits * scales[:length]  # per-token scale, after the head sum
-        results.append((b, logits))
-    return results
+
+    def each_request() -> Iterator[tuple[int, torch.Tensor]]:
+        for b, (length, ids) in enumerate(zip(lengths, block_ids, strict=True)):
+            if length == 0:
+                continue
+            keys, scales = keys_of_blocks(ids)
+            logits = _weighted_relu_scores(q64[b], keys[:length], w64[b])
+            if scales is not None:
+                logits = logits * scales[:length]  # per-token scale, after the head sum
+            yield b, logits
+
+    return each_request()
+
+
+def request_rows(matrix: torch.Tensor, b: int, next_n: int, length: int) -> torch.Tensor:
+    """The view of `matrix` that holds request `b`'s logits: its `next_n` rows, `length`
+    columns."""
+    return matrix[b * next_n : (b + 1) * next_n, :length]
 
 
 def _as_matrix(
-    by_request: list[tuple[int, torch.Tensor]], q: torch.Tensor, max_seq_len: int
+    by_request: Iterator[tuple[int, torch.Tensor]], q: torch.Tensor, max_seq_len: int
 ) -> torch.Tensor:
     """The per-request logits placed in a NaN-filled `[batch_size*next_n, max_seq_len]`."""
     next_n = q.shape[1]
@@ -135,7 +147,7 @@ def _as_matrix(
         (q.shape[0] * next_n, max_seq_len), float("nan"), dtype=torch.float64, device=q.device
     )
     for b, logits in by_request:
-        out[b * next_n : (b + 1) * next_n, : logits.shape[1]] = logits
+        request_rows(out, b, next_n, logits.shape[1]).copy_(logits)
     return out
 
 
@@ -181,9 +193,10 @@ def fp8_logits_by_request(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     max_seq_len: int,
-) -> list[tuple[int, torch.Tensor]]:
+) -> Iterator[tuple[int, torch.Tensor]]:
     """`fp8_paged_mqa_logits_reference` request by request: `(b, [next_n, seq_lens[b]])`
-    float64 for each non-empty request, without the `[rows, max_seq_len]` matrix."""
+    float64 for each non-empty request, one at a time, without the `[rows, max_seq_len]`
+    matrix. The paging preconditions are checked on the call, before any request."""
     num_blocks, block_size = kv_fused.shape[:2]
     head_dim = q.shape[-1]
 
@@ -264,9 +277,10 @@ def fp4_logits_by_request(
     max_seq_len: int,
     *,
     is_kv_sf_interleaved: bool = False,
-) -> list[tuple[int, torch.Tensor]]:
+) -> Iterator[tuple[int, torch.Tensor]]:
     """`fp4_paged_mqa_logits_reference` request by request: `(b, [next_n, seq_lens[b]])`
-    float64 for each non-empty request, without the `[rows, max_seq_len]` matrix."""
+    float64 for each non-empty request, one at a time, without the `[rows, max_seq_len]`
+    matrix. The paging preconditions are checked on the call, before any request."""
     num_blocks, block_size = kv_fused.shape[:2]
     head_dim = 2 * q.shape[-1]
 
