@@ -459,3 +459,30 @@ def test_compile_check_counts_a_target_given_twice_once(spec_module, cache_dir, 
     assert main([*arguments, "--specs", target]) == 0
     out = capsys.readouterr().out
     assert "compile-check: 3 configuration(s) from 2 source(s)" in out
+
+
+def test_cache_info_counts_only_real_entries_and_leaves_out_unreadable_tmp(
+    tmp_path, capsys, monkeypatch
+):
+    schema = tmp_path / "c" / "v1"
+    real = schema / "ab" / "ab1"
+    real.mkdir(parents=True)
+    (real / "kernel.cubin").write_bytes(b"x" * 5000)
+    (real / "manifest.json").write_text("{}")
+    (schema / "a" / "a").mkdir(parents=True)  # a one-character shard: no key folder
+    (schema / "a" / "a" / "manifest.json").write_text("{}")
+    (schema / "ab" / "ab_link").symlink_to(real)  # the cache publishes no links
+    (schema / "tmp" / "half-written").mkdir(parents=True)
+    locked = schema / "tmp" / "half-written"
+    original = Path.iterdir
+
+    def iterdir(self):
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return original(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    assert main(["cache-info", "--cache-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "entries:    1 (5.0 kB)" in out
+    assert "(1 unreadable folder(s) not counted)" in out

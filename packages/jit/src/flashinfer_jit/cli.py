@@ -386,14 +386,18 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
             print(f"cache-info: {what} {path} is not a folder", file=sys.stderr)
             return 1
     try:
-        entries, size, total = _entries_and_bytes(folder)
+        entries, size = _entries_and_bytes(folder)
     except OSError as exc:
         print(f"cache-info: cannot read the cache at {root}: {exc}", file=sys.stderr)
         return 1
+    total, unreadable = _bytes_under(folder)
     print(f"cache root: {root}")
     print(f"entries:    {entries} ({_size(size)}) in {folder}")
-    if total != size:  # unfinished publications in tmp/, folders that are no entry
-        print(f"on disk:    {_size(total)} in all, {_size(total - size)} outside the entries")
+    if total != size or unreadable:  # unfinished publications in tmp/, stray folders
+        line = f"on disk:    {_size(total)} in all, {_size(total - size)} outside the entries"
+        if unreadable:
+            line += f" ({unreadable} unreadable folder(s) not counted)"
+        print(line)
     return 0
 
 
@@ -401,39 +405,46 @@ def _size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
-def _entries_and_bytes(folder: Path) -> tuple[int, int, int]:
-    """The entries under the schema folder (a `<key[:2]>/<key>` folder with a manifest), the
-    bytes of their files, and the bytes of every file under the folder. OSError for a folder
-    this process may not read; what another process removes meanwhile is skipped."""
-    entries = size = total = 0
-    for path in _walk(folder):
-        with contextlib.suppress(FileNotFoundError):
-            if not path.is_file():
-                continue
-            file_size = path.stat().st_size
-            total += file_size
-            entry = path.parent
-            shard = entry.parent
-            if shard.parent == folder and entry.name[:2] == shard.name and _is_entry(entry):
-                size += file_size
+def _entries_and_bytes(folder: Path) -> tuple[int, int]:
+    """The entries under the schema folder and the bytes of their files. An entry is a folder
+    `<key[:2]>/<key>` holding a manifest (not a link: the cache publishes none). OSError for a
+    shard or entry this process may not read; what another process removes meanwhile is
+    skipped."""
+    entries = size = 0
     for shard in _listing(folder):
-        if len(shard.name) == 2 and shard.is_dir():
-            entries += sum(1 for e in _listing(shard) if e.name[:2] == shard.name and _is_entry(e))
-    return entries, size, total
+        if len(shard.name) != 2 or shard.is_symlink() or not shard.is_dir():
+            continue
+        for entry in _listing(shard):
+            if entry.name[:2] != shard.name or entry.is_symlink():
+                continue
+            if not (entry.is_dir() and (entry / MANIFEST_FILE).is_file()):
+                continue
+            entries += 1
+            for file in _listing(entry):
+                with contextlib.suppress(FileNotFoundError):
+                    if file.is_file() and not file.is_symlink():
+                        size += file.stat().st_size
+    return entries, size
 
 
-def _is_entry(folder: Path) -> bool:
-    return folder.is_dir() and (folder / MANIFEST_FILE).is_file()
-
-
-def _walk(folder: Path) -> list[Path]:
-    """Every path under `folder` (links not followed); none if it is gone."""
-    found = []
-    for child in _listing(folder):
-        found.append(child)
-        if child.is_dir() and not child.is_symlink():
-            found.extend(_walk(child))
-    return found
+def _bytes_under(folder: Path) -> tuple[int, int]:
+    """The bytes of every file under `folder` (links not followed) and how many folders could
+    not be read (left out, not an error: `tmp/` holds other processes' half-written entries)."""
+    total = unreadable = 0
+    try:
+        children = _listing(folder)
+    except OSError:
+        return 0, 1
+    for child in children:
+        with contextlib.suppress(FileNotFoundError):
+            if child.is_symlink():
+                continue
+            if child.is_dir():
+                sub_total, sub_unreadable = _bytes_under(child)
+                total, unreadable = total + sub_total, unreadable + sub_unreadable
+            elif child.is_file():
+                total += child.stat().st_size
+    return total, unreadable
 
 
 def _listing(folder: Path) -> list[Path]:
