@@ -54,11 +54,17 @@ _DEFAULT_OUTPUT_DTYPES = {
 }
 
 
-def _check_int_tuple(name: str, values: object, allowed: Callable[[int], str | None]) -> tuple:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"{name} must be a non-empty sequence of ints, got {values!r}")
+def _check_choices(name: str, values: object, of: str, scalar: type | tuple) -> None:
+    """`values` must be a non-empty sequence (not a lone `scalar`): TypeError for another
+    type, ValueError for an empty one."""
+    if isinstance(values, scalar) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a non-empty sequence of {of}, got {values!r}")
     if not values:
-        raise ValueError(f"{name} must be a non-empty sequence of ints, got {values!r}")
+        raise ValueError(f"{name} must be a non-empty sequence of {of}, got {values!r}")
+
+
+def _check_int_tuple(name: str, values: object, allowed: Callable[[int], str | None]) -> tuple:
+    _check_choices(name, values, "ints", (str, bytes))
     checked = tuple(v.check_int(f"{name} entry", value) for value in values)
     for value in checked:
         problem = allowed(value)
@@ -68,10 +74,7 @@ def _check_int_tuple(name: str, values: object, allowed: Callable[[int], str | N
 
 
 def _check_dtype_tuple(name: str, values: object) -> tuple:
-    if isinstance(values, torch.dtype) or not isinstance(values, Sequence):
-        raise TypeError(f"{name} must be a non-empty sequence of torch.dtype, got {values!r}")
-    if not values:
-        raise ValueError(f"{name} must be a non-empty sequence of torch.dtype, got {values!r}")
+    _check_choices(name, values, "torch.dtype", torch.dtype)
     for value in values:
         if not isinstance(value, torch.dtype):
             raise TypeError(f"{name} entries must be torch.dtype, got {value!r}")
@@ -251,10 +254,7 @@ def precompile_paged_mqa_logits(
     if target.type not in v.SUPPORTED_DEVICE_TYPES:
         raise ValueError(f"device must be a CUDA or CPU device, got {target}")
 
-    if isinstance(variants, str) or not isinstance(variants, Sequence):
-        raise TypeError(f"variants must be a non-empty sequence of str, got {variants!r}")
-    if not variants:
-        raise ValueError(f"variants must be a non-empty sequence of str, got {variants!r}")
+    _check_choices("variants", variants, "str", str)
     for variant in variants:
         if not isinstance(variant, str):
             raise TypeError(
