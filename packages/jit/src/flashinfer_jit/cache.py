@@ -53,7 +53,8 @@ def default_cache_dir() -> Path:
     """Return the cache root: `FLASHINFER_JIT_CACHE_DIR`, else the user's cache directory.
 
     Returns:
-        `$FLASHINFER_JIT_CACHE_DIR` if set and non-empty; otherwise
+        `$FLASHINFER_JIT_CACHE_DIR` if set and not blank (surrounding whitespace is dropped,
+        and a blank value counts as unset); otherwise
         `$XDG_CACHE_HOME/flashinfer-hopper/jit` (`~/.cache/...` when unset) on Linux,
         `~/Library/Caches/flashinfer-hopper/jit` on macOS and
         `%LOCALAPPDATA%\\flashinfer-hopper\\jit` on Windows. A relative `XDG_CACHE_HOME`
