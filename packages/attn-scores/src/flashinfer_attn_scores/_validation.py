@@ -268,6 +268,21 @@ def check_kv_fused_block_stride(kv_fused: torch.Tensor) -> None:
         )
 
 
+# Block ids are int32 (block_tables' dtype), and the kernels take the pool's block count as one.
+MAX_NUM_BLOCKS = 2**31 - 1
+
+
+def check_kv_fused_num_blocks(kv_fused: torch.Tensor) -> None:
+    """More blocks than an int32 block id can name cannot be addressed."""
+    require(
+        kv_fused.shape[0] <= MAX_NUM_BLOCKS,
+        lambda: ValueError(
+            f"kv_fused has too many blocks for int32 block ids: num_blocks (kv_fused.shape[0]) "
+            f"must be <= 2**31 - 1 = {MAX_NUM_BLOCKS}, got {kv_fused.shape[0]}"
+        ),
+    )
+
+
 def check_block_tables(block_tables: torch.Tensor, batch_size: int) -> None:
     check_dtype("block_tables", block_tables, torch.int32)
     check_ndim("block_tables", block_tables, 2, "[batch_size, max_blocks_per_seq]")

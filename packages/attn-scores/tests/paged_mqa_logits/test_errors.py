@@ -413,6 +413,26 @@ def test_fp4_span_with_wide_out_stride(output_dtype):
 
 
 @pytest.mark.parametrize("call", [fp8_call, fp4_call], ids=["fp8", "fp4"])
+def test_a_pool_of_more_blocks_than_int32_ids_name_is_refused(call):
+    """Block ids are int32 and the kernels take the block count as one: a pool of 2^31 blocks
+    was refused only at launch, by a message naming no argument (found by an audit). Meta
+    tensors carry the size without the memory; the pool check runs before the device check."""
+
+    def pool(c, num_blocks):
+        shape = (num_blocks, *c.kv_fused.shape[1:])
+        return {"kv_fused": torch.empty(shape, dtype=torch.uint8, device=META)}
+
+    with pytest.raises(
+        ValueError,
+        match=r"^kv_fused has too many blocks for int32 block ids: num_blocks "
+        r"\(kv_fused.shape\[0\]\) must be <= 2\*\*31 - 1 = 2147483647, got 2147483648$",
+    ):
+        call(lambda c: pool(c, 2**31))
+    with pytest.raises(ValueError, match="kv_fused must be on q's device cpu, got meta"):
+        call(lambda c: pool(c, 2**31 - 1))
+
+
+@pytest.mark.parametrize("call", [fp8_call, fp4_call], ids=["fp8", "fp4"])
 def test_empty_batch_width_limit(call):
     # With no rows the span is 0, but a width past 2**31 columns is still refused, up to
     # max_seq_len = 2**63 - 1 whose padded width does not even fit an int64 stride.

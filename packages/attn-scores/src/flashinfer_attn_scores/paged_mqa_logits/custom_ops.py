@@ -85,7 +85,8 @@ def _check_storage_fits(
     columns of `output_dtype`. The public functions check a caller's `out` for that, but an
     AOTInductor package of an exported program does not run export's input guards
     (pytorch/pytorch#141115), so the op checks its storage itself before anything writes
-    into it (a float16 `out` under a float32 kernel would be written past its end)."""
+    into it (a float16 `out` under a float32 kernel would be written past its end), and
+    applies the 2^31 output-span rule."""
     if out_storage.dtype != output_dtype:
         raise TypeError(
             f"out must have dtype output_dtype = {output_dtype}, got {out_storage.dtype}"
@@ -104,6 +105,9 @@ def _check_storage_fits(
             f"{cols} columns with contiguous rows, got shape {sizes(out_storage.shape)} and "
             f"strides {strides(out_storage.stride())}"
         )
+    # The public functions' 32-bit span rule, which a direct call of the op has not met: past
+    # it the kernels' unit counts wrap and every unit reads block 0.
+    v.check_output_span(rows, cols, out_storage)
     return rows, cols
 
 

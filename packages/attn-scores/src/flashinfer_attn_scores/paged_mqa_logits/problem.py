@@ -99,6 +99,7 @@ def check_common(
     block_size = v.check_block_size(kv_fused)
     v.check_kv_fused_blocks_contiguous(kv_fused)
     v.check_kv_fused_block_stride(kv_fused)
+    v.check_kv_fused_num_blocks(kv_fused)
 
     v.check_head_geometry(num_heads, head_dim, next_n, q_shape=tuple(q.shape))
     if variant == "fp8":
