@@ -621,6 +621,23 @@ def test_cuda_matches_cpu_for_lengths_near_int32_max(lens, num_sms):
     assert [tuple(r) for r in expected.tolist()] == loop_schedule(lens, num_sms)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lens",
+    [[2**31 - 1] * 64, [2**31 - 1] * 200, [], [-(2**31), 5, -1, 0, 2**31 - 1, 70]],
+    ids=["total-past-2^31", "total-past-2^32-over-200", "empty", "negative"],
+)
+@pytest.mark.parametrize("num_sms", [1, 132, 1024, 4097])
+def test_cuda_matches_cpu_for_large_totals_empty_batches_and_many_sms(lens, num_sms):
+    """What no other GPU test reaches (found by an audit): unit totals of 2^31 and more (the
+    sums must be 64-bit), B = 0, lengths down to -2^31, and num_sms past 1024 (the sentinel
+    rows take more than one pass of the CTA's threads)."""
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    got = compute_paged_mqa_logits_schedule(seq_lens.cuda(), num_sms=num_sms)
+    expected = compute_paged_mqa_logits_schedule(seq_lens, num_sms=num_sms)
+    assert torch.equal(got.cpu(), expected)
+
+
 def test_the_schedule_modules_all_is_what_the_package_exports_from_it():
     # docs/api/schedule.md is generated from the package's __all__; the module's own list
     # names the same public names, no more (SCHEDULE_VARIANTS is internal) and no fewer.

@@ -234,7 +234,7 @@ __device__ void compute_schedule_rows(const int* seq_lens, long long stride, int
 // rule (batch_size * next_n * padded_seq_len(max_seq_len) < 2^31, always validated) keeps the
 // units below 2^25, and at most 128 entry charges come on top. (Lengths past max_seq_len are
 // outside the contract: the walkers clamp them, but this scan sums them as given, and
-// lengths near 2^31 in most of 128 requests wrap the sum, leaving some requests unwritten.
+// lengths near 2^31 in 64 or more requests wrap the sum, leaving some requests unwritten.
 // The CTAs never wait on each other and every walk is bounded, so a wrong range cannot hang
 // the kernel nor move an access outside the problem.)
 // Measured on the H200 (2026-11-29, a stream of calls that exit once their rows are known):
