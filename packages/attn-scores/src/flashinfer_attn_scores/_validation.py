@@ -268,17 +268,18 @@ def check_kv_fused_block_stride(kv_fused: torch.Tensor) -> None:
         )
 
 
-# Block ids are int32 (block_tables' dtype), and the kernels take the pool's block count as one.
+# The kernels take the pool's block count as an int32 (it bounds the block ids they read).
 MAX_NUM_BLOCKS = 2**31 - 1
 
 
 def check_kv_fused_num_blocks(kv_fused: torch.Tensor) -> None:
-    """More blocks than an int32 block id can name cannot be addressed."""
+    """The pool's block count must fit the kernels' int32 argument."""
     require(
         kv_fused.shape[0] <= MAX_NUM_BLOCKS,
         lambda: ValueError(
-            f"kv_fused has too many blocks for int32 block ids: num_blocks (kv_fused.shape[0]) "
-            f"must be <= 2**31 - 1 = {MAX_NUM_BLOCKS}, got {kv_fused.shape[0]}"
+            f"kv_fused has too many blocks: num_blocks (kv_fused.shape[0]) must be <= 2**31 - 1 "
+            f"= {MAX_NUM_BLOCKS} (the kernels take it as an int32), got {kv_fused.shape[0]} "
+            f"(kv_fused shape {sizes(kv_fused.shape)})"
         ),
     )
 

@@ -775,28 +775,49 @@ def test_the_ops_refuse_a_storage_the_kernel_would_overrun(variant, storage_shap
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["fp8", "fp4"])
 def test_the_ops_apply_the_output_span_rule(variant, device):
-    """A direct call of the op (an AOTInductor package) skips the public functions' 2^31
-    output-span rule, past which the kernels' 32-bit unit counts wrap (found by an audit).
-    One row whose stride reaches 2^31 elements needs no memory for the stride."""
-    if variant == "fp8":
-        case = make_fp8_case([10], next_n=1, seed=73).to(device)
-        op, args, tail = custom_ops.fp8_paged_mqa_logits_into, case.fp8_args(), (torch.float32,) * 3
-    else:
-        case = make_fp4_case([10], next_n=1, block_size=64, seed=83).to(device)
-        op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
-        tail = (32, torch.float32, torch.float32, False)
+    """A direct call of the op (an AOTInductor package) skipped the public functions' 2^31
+    output-span rule (found by an audit), past which the kernels' 32-bit in-row offsets and
+    in-kernel schedule sums no longer hold. Two of its branches need no memory: one row whose
+    stride reaches 2^31 elements, and no rows under a width of 2^31 columns."""
+
+    def call(lens, max_seq_len=None):
+        if variant == "fp8":
+            case = make_fp8_case(lens, next_n=1, seed=73).to(device)
+            op, args, tail = (
+                custom_ops.fp8_paged_mqa_logits_into,
+                case.fp8_args(),
+                (torch.float32,) * 3,
+            )
+            where = 5
+        else:
+            case = make_fp4_case(lens, next_n=1, block_size=64, seed=83).to(device)
+            op, args = custom_ops.fp4_paged_mqa_logits_into, case.fp4_args()
+            tail, where = (32, torch.float32, torch.float32, False), 6
+        if max_seq_len is not None:
+            args = (*args[:where], max_seq_len, *args[where + 1 :])
+        return case, lambda storage: op(*args, storage, None, *tail)
+
+    case, run = call([10])
     cols = fa.padded_seq_len(case.max_seq_len)
     too_wide = torch.full((cols,), 7.0, device=device).as_strided((1, cols), (2**31, 1))
     with pytest.raises(
         ValueError, match=r"^out too wide: .* = 1 \* 2147483648 = 2147483648 elements"
     ):
-        op(*args, too_wide, None, *tail)
+        run(too_wide)
     assert (too_wide == 7.0).all()
     just_fits = torch.full((cols,), float("nan"), device=device).as_strided(
         (1, cols), (2**31 - 1, 1)
     )
-    op(*args, just_fits, None, *tail)
+    run(just_fits)
     assert torch.isfinite(just_fits[0, :10]).all()
+
+    _, run = call([], max_seq_len=2**31 - 1)
+    with pytest.raises(
+        ValueError, match=r"^max_seq_len too large: padded_seq_len\(max_seq_len\) = 2147483648"
+    ):
+        run(torch.empty((0, 2**31), device=device))
+    _, run = call([], max_seq_len=2**31 - 256)
+    run(torch.empty((0, 2**31 - 256), device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -413,10 +413,10 @@ def test_fp4_span_with_wide_out_stride(output_dtype):
 
 
 @pytest.mark.parametrize("call", [fp8_call, fp4_call], ids=["fp8", "fp4"])
-def test_a_pool_of_more_blocks_than_int32_ids_name_is_refused(call):
-    """Block ids are int32 and the kernels take the block count as one: a pool of 2^31 blocks
-    was refused only at launch, by a message naming no argument (found by an audit). Meta
-    tensors carry the size without the memory; the pool check runs before the device check."""
+def test_a_pool_of_more_blocks_than_the_kernels_int32_count_is_refused(call):
+    """The kernels take the block count as an int32: a pool of 2^31 blocks was refused only at
+    launch, by a message naming no argument (found by an audit). Meta tensors carry the size
+    without the memory; the pool check runs before the device check."""
 
     def pool(c, num_blocks):
         shape = (num_blocks, *c.kv_fused.shape[1:])
@@ -424,8 +424,9 @@ def test_a_pool_of_more_blocks_than_int32_ids_name_is_refused(call):
 
     with pytest.raises(
         ValueError,
-        match=r"^kv_fused has too many blocks for int32 block ids: num_blocks "
-        r"\(kv_fused.shape\[0\]\) must be <= 2\*\*31 - 1 = 2147483647, got 2147483648$",
+        match=r"^kv_fused has too many blocks: num_blocks \(kv_fused.shape\[0\]\) must be <= "
+        r"2\*\*31 - 1 = 2147483647 \(the kernels take it as an int32\), got 2147483648 "
+        r"\(kv_fused shape \[2147483648, 32, 1, \d+\]\)$",
     ):
         call(lambda c: pool(c, 2**31))
     with pytest.raises(ValueError, match="kv_fused must be on q's device cpu, got meta"):

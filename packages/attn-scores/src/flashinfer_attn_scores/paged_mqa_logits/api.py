@@ -208,7 +208,7 @@ def fp8_paged_mqa_logits(
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent batch_size/next_n/num_heads/head_dim between the tensors,
             `kv_fused.shape[2] != 1` or `kv_fused.shape[3] != head_dim + 4`, more than
-            2^31 - 1 blocks in `kv_fused` (block ids are int32), `head_dim` not a
+            2^31 - 1 blocks in `kv_fused` (the kernels' int32 block count), `head_dim` not a
             multiple of 32, `num_heads` not a multiple of 4, `next_n*num_heads` not a multiple
             of 8 in [8, 256], block size not 32/64/128, tensors on different devices, an
             unsupported `output_dtype`/`epi_dtype`/`acc_dtype`, `max_seq_len < 0`, a
@@ -463,8 +463,8 @@ def fp4_paged_mqa_logits(
         ValueError: A rank, shape, device, stride or value violates the contract:
             inconsistent sizes between the tensors, `num_heads != 64`, `head_dim != 128`,
             `next_n` outside 1..4, `sf_vec_size != 32`, `kv_fused.shape[3] != head_dim/2 + 4`,
-            block size not 32/64/128, more than 2^31 - 1 blocks in `kv_fused` (block ids are
-            int32), `is_kv_sf_interleaved=True` with a block size other than
+            block size not 32/64/128, more than 2^31 - 1 blocks in `kv_fused` (the kernels'
+            int32 block count), `is_kv_sf_interleaved=True` with a block size other than
             128, an unsupported `output_dtype`/`epi_dtype`, `max_seq_len < 0`, a bad
             `schedule_meta` or `out`, an output span of 2^31 elements or more or a
             `padded_seq_len(max_seq_len)` of 2^31 or more, or (with

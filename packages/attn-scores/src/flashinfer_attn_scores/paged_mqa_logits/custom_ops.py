@@ -19,7 +19,8 @@ They do no argument checking (call the public functions, which do) but these: th
 check that the head geometry fits the kernel's shared memory, which a torch.compile trace
 with symbolic head sizes leaves to them (see `problem.check_fp8_shared_memory_fit`), and
 every op checks that `out_storage` holds what the kernel writes, which an AOTInductor
-package, skipping export's input guards, would otherwise leave unchecked, and that the rows
+package, skipping export's input guards, would otherwise leave unchecked (the 2^31 output span
+included), and that the rows
 it writes share no memory with an input and are no inference tensor outside inference mode
 (checks of addresses and run-time state, which the public function makes only in eager
 calls).
@@ -105,8 +106,9 @@ def _check_storage_fits(
             f"{cols} columns with contiguous rows, got shape {sizes(out_storage.shape)} and "
             f"strides {strides(out_storage.stride())}"
         )
-    # The public functions' 32-bit span rule, which a direct call of the op has not met: past
-    # it the kernels' unit counts wrap and every unit reads block 0.
+    # The public functions' 2^31 span rule, which a direct call of the op has not met: the
+    # kernels' in-row column offsets and in-kernel schedule sums are 32-bit, and past it a
+    # length near 2^31 wraps its unit count, so every unit reads block 0.
     v.check_output_span(rows, cols, out_storage)
     return rows, cols
 
