@@ -411,7 +411,7 @@ def test_launch_dimensions_of_another_type_are_type_errors(
     assert not [c for c in fake_driver.calls if c[0].startswith("cuLaunch")]
 
 
-def test_a_cluster_of_another_type_is_a_type_error(kernel, fake_driver):
+def test_a_cluster_of_another_type_or_size_is_refused(kernel, fake_driver):
     with pytest.raises(TypeError, match=r"cluster: expected .* got float \(2\.0\)"):
         kernel.launch(2, 32, *_args(), cluster=2.0)
     with pytest.raises(ValueError, match=r"cluster: expected .* got 0"):
@@ -661,11 +661,20 @@ def test_torch_module_publishes_torch_only_after_its_hooks(monkeypatch):
     ],
 )
 def test_occupancy_query_arguments_are_checked_before_the_driver(
-    kernel, fake_driver, block_threads, shared_mem, error, message
+    kernel, fake_driver, block_threads, shared_mem, error, message, monkeypatch
 ):
+    # The recording driver has no occupancy query of its own: give it one that records, so
+    # "not asked" is observed rather than implied by a missing method.
+    asked = []
+    monkeypatch.setattr(
+        fake_driver,
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        lambda *args: asked.append(args) or (0, 1),
+        raising=False,
+    )
     with pytest.raises(error, match=message):
         kernel.max_active_blocks_per_sm(block_threads, shared_mem)
-    assert not [c for c in fake_driver.calls if c[0].startswith("cuOccupancy")]
+    assert asked == []
 
 
 @pytest.mark.parametrize("spec", [{}, "scale_add", None, [SCALE_ADD]])

@@ -140,7 +140,7 @@ def test_make_names_the_argument_it_cannot_use(kwargs, error, fragment):
 
 
 @pytest.mark.parametrize(("name", "error"), [(None, TypeError), (3, TypeError), ("", ValueError)])
-def test_a_name_that_is_no_str_is_a_type_error(name, error):
+def test_a_name_that_is_no_str_or_empty_is_refused(name, error):
     with pytest.raises(error, match=r"^KernelSpec.name: expected a non-empty str"):
         KernelSpec.make(name, "/x/k.cu")
 
