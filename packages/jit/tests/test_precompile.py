@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import pickle
 import time
@@ -42,6 +43,27 @@ def test_precompile_in_worker_processes_then_everything_is_cached(source, cache_
     again = precompile(specs, arch="sm_90a", progress=False, cache_dir=cache_dir)
     assert (again.compiled, again.cached) == (0, 3)
     assert "3 cached, 0 compiled, 0 failed" in str(again)
+
+
+def test_a_damaged_entry_is_recompiled_with_one_warning(source, cache_dir, caplog):
+    """The lookup pass leaves a damaged entry to the compile, whose own read warns; until
+    2026-12-06 both warned, so `compile-check` printed every damaged entry twice."""
+    spec = KernelSpec.make("fill", source, {"VALUE": 7})
+    good = compile_kernel(spec, "sm_90a", cache_dir=cache_dir)
+    (good.cache_path / "kernel.cubin").write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        summary = precompile(
+            [spec], arch="sm_90a", max_workers=1, progress=False, cache_dir=cache_dir
+        )
+    assert (summary.compiled, summary.cached) == (1, 0) and summary.results[0].stored
+    assert caplog.text.count("damaged cache entry") == 1
+    assert compile_kernel(spec, "sm_90a", cache_dir=cache_dir).cubin == good.cubin
+    # The public lookup still says why it missed.
+    (good.cache_path / "kernel.cubin").write_bytes(b"garbage")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flashinfer_jit"):
+        assert lookup_kernel(spec, "sm_90a", cache_dir=cache_dir) is None
+    assert caplog.text.count("damaged cache entry") == 1
 
 
 @pytest.mark.parametrize("max_workers", [1, 2])

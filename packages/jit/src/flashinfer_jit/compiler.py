@@ -455,12 +455,17 @@ def _symbol_in_cubin(name: str, cubin: bytes) -> bool:
     return b"\0" + encoded in cubin or b"." + encoded in cubin
 
 
-def _from_cache(spec: KernelSpec, arch: str, root: Path, key: CacheKey) -> CompiledKernel | None:
+def _from_cache(
+    spec: KernelSpec, arch: str, root: Path, key: CacheKey, *, report_damage: bool = True
+) -> CompiledKernel | None:
     try:
         entry = read_entry(root, key.digest)
     except CorruptEntry as exc:
-        # Moved aside when the recompiled entry is published (see publish_entry).
-        logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
+        # Moved aside when the recompiled entry is published (see publish_entry). Left in
+        # place until then, so a caller that recompiles next (report_damage False) leaves the
+        # warning to the compile's own read: said once, not twice.
+        if report_damage:
+            logger.warning("flashinfer_jit: damaged cache entry, recompiling: %s", exc)
         return None
     except OSError as exc:
         logger.warning(
@@ -532,12 +537,21 @@ def lookup_kernel(
         FileNotFoundError: The source file does not exist.
         OSError: The source is a folder or cannot be read.
     """
+    return _lookup(spec, arch, cache_dir, report_damage=True)
+
+
+def _lookup(
+    spec: KernelSpec, arch: str, cache_dir: str | Path | None, *, report_damage: bool
+) -> CompiledKernel | None:
+    """`lookup_kernel`; with `report_damage` False an entry whose files are damaged is a quiet
+    miss, for callers that compile it next (`compile_kernel` reads it again and warns)."""
     _check_spec(spec)
     check_arch(arch)
     root = _root_or_none(cache_dir)
     if root is None:
         return None
-    return _from_cache(spec, arch, root, compute_key(spec, arch, base_options()))
+    key = compute_key(spec, arch, base_options())
+    return _from_cache(spec, arch, root, key, report_damage=report_damage)
 
 
 def _sources_unchanged(spec: KernelSpec, arch: str, key: CacheKey) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .cache import NoCacheFolderError, cache_root
-from .compiler import CompiledKernel, check_arch, compile_kernel, lookup_kernel
+from .compiler import CompiledKernel, _lookup, check_arch, compile_kernel
 from .errors import KernelCompileError
 from .resources import FunctionResources
 from .spec import KernelSpec
@@ -417,7 +417,8 @@ def precompile(
         misses: list[tuple[int, KernelSpec]] = []
         for index, spec in enumerate(unique):
             try:
-                hit = lookup_kernel(spec, arch, cache_dir=root)
+                # A damaged entry is compiled below, whose read of it says so.
+                hit = _lookup(spec, arch, root, report_damage=False)
             except (ValueError, OSError) as exc:
                 record(index, _failed(spec, arch, str(exc)))
                 continue
