@@ -5,8 +5,8 @@
 
 DIR holds `libnvrtc.so.13` and `libnvrtc-builtins.so.*` (the `nvidia/cu13/lib` folder of a
 `pip download nvidia-cuda-nvrtc==13.0.88` wheel, unpacked). They are loaded before cuda-bindings
-opens its own, so every compile in this process uses them; that is how these notes compared the
-GPU image's NVRTC 13.0.88 with CI's newest 13.x on a machine without a GPU. Worker processes
+opens its own, so every compile in this process uses them; that is how the kernel notes compared
+the GPU image's NVRTC 13.0.88 with CI's newest 13.x on a machine without a GPU. Worker processes
 load the default NVRTC again: give `compile-check` and `precompile` one job (`--jobs 1`,
 `max_workers=1`). The headers stay those of the installed `nvidia-cuda-cccl` and runtime.
 """
@@ -34,7 +34,7 @@ def preload(folder: Path) -> tuple[int, int]:
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
+    if len(sys.argv) < 3 or (sys.argv[2] == "-m" and len(sys.argv) < 4):
         raise SystemExit(__doc__)
     major, minor = preload(Path(sys.argv[1]))
     print(f"with_nvrtc: NVRTC {major}.{minor} from {sys.argv[1]}", file=sys.stderr, flush=True)
