@@ -24,6 +24,14 @@ print("\\n".join(sorted({line.split()[-1] for line in maps if "libnvrtc" in line
 """
 
 
+# Runs PROBE in a child process the way precompile starts its compile workers (this process's
+# environment), and prints what the child mapped.
+CHILD_PROBE = f"""
+import subprocess, sys
+done = subprocess.run([sys.executable, "-c", {PROBE!r}, sys.argv[1]], check=True)
+"""
+
+
 def _installed_nvrtc_folder() -> Path | None:
     for entry in map(Path, sys.path):
         folder = entry / "nvidia" / "cu13" / "lib"
@@ -33,7 +41,8 @@ def _installed_nvrtc_folder() -> Path | None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-def test_the_given_folders_nvrtc_is_the_one_loaded(tmp_path):
+@pytest.mark.parametrize("probe_text", [PROBE, CHILD_PROBE], ids=["this_process", "a_child"])
+def test_the_given_folders_nvrtc_is_the_one_loaded(tmp_path, probe_text):
     installed = _installed_nvrtc_folder()
     if installed is None:
         pytest.skip("no nvidia-cuda-nvrtc wheel on sys.path")
@@ -41,7 +50,7 @@ def test_the_given_folders_nvrtc_is_the_one_loaded(tmp_path):
     for library in [installed / "libnvrtc.so.13", *installed.glob("libnvrtc-builtins.so*")]:
         shutil.copy(library, tmp_path / library.name)
     probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
+    probe.write_text(probe_text)
     done = subprocess.run(
         [sys.executable, str(TOOL), str(tmp_path), str(probe), str(tmp_path / "cache")],
         capture_output=True,
