@@ -45,6 +45,26 @@ def test_precompile_in_worker_processes_then_everything_is_cached(source, cache_
     assert "3 cached, 0 compiled, 0 failed" in str(again)
 
 
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_entry_points_of_one_cubin_count_as_compiled_in_an_empty_cache(cache_dir, max_workers):
+    """Two entry points of one source share a cache key: the first compile writes the entry
+    that the second then finds. Until 2026-12-07 one job reported that second spec "cached",
+    so compile-check said "1 cached" of a cache it had just created."""
+    from flashinfer_jit.selftest import EMPTY, REVERSE_CHUNKS
+
+    summary = precompile(
+        [EMPTY, REVERSE_CHUNKS],
+        arch="sm_90a",
+        max_workers=max_workers,
+        progress=False,
+        cache_dir=cache_dir,
+    )
+    assert (summary.compiled, summary.cached) == (2, 0), str(summary)
+    assert all(r.stored for r in summary.results)
+    again = precompile([EMPTY, REVERSE_CHUNKS], arch="sm_90a", progress=False, cache_dir=cache_dir)
+    assert (again.compiled, again.cached) == (0, 2)
+
+
 def test_a_damaged_entry_is_recompiled_with_one_warning(source, cache_dir, caplog):
     """The lookup pass leaves a damaged entry to the compile, whose own read warns; until
     2026-12-06 both warned, so `compile-check` printed every damaged entry twice."""

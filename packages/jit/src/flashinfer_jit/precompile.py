@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,7 +37,7 @@ class PrecompileResult:
         spec: The configuration.
         arch: Target arch.
         ok: True when the configuration compiled (or was already cached).
-        from_cache: True when it was already cached.
+        from_cache: True when it was already cached when the call began.
         stored: True when its cubin is in the disk cache: False on failure, and when it
             compiled but the cache could not be written (the compile logs why).
         compile_seconds: NVRTC time (of the original compile for cache hits).
@@ -81,7 +81,7 @@ class PrecompileSummary:
 
     @property
     def cached(self) -> int:
-        """Configurations that were already in the cache."""
+        """Configurations that were already in the cache when the call began."""
         return sum(r.ok and r.from_cache for r in self.results)
 
     @property
@@ -142,6 +142,13 @@ def _result_from(compiled: CompiledKernel) -> PrecompileResult:
         compile_seconds=compiled.compile_seconds,
         functions=compiled.functions,
     )
+
+
+def _not_from_cache(result: PrecompileResult) -> PrecompileResult:
+    """A spec the lookup pass missed was not in the cache when the call began, even where its
+    compile then found an entry: one this call wrote for another spec of the same cubin (two
+    entry points of one source share a cache key), or another process's."""
+    return replace(result, from_cache=False) if result.from_cache else result
 
 
 def compile_one(spec: KernelSpec, arch: str, cache_dir: str | Path | None) -> PrecompileResult:
@@ -427,12 +434,15 @@ def precompile(
             else:
                 misses.append((index, spec))
 
+        def record_miss(index: int, result: PrecompileResult) -> None:
+            record(index, _not_from_cache(result))
+
         workers = min(max_workers or os.cpu_count() or 1, len(misses))
         if workers <= 1:
             for index, spec in misses:
-                record(index, compile_one(spec, arch, root))
+                record_miss(index, compile_one(spec, arch, root))
         else:
-            _run_pool(misses, arch, root, workers, record)
+            _run_pool(misses, arch, root, workers, record_miss)
             for index, spec in misses:
                 if results[index] is None:
                     record(index, _failed(spec, arch, "no worker ran it"))
