@@ -28,7 +28,7 @@ print("\\n".join(sorted({line.split()[-1] for line in maps if "libnvrtc" in line
 # environment), and prints what the child mapped.
 CHILD_PROBE = f"""
 import subprocess, sys
-done = subprocess.run([sys.executable, "-c", {PROBE!r}, sys.argv[1]], check=True)
+subprocess.run([sys.executable, "-c", {PROBE!r}, sys.argv[1]], check=True)
 """
 
 
@@ -70,3 +70,20 @@ def test_a_folder_without_nvrtc_is_refused(tmp_path):
     )
     assert done.returncode == 1
     assert "needs libnvrtc.so.13" in done.stderr
+
+
+def test_a_folder_ld_preload_cannot_name_is_refused(tmp_path):
+    installed = _installed_nvrtc_folder()
+    if installed is None:
+        pytest.skip("no nvidia-cuda-nvrtc wheel on sys.path")
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    for library in [installed / "libnvrtc.so.13", *installed.glob("libnvrtc-builtins.so*")]:
+        shutil.copy(library, folder / library.name)
+    done = subprocess.run(
+        [sys.executable, str(TOOL), str(folder), "-m", "json.tool"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert "cannot go into LD_PRELOAD" in done.stderr

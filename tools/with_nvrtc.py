@@ -29,7 +29,9 @@ def preload(folder: Path) -> tuple[int, int]:
     library = folder / "libnvrtc.so.13"
     if not builtins or not library.is_file():
         raise SystemExit(f"{folder}: needs libnvrtc.so.13 and libnvrtc-builtins.so.*")
-    preloaded = [str(path) for path in [*builtins, library]]
+    preloaded = [str(path.resolve()) for path in [*builtins, library]]
+    if any(":" in path or " " in path for path in preloaded):  # LD_PRELOAD's separators
+        raise SystemExit(f"{folder}: a path with ':' or ' ' cannot go into LD_PRELOAD")
     for path in preloaded:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     # Child processes (compile workers) map the same files before cuda-bindings looks for NVRTC.
