@@ -40,15 +40,20 @@ def _installed_nvrtc_folder() -> Path | None:
     return None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-@pytest.mark.parametrize("probe_text", [PROBE, CHILD_PROBE], ids=["this_process", "a_child"])
-def test_the_given_folders_nvrtc_is_the_one_loaded(tmp_path, probe_text):
+def _copy_installed_nvrtc(folder: Path) -> None:
+    """Copy the installed wheel's NVRTC libraries into `folder` (skip the test without one)."""
     installed = _installed_nvrtc_folder()
     if installed is None:
         pytest.skip("no nvidia-cuda-nvrtc wheel on sys.path")
-    # A copy at another path: the mapped files tell it apart from the wheel's own.
     for library in [installed / "libnvrtc.so.13", *installed.glob("libnvrtc-builtins.so*")]:
-        shutil.copy(library, tmp_path / library.name)
+        shutil.copy(library, folder / library.name)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("probe_text", [PROBE, CHILD_PROBE], ids=["this_process", "a_child"])
+def test_the_given_folders_nvrtc_is_the_one_loaded(tmp_path, probe_text):
+    # A copy at another path: the mapped files tell it apart from the wheel's own.
+    _copy_installed_nvrtc(tmp_path)
     probe = tmp_path / "probe.py"
     probe.write_text(probe_text)
     done = subprocess.run(
@@ -73,13 +78,9 @@ def test_a_folder_without_nvrtc_is_refused(tmp_path):
 
 
 def test_a_folder_ld_preload_cannot_name_is_refused(tmp_path):
-    installed = _installed_nvrtc_folder()
-    if installed is None:
-        pytest.skip("no nvidia-cuda-nvrtc wheel on sys.path")
     folder = tmp_path / "with space"
     folder.mkdir()
-    for library in [installed / "libnvrtc.so.13", *installed.glob("libnvrtc-builtins.so*")]:
-        shutil.copy(library, folder / library.name)
+    _copy_installed_nvrtc(folder)
     done = subprocess.run(
         [sys.executable, str(TOOL), str(folder), "-m", "json.tool"],
         capture_output=True,
