@@ -67,24 +67,22 @@ def test_the_given_folders_nvrtc_is_the_one_loaded(tmp_path, probe_text):
     assert f"from {tmp_path}" in done.stderr
 
 
-def test_a_folder_without_nvrtc_is_refused(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(TOOL), str(tmp_path), "-m", "json.tool"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 1
-    assert "needs libnvrtc.so.13" in done.stderr
-
-
-def test_a_folder_ld_preload_cannot_name_is_refused(tmp_path):
-    folder = tmp_path / "with space"
+@pytest.mark.parametrize(
+    ("subfolder", "with_nvrtc", "message"),
+    [
+        ("empty", False, "needs libnvrtc.so.13"),
+        ("with space", True, "cannot go into LD_PRELOAD"),  # LD_PRELOAD's separator
+    ],
+)
+def test_a_folder_it_cannot_use_is_refused(tmp_path, subfolder, with_nvrtc, message):
+    folder = tmp_path / subfolder
     folder.mkdir()
-    _copy_installed_nvrtc(folder)
+    if with_nvrtc:
+        _copy_installed_nvrtc(folder)
     done = subprocess.run(
         [sys.executable, str(TOOL), str(folder), "-m", "json.tool"],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 1
-    assert "cannot go into LD_PRELOAD" in done.stderr
+    assert message in done.stderr
