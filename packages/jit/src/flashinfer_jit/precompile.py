@@ -144,13 +144,6 @@ def _result_from(compiled: CompiledKernel) -> PrecompileResult:
     )
 
 
-def _not_from_cache(result: PrecompileResult) -> PrecompileResult:
-    """A spec the lookup pass missed was not in the cache when the call began, even where its
-    compile then found an entry: one this call wrote for another spec of the same cubin (two
-    entry points of one source share a cache key), or another process's."""
-    return replace(result, from_cache=False) if result.from_cache else result
-
-
 def compile_one(spec: KernelSpec, arch: str, cache_dir: str | Path | None) -> PrecompileResult:
     """Compile one spec, turning expected failures into a failed result.
 
@@ -435,7 +428,10 @@ def precompile(
                 misses.append((index, spec))
 
         def record_miss(index: int, result: PrecompileResult) -> None:
-            record(index, _not_from_cache(result))
+            # Not in the cache when the call began, even where the compile then found an entry:
+            # one this call wrote for another spec of the same cubin (two entry points of one
+            # source share a cache key), or another process's.
+            record(index, replace(result, from_cache=False))
 
         workers = min(max_workers or os.cpu_count() or 1, len(misses))
         if workers <= 1:
