@@ -100,10 +100,12 @@ constexpr int kScaleBytes = SF_INTERLEAVED ? BLOCK_SIZE * 4 : kTile * 4;
 constexpr int kLutLevels = 32;  // d = M - e in [0, 31]; larger d decodes to zeros like d = 31
 // Registers per thread (the split: RegisterSplit in paged_mqa_common.cuh). The producers
 // keep 64 (q staging holds a whole 64-byte q row per lane; with 56, 15 of the 144
-// configurations spill with NVRTC 13.5, 4 bytes stored and 32 loaded, all at next_n 2 and 3).
-// PRODUCER_REGS (measurement) overrides it.
+// configurations spill with NVRTC 13.5, 4 bytes stored and 32 loaded, all at next_n 2 and 3),
+// except at next_n 3 with the float32 epilogue and blocks of 64 or 128 tokens: there the
+// consumers spill 4 bytes under NVRTC 13.0 with 144 registers and none with 152, and the
+// producers fit in 56. PRODUCER_REGS (measurement) overrides it.
 #ifndef PRODUCER_REGS
-#define PRODUCER_REGS 64
+#define PRODUCER_REGS (NEXT_N == 3 && EPI_DTYPE == 0 && BLOCK_SIZE >= 64 ? 56 : 64)
 #endif
 constexpr int kProducerRegs = PRODUCER_REGS;
 using Registers = RegisterSplit<kProducerRegs>;
