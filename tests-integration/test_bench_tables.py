@@ -34,6 +34,7 @@ RUN34_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run34.json"
 RUN35_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run35.json"
 RUN36_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-12-04-run36.json"
 RUN37_JSON = REPO / "docs" / "assets" / "bench" / "h100-2026-12-06-run37.json"
+RUN38_JSON = REPO / "docs" / "assets" / "bench" / "h100-2026-12-07-run38.json"
 _RUNS_BEFORE_SINGLE_REPLAYS = (RUN2_JSON, RUN10_JSON, RUN11_JSON, RUN12_JSON)
 RUN12_SMALL_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-29-run12-small.json"
 SMALL28_JSON = REPO / "docs" / "assets" / "bench" / "h200-2026-11-30-small-session28.json"
@@ -594,7 +595,8 @@ def _tables_of(markdown: str) -> list[str]:
 # Each published run's JSON and the pages its tables appear on. The run2 host-time table sits
 # in the performance page's host-time section, the rest of run2 on the history page.
 PUBLISHED_RUNS = [
-    (RUN37_JSON, [PERFORMANCE_MD]),
+    (RUN38_JSON, [PERFORMANCE_MD]),
+    (RUN37_JSON, [HISTORY_MD]),
     (RUN36_JSON, [PERFORMANCE_MD]),
     (RUN35_JSON, [HISTORY_MD]),
     (RUN34_JSON, [HISTORY_MD]),
