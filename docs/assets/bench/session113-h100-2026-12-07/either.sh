@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# H200: the fp4 grid on main and random calls; otherwise main's whole GPU suite.
+# H200: fp4 next_n 3 over the grid, then fp4's other next_n; otherwise more random calls.
 set -uo pipefail
+source tools/source_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,uuid,driver_version,power.limit --format=csv > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
+cat "$OUT/gpu.txt"
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "GPU: $name"
 if [[ "$name" == *H200* ]]; then
-  bash scratch/grid.sh fp4 6430000 > "$OUT/grid.log" 2>&1
-  tail -30 "$OUT/grid.log"
-  tar czf /tmp/logs.tar.gz -C "$OUT" --exclude=results.json . && (cd "$OUT" && find . -type f ! -name results.json ! -name grid.log -delete) && mv /tmp/logs.tar.gz "$OUT"/
-  find "$OUT" -type f
+  timeout 100 python -c "import torch, flashinfer_attn_scores as m; m.precompile_paged_mqa_logits(variants=('fp4',), output_dtypes=(torch.bfloat16,))" > "$OUT/precompile.log" 2>&1
+  echo "precompile rc=$? $(date -u +%T)"
+  timeout 200 python tools/bench --ops fp4 --next-n 3 --out "$OUT/n3" > "$OUT/bench-fp4-n3.log" 2>&1
+  echo "n3 rc=$? $(date -u +%T)"; tail -4 "$OUT/bench-fp4-n3.log"
+  timeout 300 python tools/bench --ops fp4 --next-n 1,2,4 --no-host-time --out "$OUT/n124" > "$OUT/bench-fp4-n124.log" 2>&1
+  echo "n124 rc=$? $(date -u +%T)"; tail -4 "$OUT/bench-fp4-n124.log"
 else
-  nvidia-smi --query-gpu=name,uuid,driver_version --format=csv > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
-  SKIP_TESTS=shards SKIP_CHECK=1 JIT_BENCH=0 BENCH=0 SHARD_TIMEOUT=400 SHARD4_TIMEOUT=60 bash tools/gpu_session.sh -rfE > "$OUT/session.log" 2>&1
-  date -u >> "$OUT/gpu.txt"
-  tail -40 "$OUT/session.log"
+  timeout 120 python tools/random_cases.py --fp8 150 --fp4 150 --schedules 100 --first-seed 6440000 --shapes wide --layouts wide --scales wide --batches large 2>&1 | tr '\r' '\n' | grep -v '%|' > "$OUT/random-6440000.log"
+  echo "random rc=$? $(date -u +%T)"; tail -3 "$OUT/random-6440000.log"
+  timeout 120 python tools/random_cases.py --fp8 200 --fp4 200 --first-seed 6450000 --scales wide --replays 3 2>&1 | tr '\r' '\n' | grep -v '%|' > "$OUT/random-6450000.log"
+  echo "random rc=$? $(date -u +%T)"; tail -3 "$OUT/random-6450000.log"
 fi
+date -u
