@@ -6,6 +6,7 @@
     python tools/random_cases.py --fp8 0 --fp4 500 --scales wide       # fp4 scales far from 1
     python tools/random_cases.py --fp8 300 --fp4 200 --layouts wide    # tensors placed oddly
     python tools/random_cases.py --fp8 300 --fp4 200 --replays 4       # CUDA graph, new lengths
+    python tools/random_cases.py --fp8 300 --fp4 300 --time-limit 120  # no call starts after 120 s
 
 Each seed draws a whole call exactly as `test_gpu_random_cases.py` does (batch size, length
 mix, block size, next_n, head shape and dtypes, strided views, a given or derived schedule,
@@ -27,7 +28,9 @@ run in chunks of
 `--chunk` calls; every kernel configuration a chunk needs is compiled first, in parallel
 (`flashinfer_jit.precompile`), so a run cut short by a timeout has checked every chunk before
 the one it was in. (Compiled all at once, the configurations of 4000 wide seeds took about
-270 s of a 300 s run on the H200 machine.)
+270 s of a 300 s run on the H200 machine.) `--time-limit S` starts no call after S seconds and
+still prints the summary (and runs the schedule comparisons); the fp8 seeds run before the fp4
+ones, so a short limit may check no fp4 call.
 `--schedules N` also compares the schedule helper on CUDA with its CPU version, bit for bit,
 for N random length vectors (batch 1..20000, zeros, huge lengths, negative entries, strided
 views, the device's SM count or another). Prints one line per failing seed (enough to rerun
@@ -42,6 +45,7 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -132,6 +136,49 @@ def compile_for(
     )
 
 
+def check_calls(
+    runs: list[tuple[str, int]],
+    check: Callable[[str, int], object],
+    compile_chunk: Callable[[list[tuple[str, int]]], object],
+    *,
+    chunk: int,
+    max_failures: int,
+    time_limit: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[int, list[str]]:
+    """Check `runs` in order, `chunk` at a time, each chunk compiled for first; return how many
+    calls were checked and one line per failing call. A failure is reported and the run goes
+    on, unless it is the `max_failures`-th (0: no such limit); no call starts once `time_limit`
+    seconds have passed (0: no limit)."""
+    failures: list[str] = []
+    began = clock()
+    checked = 0
+    for done, (variant, seed) in enumerate(runs, 1):
+        if time_limit and clock() - began >= time_limit:
+            print(f"stopped at the time limit ({time_limit:g} s)", flush=True)
+            break
+        if (done - 1) % chunk == 0:
+            compile_chunk(runs[done - 1 : done - 1 + chunk])
+        checked = done
+        try:
+            check(variant, seed)
+        except Exception as exc:  # every failure is reported; only max_failures stops the run
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+            failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
+            print(failures[-1], flush=True)
+            if len(failures) == max_failures:
+                print(f"stopped after {len(failures)} failing call(s) (--max-failures)")
+                break
+        if done % PROGRESS_EVERY == 0 and done < len(runs):
+            # A run cut short by a timeout still says how far it got.
+            print(
+                f"checked {done} of {len(runs)} calls, {len(failures)} failed, last seed "
+                f"{variant} {seed}, {clock() - began:.0f} s",
+                flush=True,
+            )
+    return checked, failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fp8", type=int, default=400, help="fp8 seeds to run")
@@ -184,6 +231,13 @@ def main() -> int:
         help="stop after this many failing calls (0: run every seed; tools/kernel_mutants.py"
         " stops at the first)",
     )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=0,
+        help="seconds after which no further call starts (0: none); the schedule comparisons"
+        " and the summary still run, so a run sized past its budget still reports",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("random_cases: needs an SM90 GPU")
@@ -205,33 +259,20 @@ def main() -> int:
         )
     if args.max_failures < 0:
         parser.error(f"--max-failures must be 0 or more, got {args.max_failures}")
-    failures: list[str] = []
+    if args.time_limit < 0:
+        parser.error(f"--time-limit must be 0 or more, got {args.time_limit}")
     compiled: set[PagedMqaLogitsConfig] = set()
     began = time.perf_counter()
-    checked = 0
-    for done, (variant, seed) in enumerate(runs, 1):
-        if (done - 1) % args.chunk == 0:
-            chunk = runs[done - 1 : done - 1 + args.chunk]
-            compile_for(chunk, args.shapes, args.batches, compiled)
-        checked = done
-        try:
-            check_random_call(
-                variant, seed, args.shapes, args.batches, args.scales, args.layouts, args.replays
-            )
-        except Exception as exc:  # every failure is reported; only --max-failures stops the run
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-            failures.append(f"FAIL {variant} seed {seed}: {detail[0][:300]}")
-            print(failures[-1], flush=True)
-            if len(failures) == args.max_failures:
-                print(f"stopped after {len(failures)} failing call(s) (--max-failures)")
-                break
-        if done % PROGRESS_EVERY == 0 and done < len(runs):
-            # A run cut short by a timeout still says how far it got.
-            print(
-                f"checked {done} of {len(runs)} calls, {len(failures)} failed, last seed "
-                f"{variant} {seed}, {time.perf_counter() - began:.0f} s",
-                flush=True,
-            )
+    checked, failures = check_calls(
+        runs,
+        lambda variant, seed: check_random_call(
+            variant, seed, args.shapes, args.batches, args.scales, args.layouts, args.replays
+        ),
+        lambda chunk: compile_for(chunk, args.shapes, args.batches, compiled),
+        chunk=args.chunk,
+        max_failures=args.max_failures,
+        time_limit=args.time_limit,
+    )
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     schedule_failures = 0
     for seed in range(args.first_seed, args.first_seed + args.schedules):

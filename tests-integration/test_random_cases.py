@@ -1,0 +1,90 @@
+"""tools/random_cases.py's loop (`check_calls`), with a stand-in check and clock: the order of
+compiling and checking, the failure lines, `--max-failures` and `--time-limit`."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _check_calls():
+    import random_cases
+
+    return random_cases.check_calls
+
+
+class _Recorder:
+    """A check that fails on the given seeds and a compile step, both logging what they saw,
+    and a clock that advances one second per check."""
+
+    def __init__(self, failing: set[int] = frozenset()) -> None:
+        self.failing = failing
+        self.log: list[tuple[str, object]] = []
+        self.now = 0.0
+
+    def check(self, variant: str, seed: int) -> None:
+        self.log.append(("check", seed))
+        self.now += 1.0
+        if seed in self.failing:
+            raise ValueError(f"logits differ at seed {seed}\nsecond line")
+
+    def compile_chunk(self, chunk: list[tuple[str, int]]) -> None:
+        self.log.append(("compile", [seed for _, seed in chunk]))
+
+    def clock(self) -> float:
+        return self.now
+
+
+RUNS = [("fp8", 10), ("fp8", 11), ("fp8", 12), ("fp4", 20), ("fp4", 21)]
+
+
+def _run(recorder: _Recorder, **options):
+    defaults = dict(chunk=2, max_failures=0, time_limit=0)
+    defaults.update(options)
+    return _check_calls()(
+        RUNS, recorder.check, recorder.compile_chunk, clock=recorder.clock, **defaults
+    )
+
+
+def test_each_chunk_is_compiled_before_its_calls_are_checked() -> None:
+    recorder = _Recorder()
+    checked, failures = _run(recorder)
+    assert (checked, failures) == (5, [])
+    assert recorder.log == [
+        ("compile", [10, 11]),
+        ("check", 10),
+        ("check", 11),
+        ("compile", [12, 20]),
+        ("check", 12),
+        ("check", 20),
+        ("compile", [21]),
+        ("check", 21),
+    ]
+
+
+def test_failures_are_reported_and_the_run_goes_on(capsys) -> None:
+    checked, failures = _run(_Recorder(failing={11, 20}))
+    assert checked == 5
+    assert failures == [
+        "FAIL fp8 seed 11: ValueError: logits differ at seed 11",
+        "FAIL fp4 seed 20: ValueError: logits differ at seed 20",
+    ]
+    assert capsys.readouterr().out.splitlines() == failures
+
+
+def test_max_failures_stops_after_that_many() -> None:
+    recorder = _Recorder(failing={11, 20})
+    checked, failures = _run(recorder, max_failures=1)
+    assert checked == 2 and len(failures) == 1
+    assert ("check", 12) not in recorder.log
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(0, 5), (0.5, 1), (2, 2), (2.5, 3), (100, 5)])
+def test_no_call_starts_after_the_time_limit(capsys, limit, expected) -> None:
+    recorder = _Recorder()
+    checked, failures = _run(recorder, time_limit=limit)
+    assert (checked, failures) == (expected, [])
+    assert [seed for kind, seed in recorder.log if kind == "check"] == [
+        seed for _, seed in RUNS[:expected]
+    ]
+    stopped = "stopped at the time limit" in capsys.readouterr().out
+    assert stopped == (expected < len(RUNS))
