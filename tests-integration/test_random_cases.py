@@ -88,3 +88,35 @@ def test_no_call_starts_after_the_time_limit(capsys, limit, expected) -> None:
     ]
     stopped = "stopped at the time limit" in capsys.readouterr().out
     assert stopped == (expected < len(RUNS))
+
+
+def test_main_passes_the_draw_options_to_every_call(monkeypatch, capsys) -> None:
+    """The command line as a whole, with the GPU parts stood in: each seed reaches the check
+    with the options given, and the summary counts what ran."""
+    import random_cases
+    import torch
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda *_: type("Props", (), {"multi_processor_count": 132})(),
+    )
+    monkeypatch.setattr(random_cases, "compile_for", lambda *args: None)
+    monkeypatch.setattr(random_cases, "check_random_call", lambda *args: seen.append(args))
+    monkeypatch.setattr(random_cases, "check_schedule", lambda seed, sms: seen.append((seed, sms)))
+    argv = "--fp8 2 --fp4 1 --first-seed 7 --schedules 1 --shapes wide --batches large"
+    argv += " --scales wide --layouts wide --replays 3"
+    monkeypatch.setattr("sys.argv", ["random_cases.py", *argv.split()])
+    assert random_cases.main() == 0
+    assert seen == [
+        ("fp8", 7, "wide", "large", "wide", "wide", 3),
+        ("fp8", 8, "wide", "large", "wide", "wide", 3),
+        ("fp4", 500007, "wide", "large", "wide", "wide", 3),
+        (7, 132),
+    ]
+    out = capsys.readouterr().out
+    assert "random cases: 3 of 3 passed (2 fp8, 1 fp4, seeds from 7" in out
+    assert "schedules: 1 of 1 equal to the CPU's" in out
