@@ -3,6 +3,8 @@ compiling and checking, the failure lines, `--max-failures` and `--time-limit`."
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 
@@ -113,10 +115,67 @@ def test_main_passes_the_draw_options_to_every_call(monkeypatch, capsys) -> None
     assert random_cases.main() == 0
     assert seen == [
         ("fp8", 7, "wide", "large", "wide", "wide", 3),
-        ("fp8", 8, "wide", "large", "wide", "wide", 3),
         ("fp4", 500007, "wide", "large", "wide", "wide", 3),
+        ("fp8", 8, "wide", "large", "wide", "wide", 3),
         (7, 132),
     ]
     out = capsys.readouterr().out
     assert "random cases: 3 of 3 passed (2 fp8, 1 fp4, seeds from 7" in out
     assert "schedules: 1 of 1 equal to the CPU's" in out
+
+
+@pytest.mark.parametrize(("fp8", "fp4"), [(3, 2), (300, 300), (200, 16), (0, 5), (7, 0), (1, 9)])
+def test_interleave_keeps_each_order_and_every_prefix_in_proportion(fp8, fp4) -> None:
+    import random_cases
+
+    fp8_runs = [("fp8", seed) for seed in range(fp8)]
+    fp4_runs = [("fp4", 500000 + seed) for seed in range(fp4)]
+    runs = random_cases.interleave(fp8_runs, fp4_runs)
+    assert sorted(runs) == sorted(fp8_runs + fp4_runs)
+    assert [run for run in runs if run[0] == "fp8"] == fp8_runs
+    assert [run for run in runs if run[0] == "fp4"] == fp4_runs
+    for length in range(1, len(runs) + 1):
+        taken = sum(variant == "fp8" for variant, _ in runs[:length])
+        # Each share is within one call of its proportion at every prefix.
+        assert abs(taken - length * fp8 / (fp8 + fp4)) <= 1
+
+
+def test_a_run_stopped_early_names_the_seeds_it_checked(monkeypatch, capsys) -> None:
+    import random_cases
+    import torch
+
+    clock = {"now": 0.0}
+    checked: list[tuple[str, int]] = []
+
+    def check(variant, seed, *options):
+        checked.append((variant, seed))
+        clock["now"] += 1.0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda *_: type("Props", (), {"multi_processor_count": 132})(),
+    )
+    monkeypatch.setattr(random_cases, "compile_for", lambda *args: None)
+    monkeypatch.setattr(random_cases, "check_random_call", check)
+    monkeypatch.setattr(
+        random_cases,
+        "check_calls",
+        functools.partial(random_cases.check_calls, clock=lambda: clock["now"]),
+    )
+    argv = "--fp8 4 --fp4 4 --first-seed 100 --time-limit 5"
+    monkeypatch.setattr("sys.argv", ["random_cases.py", *argv.split()])
+    assert random_cases.main() == 0
+    assert checked == [
+        ("fp8", 100),
+        ("fp4", 500100),
+        ("fp8", 101),
+        ("fp4", 500101),
+        ("fp8", 102),
+    ]
+    out = capsys.readouterr().out
+    assert "stopped early: 5 of the 8 planned calls checked" in out
+    assert "checked seeds: fp8 100-102, fp4 500100-500101" in out
+    assert "random cases: 5 of 5 passed (3 fp8, 2 fp4, seeds from 100" in out

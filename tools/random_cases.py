@@ -29,8 +29,9 @@ run in chunks of
 (`flashinfer_jit.precompile`), so a run cut short by a timeout has checked every chunk before
 the one it was in. (Compiled all at once, the configurations of 4000 wide seeds took about
 270 s of a 300 s run on the H200 machine.) `--time-limit S` starts no call after S seconds and
-still prints the summary (and runs the schedule comparisons); the fp8 seeds run before the fp4
-ones, so a short limit may check no fp4 call.
+still prints the summary (and runs the schedule comparisons). The fp8 and fp4 seeds are
+interleaved in proportion (`interleave`), so a run stopped early has checked the first seeds of
+each op, and the summary says which.
 `--schedules N` also compares the schedule helper on CUDA with its CPU version, bit for bit,
 for N random length vectors (batch 1..20000, zeros, huge lengths, negative entries, strided
 views, the device's SM count or another). Prints one line per failing seed (enough to rerun
@@ -59,6 +60,7 @@ from flashinfer_schedule import compute_paged_mqa_logits_schedule  # noqa: E402
 from test_gpu_random_cases import check_random_call, draw_call  # noqa: E402
 
 FP4_NUM_HEADS, FP4_HEAD_DIM = 64, 128
+FP4_SEED_OFFSET = 500000  # fp4 seed = first seed + this + index, apart from fp8's
 
 
 def kernel_config(variant: str, call: dict) -> PagedMqaLogitsConfig:
@@ -136,6 +138,18 @@ def compile_for(
     )
 
 
+def interleave(*lists: list) -> list:
+    """Merge the lists so that every prefix of the result holds about the same share of each
+    list as the whole does, each list's own order kept (fp8 and fp4 calls, so that a run cut
+    short by `--time-limit` has checked both ops)."""
+    keyed = [
+        ((position + 0.5) / len(items), which, position)
+        for which, items in enumerate(lists)
+        for position in range(len(items))
+    ]
+    return [lists[which][position] for _, which, position in sorted(keyed)]
+
+
 def check_calls(
     runs: list[tuple[str, int]],
     check: Callable[[str, int], object],
@@ -177,6 +191,16 @@ def check_calls(
                 flush=True,
             )
     return checked, failures
+
+
+def seed_ranges(runs: list[tuple[str, int]]) -> str:
+    """'fp8 A-B, fp4 C-D' for checked (variant, seed) calls whose seeds run consecutively per
+    variant, as `interleave` leaves any prefix of the planned runs."""
+    parts = []
+    for variant in ("fp8", "fp4"):
+        seeds = [seed for kind, seed in runs if kind == variant]
+        parts.append(f"{variant} {seeds[0]}-{seeds[-1]}" if seeds else f"{variant} none")
+    return ", ".join(parts)
 
 
 def main() -> int:
@@ -245,8 +269,10 @@ def main() -> int:
     if args.fp8_seeds:
         runs = [("fp8", int(seed)) for seed in args.fp8_seeds.split(",")]
     else:
-        runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
-        runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
+        runs = interleave(
+            [("fp8", args.first_seed + i) for i in range(args.fp8)],
+            [("fp4", args.first_seed + FP4_SEED_OFFSET + i) for i in range(args.fp4)],
+        )
     if args.chunk < 1:
         parser.error(f"--chunk must be at least 1, got {args.chunk}")
     if args.replays < 0:
@@ -290,6 +316,8 @@ def main() -> int:
     seeds = f"seeds {args.fp8_seeds}" if args.fp8_seeds else f"seeds from {args.first_seed}"
     if checked < len(runs):
         print(f"stopped early: {checked} of the {len(runs)} planned calls checked")
+        if not args.fp8_seeds:
+            print(f"checked seeds: {seed_ranges(runs[:checked])}")
     print(
         f"random cases: {passed} of {checked} passed ({fp8_runs} fp8, {checked - fp8_runs} fp4,"
         f" {seeds}, {args.shapes} shapes, {args.batches} batches, {args.scales} scales, {args.layouts} layouts, {args.replays} graph replays each) in {time.perf_counter() - began:.0f} s,"
