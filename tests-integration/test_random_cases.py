@@ -36,6 +36,22 @@ class _Recorder:
         return self.now
 
 
+@pytest.fixture
+def sm90_stand_in(monkeypatch):
+    """random_cases.main() on this machine: torch reports a 132-SM SM90 GPU, compiling is skipped."""
+    import random_cases
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda *_: type("Props", (), {"multi_processor_count": 132})(),
+    )
+    monkeypatch.setattr(random_cases, "compile_for", lambda *args: None)
+
+
 RUNS = [("fp8", 10), ("fp8", 11), ("fp8", 12), ("fp4", 20), ("fp4", 21)]
 
 
@@ -92,21 +108,12 @@ def test_no_call_starts_after_the_time_limit(capsys, limit, expected) -> None:
     assert stopped == (expected < len(RUNS))
 
 
-def test_main_passes_the_draw_options_to_every_call(monkeypatch, capsys) -> None:
+def test_main_passes_the_draw_options_to_every_call(monkeypatch, capsys, sm90_stand_in) -> None:
     """The command line as a whole, with the GPU parts stood in: each seed reaches the check
     with the options given, and the summary counts what ran."""
     import random_cases
-    import torch
 
     seen: list[tuple] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda *_: type("Props", (), {"multi_processor_count": 132})(),
-    )
-    monkeypatch.setattr(random_cases, "compile_for", lambda *args: None)
     monkeypatch.setattr(random_cases, "check_random_call", lambda *args: seen.append(args))
     monkeypatch.setattr(random_cases, "check_schedule", lambda seed, sms: seen.append((seed, sms)))
     argv = "--fp8 2 --fp4 1 --first-seed 7 --schedules 1 --shapes wide --batches large"
@@ -140,9 +147,8 @@ def test_interleave_keeps_each_order_and_every_prefix_in_proportion(fp8, fp4) ->
         assert abs(taken - length * fp8 / (fp8 + fp4)) <= 1
 
 
-def test_a_run_stopped_early_names_the_seeds_it_checked(monkeypatch, capsys) -> None:
+def test_a_run_stopped_early_names_the_seeds_it_checked(monkeypatch, capsys, sm90_stand_in) -> None:
     import random_cases
-    import torch
 
     clock = {"now": 0.0}
     checked: list[tuple[str, int]] = []
@@ -151,14 +157,6 @@ def test_a_run_stopped_early_names_the_seeds_it_checked(monkeypatch, capsys) -> 
         checked.append((variant, seed))
         clock["now"] += 1.0
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda *_: type("Props", (), {"multi_processor_count": 132})(),
-    )
-    monkeypatch.setattr(random_cases, "compile_for", lambda *args: None)
     monkeypatch.setattr(random_cases, "check_random_call", check)
     monkeypatch.setattr(
         random_cases,
