@@ -74,13 +74,11 @@ def random_case_specs(args: argparse.Namespace) -> list:
     import random_cases
     from flashinfer_attn_scores.paged_mqa_logits import launcher
 
-    runs = [("fp8", args.first_seed + i) for i in range(args.fp8)]
-    runs += [("fp4", args.first_seed + 500000 + i) for i in range(args.fp4)]
     configs = {
         random_cases.kernel_config(
             variant, random_cases.draw_call(seed, variant, args.shapes, args.batches)
         )
-        for variant, seed in runs
+        for variant, seed in random_cases.planned_runs(args.first_seed, args.fp8, args.fp4)
     }
     return [launcher.config_spec(c) for c in configs]
 

@@ -150,6 +150,14 @@ def interleave(*lists: list) -> list:
     return [lists[which][position] for _, which, position in sorted(keyed)]
 
 
+def planned_runs(first_seed: int, fp8: int, fp4: int) -> list[tuple[str, int]]:
+    """The (variant, seed) calls of `--fp8 fp8 --fp4 fp4 --first-seed first_seed`, interleaved."""
+    return interleave(
+        [("fp8", first_seed + i) for i in range(fp8)],
+        [("fp4", first_seed + FP4_SEED_OFFSET + i) for i in range(fp4)],
+    )
+
+
 def check_calls(
     runs: list[tuple[str, int]],
     check: Callable[[str, int], object],
@@ -269,10 +277,7 @@ def main() -> int:
     if args.fp8_seeds:
         runs = [("fp8", int(seed)) for seed in args.fp8_seeds.split(",")]
     else:
-        runs = interleave(
-            [("fp8", args.first_seed + i) for i in range(args.fp8)],
-            [("fp4", args.first_seed + FP4_SEED_OFFSET + i) for i in range(args.fp4)],
-        )
+        runs = planned_runs(args.first_seed, args.fp8, args.fp4)
     if args.chunk < 1:
         parser.error(f"--chunk must be at least 1, got {args.chunk}")
     if args.replays < 0:
