@@ -1,5 +1,6 @@
 """tools/random_cases.py's loop (`check_calls`), with a stand-in check and clock: the order of
-compiling and checking, the failure lines, `--max-failures` and `--time-limit`."""
+compiling and checking, the failure lines, `--max-failures` and `--time-limit`; the fp8 / fp4
+seed interleaving and the seeds a run stopped early reports."""
 
 from __future__ import annotations
 
